@@ -1,0 +1,336 @@
+"""CommitLog: every message of every topic, appended in arrival order to mapped segments.
+
+Store time and queue offsets are assigned under one put lock; a batch is one write.  Recovery scans
+records (magic, length, CRC), truncates a torn tail and reports corruption with file and position.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from rmq_spark.errors import CorruptStoreError, StoreError
+from rmq_spark.store import layout as L
+from rmq_spark.store.dispatch import DispatchBatch
+from rmq_spark.store.mapped import MappedFileQueue
+from rmq_spark.store.message import MessageExt, offset_msg_ids
+from rmq_spark.store.record import (
+    POS_STORE_TIMESTAMP_V4,
+    RecordCheck,
+    EncodedBatch,
+    blank_record,
+    check_record,
+    decode_record,
+)
+
+import struct
+
+_TS = struct.Struct(">q")
+_INT = struct.Struct(">i")
+
+
+@dataclass
+class AppendResult:
+    wrote_offset: int  # CommitLog offset of the first record
+    wrote_bytes: int
+    phys_offsets: np.ndarray  # int64
+    queue_offsets: np.ndarray  # int64
+    store_timestamp_ms: int
+    store_host: bytes
+    store_port: int
+
+    @property
+    def end_offset(self) -> int:
+        return self.wrote_offset + self.wrote_bytes
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """offsetMsgIds of the records."""
+        return offset_msg_ids(self.store_host, self.store_port, self.phys_offsets).astype("U").tolist()
+
+
+class CommitLog:
+    def __init__(
+        self,
+        directory: str,
+        segment_bytes: int,
+        *,
+        store_host: bytes,
+        store_port: int,
+        now_ms: Callable[[], int],
+        tags_code_for: Callable[[str, dict[str, str], int], int | None] | None = None,
+    ) -> None:
+        self.mfq = MappedFileQueue(directory, segment_bytes, writable=True)
+        self.segment_bytes = segment_bytes
+        self.store_host = store_host
+        self.store_port = store_port
+        self._now_ms = now_ms
+        self.put_lock = threading.RLock()
+        # next queue offset per (topic, queueId)
+        self.queue_table: dict[tuple[str, int], int] = {}
+        self._tags_code_for = tags_code_for
+        self.last_store_timestamp_ms = 0
+
+    # --- append -------------------------------------------------------------------------------------
+    def append(self, batch: EncodedBatch) -> tuple[AppendResult, DispatchBatch]:
+        """Append a batch.  Caller holds ``put_lock``.  A batch that does not fit the current
+        segment continues in the next one (split at record boundaries, a BLANK record between);
+        it is still published as one unit."""
+        n = len(batch)
+        sizes = batch.sizes.astype(np.int64)
+        if n and int(sizes.max()) + L.END_FILE_MIN_BLANK_BYTES > self.segment_bytes:
+            raise StoreError(
+                f"a record of {int(sizes.max())} bytes does not fit a CommitLog segment of "
+                f"{self.segment_bytes} bytes"
+            )
+        mf = self.mfq.last_file()
+        if mf is None:
+            mf = self.mfq.new_file()
+        # plan the chunks: records [i, j) go to one segment at a base offset
+        chunks: list[tuple[int, int, int]] = []
+        ends = np.cumsum(sizes)
+        i = 0
+        seg_from, seg_pos = mf.from_offset, mf.wrote_position
+        phys = np.empty(n, dtype=np.int64)
+        while i < n:
+            room = self.segment_bytes - seg_pos - L.END_FILE_MIN_BLANK_BYTES
+            done_before = int(ends[i - 1]) if i else 0
+            j = int(np.searchsorted(ends, done_before + room, side="right"))
+            if j == i:  # nothing fits: blank out the rest, go to the next segment
+                chunks.append((-1, -1, seg_from + seg_pos))
+                seg_from, seg_pos = seg_from + self.segment_bytes, 0
+                continue
+            base = seg_from + seg_pos
+            phys[i:j] = batch.rel_pos[i:j] - done_before + base
+            chunks.append((i, j, base))
+            seg_pos += int(ends[j - 1]) - done_before
+            i = j
+        base = int(phys[0]) if n else mf.from_offset + mf.wrote_position
+        # queue offsets: consecutive per (topic, queue); PREPARED/ROLLBACK records take 0
+        tran = batch.sys_flags & L.TRANSACTION_MASK
+        consumable = (tran == L.TRANSACTION_NOT_TYPE) | (tran == L.TRANSACTION_COMMIT_TYPE)
+        qoffs = np.zeros(n, dtype=np.int64)
+        if n:
+            keys_seen: dict[tuple[str, int], list[int]] = {}
+            qids = batch.queue_ids.tolist()
+            for i, (t, q) in enumerate(zip(batch.topics, qids)):
+                if consumable[i]:
+                    keys_seen.setdefault((t, q), []).append(i)
+            for key, idx in keys_seen.items():
+                start = self.queue_table.get(key, 0)
+                qoffs[idx] = np.arange(start, start + len(idx), dtype=np.int64)
+                self.queue_table[key] = start + len(idx)
+        now = max(self._now_ms(), self.last_store_timestamp_ms)
+        self.last_store_timestamp_ms = now
+        batch.finalize(phys, qoffs, now)
+        for i, j, at in chunks:
+            mf = self.mfq.last_file()
+            assert mf is not None
+            if i < 0:
+                if mf.remaining_bytes > 0:
+                    mf.write(blank_record(mf.remaining_bytes))
+                    mf.wrote_position = mf.size_bytes  # the blank record fills the segment
+                self.mfq.new_file()
+                continue
+            a = int(batch.rel_pos[i])
+            b = int(batch.rel_pos[j - 1]) + int(sizes[j - 1])
+            assert mf.from_offset + mf.wrote_position == at
+            mf.write(memoryview(batch.buf)[a:b])
+        tags = batch.tags_codes
+        if self._tags_code_for is not None and L.SCHEDULE_TOPIC in batch.topics:
+            tags = tags.copy()
+            for i, (t, p) in enumerate(zip(batch.topics, batch.properties)):
+                code = self._tags_code_for(t, p, now)
+                if code is not None:
+                    tags[i] = code
+        last_end = int(phys[-1]) + int(sizes[-1]) if n else base
+        result = AppendResult(
+            wrote_offset=base,
+            wrote_bytes=last_end - base,
+            phys_offsets=phys,
+            queue_offsets=qoffs,
+            store_timestamp_ms=now,
+            store_host=self.store_host,
+            store_port=self.store_port,
+        )
+        dispatch = DispatchBatch(
+            phys=phys,
+            sizes=batch.sizes,
+            topics=batch.topics,
+            queue_ids=batch.queue_ids,
+            queue_offsets=qoffs,
+            tags_codes=tags,
+            sys_flags=batch.sys_flags,
+            store_timestamps=np.full(n, now, dtype=np.int64),
+            keys=batch.keys,
+            uniq_keys=batch.uniq_keys,
+            properties=batch.properties,
+        )
+        return result, dispatch
+
+    # --- positions -------------------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.mfq.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.mfq.max_offset
+
+    def flush(self) -> int:
+        return self.mfq.flush()
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.mfq.flushed_offset
+
+    # --- reads ----------------------------------------------------------------------------------------
+    def read_record(self, offset: int, size: int | None = None, read_body: bool = True) -> MessageExt | None:
+        mf = self.mfq.find(offset)
+        if mf is None:
+            return None
+        pos = offset - mf.from_offset
+        if size is None:
+            size = _INT.unpack_from(mf.mm, pos)[0]
+        if size <= 0 or pos + size > mf.wrote_position:
+            return None
+        return decode_record(mf.mm, pos, read_body=read_body)
+
+    def store_timestamp(self, offset: int) -> int:
+        """STORETIMESTAMP of the record at ``offset`` (-1 if none)."""
+        mf = self.mfq.find(offset)
+        if mf is None:
+            return -1
+        pos = offset - mf.from_offset
+        sys_flag = _INT.unpack_from(mf.mm, pos + 36)[0]
+        p = pos + POS_STORE_TIMESTAMP_V4 + (12 if sys_flag & L.FLAG_BORNHOST_V6 else 0)
+        return _TS.unpack_from(mf.mm, p)[0]
+
+    # --- recovery -------------------------------------------------------------------------------------
+    def recover(
+        self,
+        scan_from: int,
+        confirmed_offset: int,
+        truncate_corrupt: bool,
+        on_batch: Callable[[DispatchBatch], None],
+        batch_records: int = 4096,
+    ) -> int:
+        """Scan records from ``scan_from`` (the start of a segment), hand them to ``on_batch`` for
+        re-dispatch, and cut the log after the last valid one.
+
+        An invalid record below ``confirmed_offset`` (bytes that were durable) is corruption:
+        :class:`CorruptStoreError` names the file and position unless ``truncate_corrupt``.
+        Returns the end of the valid log."""
+        if not self.mfq.files:
+            return 0
+        start_mf = self.mfq.find(scan_from)
+        if start_mf is None:
+            start_mf = self.mfq.files[0] if scan_from < self.mfq.min_offset else self.mfq.files[-1]
+            scan_from = start_mf.from_offset if scan_from < self.mfq.min_offset else start_mf.end_offset
+        start_idx = self.mfq.files.index(start_mf)
+        end = scan_from
+        collector = _BatchCollector(on_batch, batch_records)
+        stop_reason = ""
+        stop_path = ""
+        for mf in self.mfq.files[start_idx:]:
+            pos = scan_from - mf.from_offset if mf is start_mf else 0
+            if pos >= mf.size_bytes:
+                continue
+            stopped = False
+            while True:
+                kind, size, reason = check_record(mf.mm, pos, mf.size_bytes, check_crc=True)
+                if kind == RecordCheck.VALID:
+                    collector.add(mf.mm, pos, mf.from_offset + pos)
+                    pos += size
+                    end = mf.from_offset + pos
+                    continue
+                if kind == RecordCheck.BLANK:
+                    end = mf.end_offset
+                    break
+                stop_reason = reason if kind == RecordCheck.INVALID else "no record"
+                stop_path = mf.path
+                stopped = True
+                break
+            if stopped:
+                break
+        collector.flush()
+        if end < confirmed_offset and not truncate_corrupt:
+            mf = self.mfq.find(end) or self.mfq.files[-1]
+            raise CorruptStoreError(
+                f"{stop_path or mf.path}: corrupt CommitLog record at position {end - mf.from_offset} "
+                f"(offset {end}): {stop_reason}; {confirmed_offset - end} durable bytes follow. "
+                "Start with truncate_corrupt=True (--truncate-corrupt) to cut the log there.",
+                stop_path or mf.path,
+                end - mf.from_offset,
+            )
+        self.mfq.truncate_dirty(end)
+        for mf in self.mfq.files:
+            mf.flushed_position = mf.wrote_position
+        if self.mfq.files and end == self.mfq.files[-1].end_offset:
+            pass
+        self.last_store_timestamp_ms = max(self.last_store_timestamp_ms, collector.last_store_ts)
+        return end
+
+    def iter_records(self, start: int = 0) -> Iterator[MessageExt]:
+        """Every valid record from ``start`` on (tests and tools)."""
+        offset = max(start, self.mfq.min_offset)
+        while offset < self.mfq.max_offset:
+            mf = self.mfq.find(offset)
+            if mf is None:
+                return
+            pos = offset - mf.from_offset
+            kind, size, _ = check_record(mf.mm, pos, mf.wrote_position, check_crc=False)
+            if kind == RecordCheck.VALID:
+                yield decode_record(mf.mm, pos)
+                offset += size
+            elif kind == RecordCheck.BLANK:
+                offset = mf.end_offset
+            else:
+                return
+
+    def close(self) -> None:
+        self.mfq.close()
+
+
+class _BatchCollector:
+    """Gathers scanned records into DispatchBatches."""
+
+    def __init__(self, on_batch: Callable[[DispatchBatch], None], limit: int) -> None:
+        self.on_batch = on_batch
+        self.limit = limit
+        self.rows: list[MessageExt] = []
+        self.last_store_ts = 0
+
+    def add(self, buf, pos: int, phys: int) -> None:  # type: ignore[no-untyped-def]
+        m = decode_record(buf, pos, read_body=False)
+        m.commitlog_offset = phys
+        self.rows.append(m)
+        if len(self.rows) >= self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        rows = self.rows
+        if not rows:
+            return
+        self.rows = []
+        self.last_store_ts = max(self.last_store_ts, rows[-1].store_timestamp_ms)
+        self.on_batch(
+            DispatchBatch(
+                phys=np.fromiter((m.commitlog_offset for m in rows), dtype=np.int64, count=len(rows)),
+                sizes=np.fromiter((m.store_size for m in rows), dtype=np.int32, count=len(rows)),
+                topics=[m.topic for m in rows],
+                queue_ids=np.fromiter((m.queue_id for m in rows), dtype=np.int32, count=len(rows)),
+                queue_offsets=np.fromiter((m.queue_offset for m in rows), dtype=np.int64, count=len(rows)),
+                tags_codes=np.zeros(len(rows), dtype=np.int64),  # filled by the store
+                sys_flags=np.fromiter((m.sys_flag for m in rows), dtype=np.int32, count=len(rows)),
+                store_timestamps=np.fromiter(
+                    (m.store_timestamp_ms for m in rows), dtype=np.int64, count=len(rows)
+                ),
+                keys=[m.keys for m in rows],
+                uniq_keys=[m.uniq_key for m in rows],
+                properties=[m.properties for m in rows],
+            )
+        )

@@ -1,0 +1,239 @@
+"""The one storage primitive: a queue of fixed-size, memory-mapped segment files named by the
+20-digit offset of their first byte.  The CommitLog and every ConsumeQueue sit on it.
+
+A writer maps segments read-write; a reader in another process maps them read-only and sees the
+writer's bytes through the shared page cache.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+
+import numpy as np
+from collections.abc import Iterator
+
+from rmq_spark.errors import CorruptStoreError, StoreError
+from rmq_spark.store import layout as L
+
+_NAME = re.compile(r"^\d{20}$")
+
+
+def zero_range(mm: mmap.mmap, start: int, end: int, chunk_bytes: int = 8 << 20) -> None:
+    """Zero ``[start, end)`` of a mapping, skipping chunks that are already zero (sparse tails)."""
+    pos = start
+    while pos < end:
+        stop = min(end, pos + chunk_bytes)
+        if np.frombuffer(mm, dtype=np.uint8, count=stop - pos, offset=pos).any():
+            mm[pos:stop] = bytes(stop - pos)
+        pos = stop
+
+
+class MappedFile:
+    """One segment: ``size_bytes`` long, covering offsets ``[from_offset, from_offset + size)``."""
+
+    def __init__(self, path: str, from_offset: int, size_bytes: int, writable: bool) -> None:
+        self.path = path
+        self.from_offset = from_offset
+        self.size_bytes = size_bytes
+        self.writable = writable
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        if writable and not os.path.exists(path):
+            flags |= os.O_CREAT
+        self._fd = os.open(path, flags, 0o644)
+        actual = os.fstat(self._fd).st_size
+        if actual == 0 and writable:
+            os.ftruncate(self._fd, size_bytes)
+        elif actual != size_bytes:
+            os.close(self._fd)
+            raise CorruptStoreError(
+                f"{path}: segment is {actual} bytes, expected {size_bytes}", path, actual
+            )
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        self.mm = mmap.mmap(self._fd, size_bytes, access=access)
+        # bytes [0, wrote_position) hold data; [0, flushed_position) are durable
+        self.wrote_position = 0
+        self.flushed_position = 0
+
+    @property
+    def end_offset(self) -> int:
+        return self.from_offset + self.size_bytes
+
+    @property
+    def remaining_bytes(self) -> int:
+        return self.size_bytes - self.wrote_position
+
+    def write(self, data: bytes | bytearray | memoryview, position: int | None = None) -> None:
+        pos = self.wrote_position if position is None else position
+        end = pos + len(data)
+        if end > self.size_bytes:
+            raise StoreError(f"{self.path}: write of {len(data)} bytes at {pos} past the end")
+        self.mm[pos:end] = data
+        if end > self.wrote_position:
+            self.wrote_position = end
+
+    def flush(self) -> int:
+        """Make ``[0, wrote_position)`` durable (fdatasync); returns the new flushed position."""
+        target = self.wrote_position
+        if target > self.flushed_position:
+            os.fdatasync(self._fd)
+            self.flushed_position = target
+        return self.flushed_position
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:
+            # exported memoryviews (Arrow buffers) still alive: the mapping stays until they go
+            pass
+        finally:
+            os.close(self._fd)
+
+    def destroy(self) -> None:
+        self.close()
+        os.unlink(self.path)
+
+
+class MappedFileQueue:
+    """Segments of one log, in offset order."""
+
+    def __init__(self, directory: str, segment_bytes: int, writable: bool = True) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.writable = writable
+        self.files: list[MappedFile] = []
+
+    # --- loading --------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Map every segment; a zero-length last file is removed, a wrong size is corruption."""
+        if not os.path.isdir(self.directory):
+            return
+        names = sorted(n for n in os.listdir(self.directory) if _NAME.match(n))
+        for i, name in enumerate(names):
+            path = os.path.join(self.directory, name)
+            size = os.path.getsize(path)
+            if size == 0 and i == len(names) - 1 and self.writable:
+                os.unlink(path)
+                continue
+            offset = int(name)
+            if self.files and offset != self.files[-1].end_offset:
+                raise CorruptStoreError(
+                    f"{path}: segment starts at {offset}, expected {self.files[-1].end_offset}"
+                    " (a segment is missing)",
+                    path,
+                    0,
+                )
+            mf = MappedFile(path, offset, self.segment_bytes, self.writable)
+            # until recovery says otherwise, a loaded segment counts as full and durable
+            mf.wrote_position = mf.flushed_position = self.segment_bytes
+            self.files.append(mf)
+
+    def refresh(self) -> None:
+        """Reader side: map segments created since the last look."""
+        if not os.path.isdir(self.directory):
+            return
+        names = sorted(n for n in os.listdir(self.directory) if _NAME.match(n))
+        known = {mf.from_offset for mf in self.files}
+        for name in names:
+            offset = int(name)
+            if offset in known:
+                continue
+            path = os.path.join(self.directory, name)
+            if os.path.getsize(path) != self.segment_bytes:
+                continue  # being created
+            mf = MappedFile(path, offset, self.segment_bytes, writable=False)
+            mf.wrote_position = mf.flushed_position = self.segment_bytes
+            self.files.append(mf)
+        self.files.sort(key=lambda f: f.from_offset)
+
+    # --- positions ------------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.files[0].from_offset if self.files else 0
+
+    @property
+    def max_offset(self) -> int:
+        """End of the written bytes."""
+        if not self.files:
+            return 0
+        last = self.files[-1]
+        return last.from_offset + last.wrote_position
+
+    @property
+    def flushed_offset(self) -> int:
+        for mf in self.files:
+            if mf.flushed_position < mf.wrote_position or mf.wrote_position < mf.size_bytes:
+                return mf.from_offset + mf.flushed_position
+        return self.max_offset
+
+    def last_file(self) -> MappedFile | None:
+        return self.files[-1] if self.files else None
+
+    def new_file(self, start_offset: int | None = None) -> MappedFile:
+        """Create the segment that follows the last one (or the one holding ``start_offset``)."""
+        if self.files:
+            offset = self.files[-1].end_offset
+        else:
+            base = start_offset or 0
+            offset = base - base % self.segment_bytes
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, L.offset_to_file_name(offset))
+        mf = MappedFile(path, offset, self.segment_bytes, writable=True)
+        self.files.append(mf)
+        return mf
+
+    def find(self, offset: int) -> MappedFile | None:
+        """The segment holding ``offset`` (None if outside)."""
+        if not self.files:
+            return None
+        first = self.files[0].from_offset
+        idx = (offset - first) // self.segment_bytes
+        if 0 <= idx < len(self.files):
+            mf = self.files[idx]
+            if mf.from_offset <= offset < mf.end_offset:
+                return mf
+        for mf in self.files:  # pragma: no cover - only if segments are not contiguous
+            if mf.from_offset <= offset < mf.end_offset:
+                return mf
+        return None
+
+    def __iter__(self) -> Iterator[MappedFile]:
+        return iter(self.files)
+
+    # --- flush and truncation ----------------------------------------------------------------------
+    def flush(self) -> int:
+        """fdatasync every segment with unflushed bytes; returns the flushed end offset."""
+        for mf in list(self.files):
+            if mf.flushed_position < mf.wrote_position:
+                mf.flush()
+        return self.flushed_offset
+
+    def dirty_bytes(self) -> int:
+        return sum(mf.wrote_position - mf.flushed_position for mf in self.files)
+
+    def truncate_dirty(self, offset: int) -> None:
+        """Keep bytes below ``offset``: the segment holding it ends there (the rest is zeroed);
+        later segments are deleted."""
+        keep: list[MappedFile] = []
+        for mf in self.files:
+            if mf.end_offset <= offset:
+                keep.append(mf)
+            elif mf.from_offset <= offset:
+                pos = offset - mf.from_offset
+                zero_range(mf.mm, pos, mf.size_bytes)
+                mf.wrote_position = mf.flushed_position = pos
+                keep.append(mf)
+            else:
+                mf.destroy()
+        self.files = keep
+
+    def delete_all(self) -> None:
+        for mf in self.files:
+            mf.destroy()
+        self.files = []
+
+    def close(self) -> None:
+        for mf in self.files:
+            mf.close()
+        self.files = []

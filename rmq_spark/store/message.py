@@ -1,0 +1,237 @@
+"""Messages, their properties string, message ids and the Java string hash used for tags.
+
+A :class:`Message` is what a producer hands to the store; a :class:`MessageExt` is a message read
+back from the CommitLog with everything the store assigned (offsets, store time, ids).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rmq_spark.store import layout as L
+
+__all__ = [
+    "Message",
+    "MessageExt",
+    "java_string_hash",
+    "tags_code",
+    "encode_properties",
+    "decode_properties",
+    "offset_msg_id",
+    "decode_offset_msg_id",
+    "UniqIdGenerator",
+    "new_uniq_id",
+    "host_bytes",
+]
+
+_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+
+
+def java_string_hash(s: str) -> int:
+    """Java ``String.hashCode()`` (over UTF-16 code units), as a signed 32-bit int."""
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+_TAGS_CODE_CACHE: dict[str, int] = {}
+
+
+def tags_code(tags: str | None) -> int:
+    """The ConsumeQueue tagsCode of a TAGS property: its Java hash, 0 when absent or empty."""
+    if not tags:
+        return 0
+    code = _TAGS_CODE_CACHE.get(tags)
+    if code is None:
+        code = java_string_hash(tags)
+        if len(_TAGS_CODE_CACHE) < 65536:
+            _TAGS_CODE_CACHE[tags] = code
+    return code
+
+
+def encode_properties(props: Mapping[str, str | None]) -> bytes:
+    """``key \\x01 value \\x02`` for each entry with a value, UTF-8, trailing separator kept."""
+    if not props:
+        return b""
+    parts = []
+    for k, v in props.items():
+        if v is None or k.startswith(L.TRANSIENT_PREFIX):
+            continue
+        parts.append(f"{k}\x01{v}\x02")
+    return "".join(parts).encode("utf-8")
+
+
+def decode_properties(data: bytes | str) -> dict[str, str]:
+    """RocketMQ's ``string2messageProperties``: segments split on \\x02; a segment needs a
+    non-empty key and a non-empty value around its first \\x01, otherwise it is dropped."""
+    text = data.decode("utf-8", errors="replace") if isinstance(data, (bytes, bytearray)) else data
+    out: dict[str, str] = {}
+    if not text:
+        return out
+    for seg in text.split(L.PROPERTY_SEPARATOR):
+        i = seg.find(L.NAME_VALUE_SEPARATOR)
+        if 0 < i < len(seg) - 1:
+            out[seg[:i]] = seg[i + 1 :]
+    return out
+
+
+def host_bytes(host: str) -> bytes:
+    """Raw 4- or 16-byte address of an IP literal (names resolve to 127.0.0.1 when unknown)."""
+    try:
+        return ipaddress.ip_address(host).packed
+    except ValueError:
+        try:
+            return socket.inet_aton(socket.gethostbyname(host))
+        except OSError:
+            return b"\x7f\x00\x00\x01"
+
+
+def offset_msg_id(store_host: bytes, store_port: int, commitlog_offset: int) -> str:
+    """``MessageDecoder.createMessageId``: store IP + port + CommitLog offset, upper-case hex
+    (32 characters for IPv4, 56 for IPv6)."""
+    return (store_host + struct.pack(">iq", store_port, commitlog_offset)).hex().upper()
+
+
+def decode_offset_msg_id(msg_id: str) -> tuple[bytes, int, int]:
+    """Inverse of :func:`offset_msg_id`: (ip bytes, port, CommitLog offset)."""
+    if len(msg_id) not in (32, 56):
+        raise ValueError(f"offsetMsgId must be 32 or 56 hex characters, got {len(msg_id)}")
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError as e:
+        raise ValueError(f"offsetMsgId {msg_id!r} is not hexadecimal") from e
+    ip_len = 4 if len(raw) == 16 else 16
+    port, offset = struct.unpack(">iq", raw[ip_len:])
+    return raw[:ip_len], port, offset
+
+
+def offset_msg_ids(store_host: bytes, store_port: int, offsets: np.ndarray) -> np.ndarray:
+    """Vectorized :func:`offset_msg_id` for many CommitLog offsets: a fixed-width ``S32|S56`` array."""
+    n = len(offsets)
+    prefix = np.frombuffer(store_host + struct.pack(">i", store_port), dtype=np.uint8)
+    raw = np.empty((n, len(prefix) + 8), dtype=np.uint8)
+    raw[:, : len(prefix)] = prefix
+    raw[:, len(prefix) :] = np.asarray(offsets, dtype=">i8").view(np.uint8).reshape(n, 8)
+    return hex_rows(raw)
+
+
+def hex_rows(raw: np.ndarray) -> np.ndarray:
+    """Upper-case hex of each row of a 2-D uint8 array, as a fixed-width bytes array."""
+    n, w = raw.shape
+    out = np.empty((n, w * 2), dtype=np.uint8)
+    out[:, 0::2] = _HEX[raw >> 4]
+    out[:, 1::2] = _HEX[raw & 0x0F]
+    return out.view(f"S{w * 2}").reshape(n)
+
+
+class UniqIdGenerator:
+    """Client-style unique message ids (``MessageClientIDSetter``): IP(4) + pid(2) + a per-process
+    int(4), then ms since the start of the month(4) and a wrapping counter(2), in hex."""
+
+    def __init__(self, ip: bytes = b"\x7f\x00\x00\x01") -> None:
+        self._prefix = ip + struct.pack(">hi", os.getpid() & 0x7FFF, id(self) & 0x7FFFFFFF)
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._month_start_ms = 0
+        self._month_end_ms = 0
+
+    def _month_base(self, now_ms: int) -> int:
+        if not (self._month_start_ms <= now_ms < self._month_end_ms):
+            t = time.localtime(now_ms / 1000)
+            start = time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1))
+            y, m = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+            end = time.mktime((y, m, 1, 0, 0, 0, 0, 0, -1))
+            self._month_start_ms, self._month_end_ms = int(start * 1000), int(end * 1000)
+        return self._month_start_ms
+
+    def next_ids(self, n: int, now_ms: int | None = None) -> list[str]:
+        """``n`` new ids (vectorized: one numpy pass for the whole batch)."""
+        if now_ms is None:
+            now_ms = time.time_ns() // 1_000_000
+        with self._lock:
+            elapsed = (now_ms - self._month_base(now_ms)) & 0x7FFFFFFF
+            first = self._counter
+            self._counter = (first + n) & 0xFFFF
+        raw = np.empty((n, 16), dtype=np.uint8)
+        raw[:, :10] = np.frombuffer(self._prefix, dtype=np.uint8)
+        raw[:, 10:14] = np.frombuffer(struct.pack(">i", elapsed), dtype=np.uint8)
+        counters = ((np.arange(n, dtype=np.int64) + first) & 0xFFFF).astype(">u2")
+        raw[:, 14:16] = counters.view(np.uint8).reshape(n, 2)
+        return hex_rows(raw).astype("U32").tolist()
+
+    def next_id(self) -> str:
+        return self.next_ids(1)[0]
+
+
+_DEFAULT_UNIQ = UniqIdGenerator()
+
+
+def new_uniq_id() -> str:
+    return _DEFAULT_UNIQ.next_id()
+
+
+def new_uniq_ids(n: int) -> list[str]:
+    return _DEFAULT_UNIQ.next_ids(n)
+
+
+@dataclass
+class Message:
+    """A message as a producer sends it. ``queue_id`` -1 lets the store choose (queue 0)."""
+
+    topic: str
+    body: bytes
+    properties: dict[str, str] = field(default_factory=dict)
+    queue_id: int = 0
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: str = "127.0.0.1"
+    born_port: int = 0
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(L.P_TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get(L.P_KEYS)
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(L.P_UNIQ_KEY)
+
+
+@dataclass
+class MessageExt(Message):
+    """A message read back from the CommitLog."""
+
+    queue_offset: int = 0
+    commitlog_offset: int = 0
+    store_size: int = 0
+    store_timestamp_ms: int = 0
+    store_host: str = "127.0.0.1"
+    store_port: int = 0
+    body_crc: int = 0
+    msg_id: str = ""  # offsetMsgId
+
+    @property
+    def transaction_type(self) -> int:
+        return self.sys_flag & L.TRANSACTION_MASK
+
+    @property
+    def client_msg_id(self) -> str:
+        """The client's unique id (UNIQ_KEY) when present, else the offsetMsgId."""
+        return self.properties.get(L.P_UNIQ_KEY) or self.msg_id

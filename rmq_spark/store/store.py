@@ -1,0 +1,600 @@
+"""MessageStore: the store directory as one object — CommitLog, ConsumeQueues, dispatch, flush,
+recovery, checkpoint, topic config and consumer offsets.
+
+One process writes a store directory at a time (an exclusive ``lock`` file); readers in other
+processes use :class:`rmq_spark.store.reader.StoreReader`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rmq_spark.errors import ConfigError, StoreError, StoreLockedError
+from rmq_spark.store import layout as L
+from rmq_spark.store.checkpoint import StoreCheckpoint
+from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
+from rmq_spark.store.commitlog import AppendResult, CommitLog
+from rmq_spark.store.config import TopicConfigManager
+from rmq_spark.store.consumequeue import ConsumeQueue
+from rmq_spark.store.dispatch import ConsumeQueueDispatcher, DispatchBatch, Dispatcher
+from rmq_spark.store.flush import AsyncFlushService, GroupCommitService
+from rmq_spark.store.message import (
+    Message,
+    MessageExt,
+    encode_properties,
+    host_bytes,
+    new_uniq_ids,
+    tags_code,
+)
+from rmq_spark.store.offsets import ConsumerOffsetManager
+from rmq_spark.store.record import EncodedBatch, encode_batch
+from rmq_spark.store.status import GetStatus, PutStatus
+from rmq_spark.store.validation import check_body, check_properties_size, check_topic
+
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """``"1s 5s 1m"`` -> delays in ms, level 1 first."""
+    out = []
+    for tok in text.split():
+        for unit in ("ms", "s", "m", "h", "d"):
+            if tok.endswith(unit) and tok[: -len(unit)].isdigit():
+                out.append(int(tok[: -len(unit)]) * _UNITS_MS[unit])
+                break
+        else:
+            raise ConfigError(f"delay level {tok!r} is not a number followed by ms, s, m, h or d")
+    if not out:
+        raise ConfigError("delay levels are empty")
+    return out
+
+
+@dataclass
+class StoreConfig:
+    commitlog_segment_bytes: int = L.COMMITLOG_SEGMENT_BYTES
+    cq_segment_units: int = L.CQ_SEGMENT_UNITS
+    flush: str = "async"  # or "sync"
+    flush_interval_ms: int = 500
+    flush_least_pages: int = 4
+    flush_thorough_interval_ms: int = 10_000
+    sync_flush_timeout_ms: int = 5000
+    body_max_bytes: int = L.BODY_MAX_BYTES
+    auto_create_topics: bool = True
+    default_queue_nums: int = 4
+    store_host: str = "127.0.0.1"
+    store_port: int = 10911
+    truncate_corrupt: bool = False
+    delay_levels: str = DEFAULT_DELAY_LEVELS
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.flush not in ("async", "sync"):
+            raise ConfigError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+        if self.commitlog_segment_bytes < 4096:
+            raise ConfigError("commitlog_segment_bytes must be at least 4096")
+        if self.cq_segment_units < 1:
+            raise ConfigError("cq_segment_units must be positive")
+        self.delay_levels_ms = parse_delay_levels(self.delay_levels)
+
+
+@dataclass
+class PutResult:
+    status: PutStatus
+    append: AppendResult | None = None
+    uniq_keys: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutStatus.PUT_OK
+
+
+@dataclass
+class GetResult:
+    status: GetStatus
+    messages: list[MessageExt]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class MessageStore:
+    """Open (recovering if needed) the store at ``root``; a context manager."""
+
+    def __init__(
+        self,
+        root: str,
+        config: StoreConfig | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        dispatchers: Iterable[Callable[[MessageStore], Dispatcher]] = (),
+        start_services: bool = True,
+    ) -> None:
+        self.root = os.path.abspath(root)
+        self.config = config or StoreConfig()
+        self.clock = clock
+        os.makedirs(self.root, exist_ok=True)
+        self._lock_fd = _lock_directory(self.root)
+        self._closed = False
+        try:
+            self._open(dispatchers, start_services)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+
+    def _open(self, dispatchers, start_services: bool) -> None:  # type: ignore[no-untyped-def]
+        cfg = self.config
+        abort_path = os.path.join(self.root, L.ABORT_FILE)
+        self.last_exit_abnormal = os.path.exists(abort_path)
+        self._store_host = host_bytes(cfg.store_host)
+        self.topics = TopicConfigManager(self.root, cfg.auto_create_topics, cfg.default_queue_nums)
+        self.offsets = ConsumerOffsetManager(self.root)
+        self.checkpoint = StoreCheckpoint(self.root)
+        self.commitlog = CommitLog(
+            os.path.join(self.root, L.COMMITLOG_DIR),
+            cfg.commitlog_segment_bytes,
+            store_host=self._store_host,
+            store_port=cfg.store_port,
+            now_ms=self.clock.now_ms,
+            tags_code_for=self._special_tags_code,
+        )
+        self.publish_lock = threading.RLock()
+        self.new_messages = threading.Condition(self.publish_lock)
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._pending: list[DispatchBatch] = []  # sync flush: appended, not yet durable
+        self._pending_lock = threading.Lock()
+        self.dispatched_offset = 0
+        self.dispatchers: list[Dispatcher] = [ConsumeQueueDispatcher(self)]
+        self.dispatchers.extend(factory(self) for factory in dispatchers)
+        self._listeners: list[Callable[[DispatchBatch], None]] = []
+
+        self.commitlog.mfq.load()
+        self._load_consume_queues()
+        self._recover()
+        with open(abort_path, "w") as f:
+            f.write(str(os.getpid()))
+        self._flush_service: AsyncFlushService | None = None
+        self._group_commit: GroupCommitService | None = None
+        if start_services:
+            self.start_services()
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+    def start_services(self) -> None:
+        cfg = self.config
+        if cfg.flush == "sync":
+            self._group_commit = GroupCommitService(self._sync_flush, cfg.sync_flush_timeout_ms)
+            self._group_commit.start()
+        self._flush_service = AsyncFlushService(
+            self.flush_all if cfg.flush == "async" else (lambda thorough: self._flush_logics()),
+            self.commitlog.mfq.dirty_bytes if cfg.flush == "async" else (lambda: 1 << 30),
+            cfg.flush_interval_ms,
+            cfg.flush_least_pages,
+            cfg.flush_thorough_interval_ms,
+        )
+        self._flush_service.start()
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Clean stop: flush everything, write the checkpoint, remove the abort marker."""
+        if self._closed:
+            return
+        self._stop_services()
+        with self.commitlog.put_lock:
+            self._dispatch_pending(self.commitlog.max_offset)
+            self.flush_all(True)
+            self.offsets.persist()
+            self._close_files()
+        os.unlink(os.path.join(self.root, L.ABORT_FILE))
+        self._release_lock()
+
+    def crash(self) -> None:
+        """Tests: stop as kill -9 would (page cache kept, no checkpoint, abort marker left)."""
+        if self._closed:
+            return
+        self._stop_services(flush=False)
+        self._close_files()
+        self._release_lock()
+
+    def _stop_services(self, flush: bool = True) -> None:
+        if self._group_commit is not None:
+            self._group_commit.shutdown()
+        if self._flush_service is not None:
+            self._flush_service.shutdown()
+
+    def _close_files(self) -> None:
+        self.commitlog.close()
+        for cq in self._cqs.values():
+            cq.close()
+        self.checkpoint.close()
+        for d in self.dispatchers:
+            close = getattr(d, "close", None)
+            if close is not None:
+                close()
+
+    def _release_lock(self) -> None:
+        self._closed = True
+        os.close(self._lock_fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- consume queues -------------------------------------------------------------------------------
+    def consume_queue(self, topic: str, queue_id: int, create: bool = False) -> ConsumeQueue | None:
+        key = (topic, queue_id)
+        cq = self._cqs.get(key)
+        if cq is None and create:
+            cq = ConsumeQueue(self.root, topic, queue_id, self.config.cq_segment_units)
+            self._cqs[key] = cq
+        return cq
+
+    def _load_consume_queues(self) -> None:
+        base = os.path.join(self.root, L.CONSUMEQUEUE_DIR)
+        if not os.path.isdir(base):
+            return
+        for topic in sorted(os.listdir(base)):
+            tdir = os.path.join(base, topic)
+            for q in sorted(os.listdir(tdir)):
+                if q.isdigit():
+                    cq = ConsumeQueue(self.root, topic, int(q), self.config.cq_segment_units)
+                    cq.load()
+                    self._cqs[(topic, int(q))] = cq
+
+    def queue_keys(self) -> list[tuple[str, int]]:
+        return sorted(self._cqs)
+
+    # --- recovery -------------------------------------------------------------------------------------
+    def _recover(self) -> None:
+        cp = self.checkpoint
+        cl = self.commitlog
+        if not cl.mfq.files:
+            for cq in self._cqs.values():
+                cq.destroy()
+            self._cqs.clear()
+            return
+        has_cqs = any(cq.max_offset > 0 for cq in self._cqs.values())
+        scan_from = min(cp.dispatched_offset, cp.confirm_phy_offset) if has_cqs else cl.min_offset
+        try:
+            end = cl.recover(scan_from, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch)
+        except ValueError:
+            # a ConsumeQueue is missing units the checkpoint said were durable: rebuild them all
+            for cq in self._cqs.values():
+                cq.destroy()
+            self._cqs.clear()
+            end = cl.recover(cl.min_offset, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch)
+        for cq in self._cqs.values():
+            if cq.max_phys_end > end:
+                cq.truncate_dirty(end)
+        cl.queue_table = {k: cq.max_offset for k, cq in self._cqs.items()}
+        self.dispatched_offset = end
+        cp.confirm_phy_offset = end
+        cp.dispatched_offset = end
+        self.flush_all(True)
+
+    def _redispatch(self, batch: DispatchBatch) -> None:
+        batch.tags_codes = np.fromiter(
+            (
+                self._special_tags_code(t, p, int(ts)) or tags_code(p.get(L.P_TAGS))
+                for t, p, ts in zip(batch.topics, batch.properties, batch.store_timestamps)
+            ),
+            dtype=np.int64,
+            count=len(batch),
+        )
+        for d in self.dispatchers:
+            d.dispatch(batch)
+
+    def rebuild_consume_queues(self) -> None:
+        """Drop every ConsumeQueue and rebuild them from the CommitLog."""
+        with self.commitlog.put_lock, self.publish_lock:
+            for cq in self._cqs.values():
+                cq.destroy()
+            self._cqs.clear()
+            end = self.commitlog.max_offset
+            self.commitlog.mfq.files[-1].wrote_position  # noqa: B018 - segments stay as they are
+            saved = [(mf.wrote_position, mf.flushed_position) for mf in self.commitlog.mfq.files]
+            self.commitlog.recover(self.commitlog.min_offset, 0, True, self._redispatch)
+            for mf, (w, f) in zip(self.commitlog.mfq.files, saved):
+                mf.wrote_position, mf.flushed_position = w, f
+            assert self.commitlog.max_offset == end
+
+    def _special_tags_code(self, topic: str, props: dict[str, str], store_ts: int) -> int | None:
+        """Schedule-topic messages carry their delivery time as tagsCode."""
+        if topic == L.SCHEDULE_TOPIC and L.P_DELAY in props:
+            try:
+                level = int(props[L.P_DELAY])
+            except ValueError:
+                return store_ts + 1000
+            levels = self.config.delay_levels_ms
+            level = min(max(level, 1), len(levels))
+            return store_ts + levels[level - 1]
+        return None
+
+    # --- put ------------------------------------------------------------------------------------------
+    def put_message(self, msg: Message) -> PutResult:
+        return self.put_messages([msg])
+
+    def put_messages(self, msgs: Sequence[Message], allow_system: bool = True) -> PutResult:
+        """Store ``msgs`` as one write (one batch: all visible together).  Messages may go to
+        different topics and queues.  Invalid input raises MessageIllegalError."""
+        if not msgs:
+            raise StoreError("put_messages needs at least one message")
+        props_enc = []
+        for m in msgs:
+            check_topic(m.topic, allow_system=allow_system)
+            check_body(m.body, self.config.body_max_bytes)
+            cfg = self.topics.get_or_create(m.topic)
+            if not 0 <= m.queue_id < max(cfg.write_queue_nums, cfg.read_queue_nums):
+                from rmq_spark.errors import MessageIllegalError
+
+                raise MessageIllegalError(
+                    f"queueId {m.queue_id} is out of range for topic {m.topic!r} "
+                    f"({cfg.write_queue_nums} queues)"
+                )
+        missing = [i for i, m in enumerate(msgs) if L.P_UNIQ_KEY not in m.properties]
+        if missing:
+            ids = new_uniq_ids(len(missing))
+            for i, uid in zip(missing, ids):
+                msgs[i].properties[L.P_UNIQ_KEY] = uid
+        for m in msgs:
+            enc = encode_properties(m.properties)
+            check_properties_size(enc)
+            props_enc.append(enc)
+        now = self.clock.now_ms()
+        batch = encode_batch(
+            [m.topic for m in msgs],
+            [m.queue_id for m in msgs],
+            [bytes(m.body) for m in msgs],
+            [m.properties for m in msgs],
+            props_enc,
+            flags=[m.flag for m in msgs],
+            sys_flags=[m.sys_flag for m in msgs],
+            born_timestamps=[m.born_timestamp_ms or now for m in msgs],
+            born_hosts=[host_bytes(m.born_host) for m in msgs],
+            born_ports=[m.born_port for m in msgs],
+            reconsume_times=[m.reconsume_times for m in msgs],
+            prepared_offsets=[m.prepared_transaction_offset for m in msgs],
+            store_host=self._store_host,
+            store_port=self.config.store_port,
+        )
+        return self._put_encoded(batch, [m.properties[L.P_UNIQ_KEY] for m in msgs])
+
+    def put_bodies(
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: Sequence[bytes],
+        properties: dict[str, str] | None = None,
+        *,
+        born_timestamp_ms: int = 0,
+    ) -> PutResult:
+        """Fast path: many bodies for one queue sharing ``properties`` (each gets its own UNIQ_KEY)."""
+        if not bodies:
+            raise StoreError("put_bodies needs at least one body")
+        check_topic(topic, allow_system=True)
+        cfg = self.topics.get_or_create(topic)
+        if not 0 <= queue_id < max(cfg.write_queue_nums, cfg.read_queue_nums):
+            from rmq_spark.errors import MessageIllegalError
+
+            raise MessageIllegalError(f"queueId {queue_id} is out of range for topic {topic!r}")
+        limit = self.config.body_max_bytes
+        lens = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
+        if len(lens) and int(lens.max()) > limit:
+            i = int(np.argmax(lens))
+            check_body(bodies[i], limit)
+        n = len(bodies)
+        uniq = new_uniq_ids(n)
+        base = dict(properties or {})
+        base.pop(L.P_UNIQ_KEY, None)
+        prefix = encode_properties(base)
+        check_properties_size(prefix + b"UNIQ_KEY\x01" + b"0" * 32 + b"\x02")
+        props_enc = [prefix + b"UNIQ_KEY\x01" + u.encode() + b"\x02" for u in uniq]
+        props = [base] * n  # shared dict: keys/tags are the same for all
+        batch = encode_batch(
+            [topic] * n,
+            np.full(n, queue_id, dtype=np.int32),
+            bodies,
+            props,
+            props_enc,
+            born_timestamps=born_timestamp_ms or self.clock.now_ms(),
+            store_host=self._store_host,
+            store_port=self.config.store_port,
+        )
+        batch.uniq_keys = list(uniq)
+        return self._put_encoded(batch, uniq)
+
+    def _put_encoded(self, batch: EncodedBatch, uniq_keys: list[str]) -> PutResult:
+        if self._closed:
+            raise StoreError(f"store {self.root} is shut down")
+        cl = self.commitlog
+        with cl.put_lock:
+            result, dispatch = cl.append(batch)
+            if self.config.flush == "async":
+                self._publish(dispatch)
+            else:
+                with self._pending_lock:
+                    self._pending.append(dispatch)
+        if self._group_commit is not None:
+            if not self._group_commit.wait_durable(result.end_offset):
+                return PutResult(PutStatus.FLUSH_DISK_TIMEOUT, result, uniq_keys)
+        return PutResult(PutStatus.PUT_OK, result, uniq_keys)
+
+    def _publish(self, dispatch: DispatchBatch) -> None:
+        with self.publish_lock:
+            for d in self.dispatchers:
+                d.dispatch(dispatch)
+            self.dispatched_offset = dispatch.end_offset
+            self.new_messages.notify_all()
+        for listener in self._listeners:
+            listener(dispatch)
+
+    def add_listener(self, listener: Callable[[DispatchBatch], None]) -> None:
+        """Called after each dispatched batch (outside the publish lock): long polling, services."""
+        self._listeners.append(listener)
+
+    def _dispatch_pending(self, durable_offset: int) -> None:
+        with self._pending_lock:
+            ready = [b for b in self._pending if b.end_offset <= durable_offset]
+            self._pending = [b for b in self._pending if b.end_offset > durable_offset]
+        for b in ready:
+            self._publish(b)
+
+    # --- flush ------------------------------------------------------------------------------------------
+    def _sync_flush(self) -> int:
+        flushed = self.commitlog.flush()
+        self._dispatch_pending(flushed)
+        self.checkpoint.physic_msg_timestamp = self.commitlog.last_store_timestamp_ms
+        self.checkpoint.confirm_phy_offset = flushed
+        return flushed
+
+    def flush_all(self, thorough: bool = True) -> None:
+        """Flush the CommitLog, then the ConsumeQueues, then the checkpoint."""
+        flushed = self.commitlog.flush()
+        self.checkpoint.physic_msg_timestamp = self.commitlog.last_store_timestamp_ms
+        self.checkpoint.confirm_phy_offset = flushed
+        self._flush_logics()
+
+    def _flush_logics(self) -> None:
+        with self.publish_lock:
+            dispatched = self.dispatched_offset
+            cqs = list(self._cqs.values())
+        for cq in cqs:
+            cq.flush()
+        for d in self.dispatchers:
+            flush = getattr(d, "flush", None)
+            if flush is not None:
+                flush()
+        self.checkpoint.logics_msg_timestamp = self.commitlog.last_store_timestamp_ms
+        self.checkpoint.dispatched_offset = min(dispatched, self.checkpoint.confirm_phy_offset or dispatched)
+        self.checkpoint.flush()
+
+    # --- reads --------------------------------------------------------------------------------------------
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        return cq.min_offset if cq else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        return cq.max_offset if cq else 0
+
+    def max_offsets_snapshot(self, topics: Iterable[str] | None = None) -> dict[str, dict[int, int]]:
+        """Max offsets of every queue of ``topics`` (all topics if None), taken under the publish
+        lock: a batch put is in a snapshot entirely or not at all."""
+        wanted = None if topics is None else set(topics)
+        out: dict[str, dict[int, int]] = {}
+        with self.publish_lock:
+            for (t, q), cq in self._cqs.items():
+                if wanted is None or t in wanted:
+                    out.setdefault(t, {})[q] = cq.max_offset
+        if wanted:
+            for t in wanted:
+                cfg = self.topics.get(t)
+                n = cfg.read_queue_nums if cfg else 0
+                qs = out.setdefault(t, {})
+                for q in range(n):
+                    qs.setdefault(q, 0)
+        return out
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            return 0
+        return cq.offset_by_time(timestamp_ms, self.commitlog.store_timestamp)
+
+    def look_message_by_offset(self, commitlog_offset: int, size: int | None = None) -> MessageExt | None:
+        if not self.commitlog.min_offset <= commitlog_offset < self.commitlog.max_offset:
+            return None
+        return self.commitlog.read_record(commitlog_offset, size)
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int = 32,
+        max_bytes: int = 4 * 1024 * 1024,
+        message_filter: object | None = None,
+    ) -> GetResult:
+        """Messages of (topic, queue) from ``offset``: at most ``max_msgs`` messages or
+        ``max_bytes`` bytes.  ``message_filter`` may offer ``matches_code(tagsCode)`` (checked on
+        the ConsumeQueue) and ``matches_message(MessageExt)`` (checked on the record)."""
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], hi, lo, hi)
+        out: list[MessageExt] = []
+        nbytes = 0
+        next_offset = offset
+        match_code = getattr(message_filter, "matches_code", None)
+        match_msg = getattr(message_filter, "matches_message", None)
+        while next_offset < hi and len(out) < max_msgs and nbytes < max_bytes:
+            units = cq.units(next_offset, min(hi, next_offset + max(max_msgs * 4, 64)))
+            if len(units) == 0:
+                break
+            for phys, size, tcode in zip(
+                units["offset"].tolist(), units["size"].tolist(), units["tags_code"].tolist()
+            ):
+                if len(out) >= max_msgs or (out and nbytes + size > max_bytes):
+                    break
+                next_offset += 1
+                if match_code is not None and not match_code(tcode):
+                    continue
+                m = self.commitlog.read_record(phys, size)
+                if m is None:
+                    continue
+                if match_msg is not None and not match_msg(m):
+                    continue
+                out.append(m)
+                nbytes += size
+            else:
+                continue
+            break
+        status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, out, next_offset, lo, hi)
+
+    def read_arrow(self, topic: str, queue_id: int, start: int, end: int, **kw: object):  # type: ignore[no-untyped-def]
+        """Messages ``[start, end)`` of one queue as a ``pyarrow.RecordBatch`` (source schema)."""
+        from rmq_spark.store.reader import read_queue_arrow
+
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            from rmq_spark.store.reader import empty_batch
+
+            return empty_batch()
+        return read_queue_arrow(self.commitlog.mfq, cq, topic, queue_id, start, end, **kw)
+
+
+def _lock_directory(root: str) -> int:
+    path = os.path.join(root, L.LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise StoreLockedError(
+            f"store directory {root} is in use by another process (pid {owner}); "
+            "one broker owns a store at a time"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd

@@ -1,0 +1,62 @@
+"""Rules a message must follow before it is stored; each failure names the problem."""
+
+from __future__ import annotations
+
+import re
+
+from rmq_spark.errors import MessageIllegalError
+from rmq_spark.store import layout as L
+
+_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+
+def check_topic(topic: str, allow_system: bool = False) -> None:
+    if not isinstance(topic, str) or not topic:
+        raise MessageIllegalError("topic is empty")
+    if not _NAME.match(topic):
+        raise MessageIllegalError(
+            f"topic {topic!r} contains characters outside [%|a-zA-Z0-9_-]"
+        )
+    limit = (
+        L.RETRY_TOPIC_MAX_CHARS
+        if topic.startswith((L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX))
+        else L.TOPIC_MAX_CHARS
+    )
+    if len(topic) > limit:
+        raise MessageIllegalError(f"topic {topic[:40]!r}... is {len(topic)} characters; the limit is {limit}")
+    if not allow_system and L.is_system_topic(topic):
+        raise MessageIllegalError(f"topic {topic!r} is a system topic; producers cannot send to it")
+
+
+def check_group(group: str) -> None:
+    if not isinstance(group, str) or not group:
+        raise MessageIllegalError("group is empty")
+    if not _NAME.match(group):
+        raise MessageIllegalError(f"group {group!r} contains characters outside [%|a-zA-Z0-9_-]")
+    if len(group) > L.GROUP_MAX_CHARS:
+        raise MessageIllegalError(f"group name is {len(group)} characters; the limit is {L.GROUP_MAX_CHARS}")
+
+
+def check_body(body: object, body_max_bytes: int = L.BODY_MAX_BYTES) -> None:
+    if body is None:
+        raise MessageIllegalError("message body is null")
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        raise MessageIllegalError(f"message body must be bytes, not {type(body).__name__}")
+    if len(body) > body_max_bytes:
+        raise MessageIllegalError(
+            f"message body is {len(body)} bytes; the limit is {body_max_bytes} bytes"
+        )
+
+
+def check_properties_size(encoded: bytes) -> None:
+    if len(encoded) > L.PROPERTY_MAX_BYTES:
+        raise MessageIllegalError(
+            f"message properties are {len(encoded)} bytes encoded; the limit is {L.PROPERTY_MAX_BYTES}"
+        )
+
+
+def check_queue_id(queue_id: int, queue_nums: int, topic: str) -> None:
+    if not 0 <= queue_id < queue_nums:
+        raise MessageIllegalError(
+            f"queueId {queue_id} is out of range for topic {topic!r} ({queue_nums} queues)"
+        )
