@@ -1,0 +1,105 @@
+"""BrokerCore: a store directory with its services (index, delay levels, timer, transactions),
+as the broker process and the embedded Spark source use it.
+
+``send`` runs every service's put hook (a delayed message goes to ``SCHEDULE_TOPIC_XXXX``, a timer
+message to ``rmq_sys_wheel_timer``, a transactional one to the half topic) and stores the result.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
+from rmq_spark.store.message import Message
+from rmq_spark.store.store import MessageStore, PutResult, StoreConfig
+
+# (attribute, module, class): services built in this order, each ``Cls(store, config, clock)``
+SERVICES: tuple[tuple[str, str, str], ...] = (
+    ("schedule", "rmq_spark.store.schedule", "ScheduleService"),
+    ("timer", "rmq_spark.store.timer", "TimerService"),
+    ("transactions", "rmq_spark.store.transaction", "TransactionService"),
+)
+INDEX = ("rmq_spark.store.index", "IndexService")
+
+
+@dataclass
+class BrokerConfig:
+    """Everything a broker needs; the store's part is ``store``."""
+
+    store: StoreConfig = field(default_factory=StoreConfig)
+    transaction_timeout_s: float = 6.0
+    transaction_check_interval_s: float = 30.0
+    transaction_check_max: int = 15
+    timer_max_delay_s: int = 3 * 24 * 3600
+    timer_precision_ms: int = 100
+    broker_name: str = "rmq-spark-broker"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class BrokerCore:
+    def __init__(
+        self,
+        root: str,
+        config: BrokerConfig | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        start_services: bool = True,
+    ) -> None:
+        self.config = config or BrokerConfig()
+        self.clock = clock
+        dispatchers = []
+        index_cls = _optional(*INDEX)
+        if index_cls is not None:
+            dispatchers.append(index_cls)
+        self.store = MessageStore(
+            root, self.config.store, clock=clock, dispatchers=dispatchers, start_services=start_services
+        )
+        self.index = next((d for d in self.store.dispatchers if index_cls and isinstance(d, index_cls)), None)
+        self.services: list[Any] = []
+        for attr, module, name in SERVICES:
+            cls = _optional(module, name)
+            svc = cls(self.store, self.config, clock) if cls is not None else None
+            setattr(self, attr, svc)
+            if svc is not None:
+                self.services.append(svc)
+        if start_services:
+            for svc in self.services:
+                svc.start()
+
+    def transform(self, msg: Message) -> Message:
+        for svc in self.services:
+            msg = svc.transform(msg)
+        return msg
+
+    def send(self, messages: Sequence[Message]) -> PutResult:
+        """Store producer messages (after the services' put hooks) as one write."""
+        return self.store.put_messages([self.transform(m) for m in messages], allow_system=True)
+
+    def shutdown(self) -> None:
+        for svc in reversed(self.services):
+            svc.shutdown()
+        self.store.shutdown()
+
+    def crash(self) -> None:
+        for svc in reversed(self.services):
+            stop = getattr(svc, "crash", None) or svc.shutdown
+            stop()
+        self.store.crash()
+
+    def __enter__(self) -> BrokerCore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _optional(module: str, name: str) -> Any:
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == module:
+            return None
+        raise
+    return getattr(mod, name)
