@@ -1,0 +1,187 @@
+"""Golden bytes for the CommitLog record, properties, ids and hashes."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from rmq_spark.store import layout as L
+from rmq_spark.store.message import (
+    UniqIdGenerator,
+    decode_offset_msg_id,
+    decode_properties,
+    encode_properties,
+    java_string_hash,
+    offset_msg_id,
+    tags_code,
+)
+from rmq_spark.store.record import (
+    RecordCheck,
+    blank_record,
+    check_record,
+    decode_record,
+    encode_batch,
+    record_length,
+)
+
+BORN_MS = 1_700_000_000_123
+PROPS = {"TAGS": "TAG1", "KEYS": str(BORN_MS)}
+
+
+def golden_record(phys: int, qoff: int, store_ms: int) -> bytes:
+    """The reference example written field by field, independently of the encoder."""
+    body = bytes(range(32))
+    props = f"TAGS\x01TAG1\x02KEYS\x01{BORN_MS}\x02".encode()
+    assert len(props) == 29
+    topic = b"FooBar"
+    out = b"".join(
+        [
+            struct.pack(">i", 158),  # 1 TOTALSIZE
+            struct.pack(">I", 0xDAA320A7),  # 2 MAGICCODE v1
+            struct.pack(">i", zlib.crc32(body) & 0x7FFFFFFF),  # 3 BODYCRC
+            struct.pack(">i", 3),  # 4 QUEUEID
+            struct.pack(">i", 7),  # 5 FLAG
+            struct.pack(">q", qoff),  # 6 QUEUEOFFSET
+            struct.pack(">q", phys),  # 7 PHYSICALOFFSET
+            struct.pack(">i", 0),  # 8 SYSFLAG
+            struct.pack(">q", BORN_MS),  # 9 BORNTIMESTAMP
+            bytes([10, 0, 0, 1]) + struct.pack(">i", 5555),  # 10 BORNHOST
+            struct.pack(">q", store_ms),  # 11 STORETIMESTAMP
+            bytes([127, 0, 0, 1]) + struct.pack(">i", 10911),  # 12 STOREHOST
+            struct.pack(">i", 2),  # 13 RECONSUMETIMES
+            struct.pack(">q", 0),  # 14 PREPARED TRANSACTION OFFSET
+            struct.pack(">i", 32) + body,  # 15 BODY
+            bytes([6]) + topic,  # 16 TOPIC
+            struct.pack(">h", 29) + props,  # 17 PROPERTIES
+        ]
+    )
+    assert len(out) == 158
+    return out
+
+
+def encode_example(n: int = 1):
+    return encode_batch(
+        ["FooBar"] * n,
+        [3] * n,
+        [bytes(range(32))] * n,
+        [PROPS] * n,
+        [encode_properties(PROPS)] * n,
+        flags=7,
+        born_timestamps=BORN_MS,
+        born_hosts=bytes([10, 0, 0, 1]),
+        born_ports=5555,
+        reconsume_times=2,
+        store_host=bytes([127, 0, 0, 1]),
+        store_port=10911,
+    )
+
+
+def test_reference_example_is_158_bytes_golden():
+    b = encode_example(10)
+    phys = np.arange(10, dtype=np.int64) * 158
+    b.finalize(phys, np.arange(10), 1_700_000_000_999)
+    assert len(b.buf) == 1580  # ReputMessageServiceTest: 10 messages -> max phy offset 1580
+    for i in range(10):
+        assert bytes(b.buf[i * 158 : (i + 1) * 158]) == golden_record(i * 158, i, 1_700_000_000_999)
+    assert record_length(0, 32, 6, 29) == 158
+
+
+def test_decode_round_trip_and_check():
+    b = encode_example(2)
+    b.finalize(np.array([0, 158]), np.array([0, 1]), 42)
+    kind, size, _ = check_record(b.buf, 158, len(b.buf))
+    assert (kind, size) == (RecordCheck.VALID, 158)
+    m = decode_record(b.buf, 158)
+    assert m.topic == "FooBar" and m.queue_id == 3 and m.flag == 7 and m.queue_offset == 1
+    assert m.commitlog_offset == 158 and m.store_timestamp_ms == 42 and m.born_timestamp_ms == BORN_MS
+    assert m.born_host == "10.0.0.1" and m.born_port == 5555 and m.reconsume_times == 2
+    assert m.properties == PROPS and m.body == bytes(range(32))
+    assert m.msg_id == offset_msg_id(bytes([127, 0, 0, 1]), 10911, 158)
+
+
+def test_ipv6_hosts_add_12_bytes_each_and_round_trip():
+    v6 = bytes(15) + b"\x01"
+    b = encode_batch(
+        ["T"], [0], [b"abc"], [{}], [b""], born_hosts=v6, born_ports=1, store_host=v6, store_port=2
+    )
+    assert b.sizes[0] == record_length(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6, 3, 1, 0) == 84 + 24 + 4 + 3 + 1 + 1 + 2
+    b.finalize(np.array([0]), np.array([5]), 99)
+    m = decode_record(b.buf, 0)
+    assert m.born_host == "::1" and m.store_host == "::1" and m.store_timestamp_ms == 99
+    assert m.sys_flag & L.FLAG_BORNHOST_V6 and m.sys_flag & L.FLAG_STOREHOST_V6
+    assert len(m.msg_id) == 56
+    assert check_record(b.buf, 0, len(b.buf))[0] == RecordCheck.VALID
+
+
+def test_long_retry_topic_uses_magic_v2():
+    topic = "%RETRY%" + "g" * 200
+    b = encode_batch([topic], [0], [b"x"], [{}], [b""])
+    b.finalize(np.array([0]), np.array([0]), 1)
+    assert struct.unpack_from(">I", b.buf, 4)[0] == L.MAGIC_V2
+    assert decode_record(b.buf, 0).topic == topic
+    assert check_record(b.buf, 0, len(b.buf))[0] == RecordCheck.VALID
+
+
+def test_blank_record_and_checks():
+    blank = blank_record(1000)
+    assert blank == struct.pack(">iI", 1000, 0xCBD43194)
+    buf = bytearray(1000)
+    buf[:8] = blank
+    assert check_record(buf, 0, 1000)[:2] == (RecordCheck.BLANK, 1000)
+    assert check_record(bytearray(100), 0, 100)[0] == RecordCheck.END
+    b = encode_example()
+    b.finalize(np.array([0]), np.array([0]), 1)
+    corrupt = bytearray(b.buf)
+    corrupt[100] ^= 0xFF  # inside the body
+    kind, _, reason = check_record(corrupt, 0, len(corrupt))
+    assert kind == RecordCheck.INVALID and "CRC" in reason
+    assert check_record(corrupt, 0, len(corrupt), check_crc=False)[0] == RecordCheck.VALID
+    bad_magic = bytearray(b.buf)
+    bad_magic[4] = 0
+    assert "magic" in check_record(bad_magic, 0, len(bad_magic))[2]
+
+
+def test_properties_encoding_follows_rocketmq():
+    assert encode_properties({"a": "1", "b": None, "c": "3"}) == b"a\x011\x02c\x013\x02"
+    assert encode_properties({L.TRANSIENT_PREFIX + "x": "1"}) == b""
+    assert decode_properties(b"k1\x01v1\x02k2\x01v2\x02") == {"k1": "v1", "k2": "v2"}
+    assert decode_properties("k1\x01v1") == {"k1": "v1"}
+    for text in ["", " ", "aaa", "k1\x01", "\x01v1"]:
+        assert decode_properties(text) == {}, text
+
+
+def test_java_hash_and_tags_code():
+    assert java_string_hash("") == 0
+    assert java_string_hash("TagA") == 2598919
+    assert java_string_hash("hello") == 99162322
+    assert java_string_hash("中文") == 20013 * 31 + 25991  # U+4E2D U+6587
+    for s in ["a" * 20, "TagA || TagB", "😀x", "überlong" * 9]:
+        assert java_string_hash(s) == _java_ref(s)
+    assert tags_code(None) == 0 and tags_code("") == 0 and tags_code("TagA") == 2598919
+
+
+def _java_ref(s: str) -> int:
+    h = 0
+    for ch in s:
+        for unit in ([ord(ch)] if ord(ch) < 0x10000 else [0xD800 + ((ord(ch) - 0x10000) >> 10), 0xDC00 + ((ord(ch) - 0x10000) & 0x3FF)]):
+            h = (h * 31 + unit) % (1 << 32)
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def test_offset_msg_id_round_trip():
+    mid = offset_msg_id(bytes([192, 168, 0, 1]), 10911, 123456789)
+    assert mid == "C0A8000100002A9F00000000075BCD15"
+    assert decode_offset_msg_id(mid) == (bytes([192, 168, 0, 1]), 10911, 123456789)
+    with pytest.raises(ValueError, match="32 or 56"):
+        decode_offset_msg_id("abc")
+
+
+def test_uniq_ids_are_unique_and_well_formed():
+    gen = UniqIdGenerator()
+    ids = gen.next_ids(70_000)  # wraps the 16-bit counter once
+    assert all(len(i) == 32 for i in ids[:10])
+    assert len(set(ids[:65536])) == 65536
+    assert ids[0][:8] == "7F000001"

@@ -1,0 +1,237 @@
+"""MessageStore: appends, rollover, ConsumeQueue, reads, config files, validation, flush."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError, StoreLockedError
+from rmq_spark.store import layout as L
+from rmq_spark.store.clock import FakeClock
+from rmq_spark.store.config import TopicConfig
+from rmq_spark.store.consumequeue import CQ_UNIT
+from rmq_spark.store.message import Message, tags_code
+from rmq_spark.store.status import GetStatus, PutStatus
+from rmq_spark.store.store import MessageStore, StoreConfig
+
+SMALL = dict(commitlog_segment_bytes=64 * 1024, cq_segment_units=50)
+
+
+def open_store(d, clock=None, **kw):
+    return MessageStore(d, StoreConfig(**{**SMALL, **kw}), clock=clock or FakeClock())
+
+
+def test_segments_named_by_offset_and_rollover_with_blank(store_dir):
+    with open_store(store_dir) as s:
+        for i in range(600):
+            r = s.put_message(Message("T", bytes([i % 256]) * 300, {"TAGS": f"t{i % 3}"}, queue_id=i % 2))
+            assert r.ok
+        names = sorted(os.listdir(os.path.join(store_dir, "commitlog")))
+        assert names[0] == "00000000000000000000"
+        assert names[1] == f"{64 * 1024:020d}"
+        assert len(names) >= 3
+        assert all(os.path.getsize(os.path.join(store_dir, "commitlog", n)) == 64 * 1024 for n in names)
+        # the first segment ends with a BLANK record
+        mf = s.commitlog.mfq.files[0]
+        ends = []
+        for m in s.commitlog.iter_records():
+            if m.commitlog_offset < mf.end_offset:
+                ends.append(m.commitlog_offset + m.store_size)
+        last_end = max(ends)
+        assert int.from_bytes(mf.mm[last_end + 4 : last_end + 8], "big") == L.BLANK_MAGIC
+        assert s.max_offset("T", 0) == 300 and s.max_offset("T", 1) == 300
+        # CQ rolled over too: 300 units in files of 50 units
+        assert len(os.listdir(os.path.join(store_dir, "consumequeue", "T", "0"))) == 6
+        g = s.get_messages("T", 1, 290, max_msgs=32)
+        assert [m.queue_offset for m in g.messages] == list(range(290, 300))
+        assert all(m.body == bytes([m.queue_offset * 2 + 1 & 0xFF]) * 300 for m in g.messages)
+
+
+def test_batch_is_one_write_with_consecutive_offsets_and_one_store_time(store_dir):
+    clock = FakeClock(1_000)
+    with open_store(store_dir, clock) as s:
+        s.put_message(Message("A", b"first"))
+        clock.advance(5)
+        msgs = [Message("A", f"m{i}".encode(), {"KEYS": f"k{i}"}) for i in range(10)]
+        r = s.put_messages(msgs)
+        assert r.ok
+        assert r.append.queue_offsets.tolist() == list(range(1, 11))
+        assert r.append.store_timestamp_ms == 1_005
+        assert (np.diff(r.append.phys_offsets) > 0).all()
+        assert len(set(r.append.msg_ids)) == 10 and all(len(x) == 32 for x in r.append.msg_ids)
+        got = s.get_messages("A", 0, 1, max_msgs=100).messages
+        assert {m.store_timestamp_ms for m in got} == {1_005}
+        assert [m.properties["KEYS"] for m in got] == [f"k{i}" for i in range(10)]
+
+
+def test_batch_larger_than_a_segment_spans_segments(store_dir):
+    with open_store(store_dir) as s:
+        bodies = [bytes([i % 251]) * 1000 for i in range(200)]  # ~230 KB > 64 KB segments
+        r = s.put_bodies("Big", 0, bodies, {"TAGS": "x"})
+        assert r.ok and len(r.append.phys_offsets) == 200
+        assert len(s.commitlog.mfq.files) >= 4
+        batch = s.read_arrow("Big", 0, 0, 200)
+        assert batch.column("body").to_pylist() == bodies
+        assert batch.column("queueOffset").to_pylist() == list(range(200))
+        assert batch.column("commitLogOffset").to_pylist() == r.append.phys_offsets.tolist()
+
+
+def test_consume_queue_units_are_rocketmq_layout(store_dir):
+    with open_store(store_dir) as s:
+        r = s.put_messages([Message("Q", b"x" * 10, {"TAGS": "TagA"}), Message("Q", b"y", {})])
+        path = os.path.join(store_dir, "consumequeue", "Q", "0", "00000000000000000000")
+        with open(path, "rb") as f:
+            raw = f.read(40)
+        units = np.frombuffer(raw, dtype=CQ_UNIT)
+        assert units["offset"].tolist() == r.append.phys_offsets.tolist()
+        assert units["size"].tolist() == r.append.phys_offsets[1:].tolist() + [units["size"][1]]
+        assert units["tags_code"].tolist() == [2598919, 0]
+        assert raw[:8] == r.append.phys_offsets[0].item().to_bytes(8, "big")
+
+
+def test_get_message_statuses(store_dir):
+    with open_store(store_dir) as s:
+        assert s.get_messages("none", 0, 0).status is GetStatus.NO_MATCHED_LOGIC_QUEUE
+        for i in range(5):
+            s.put_message(Message("S", b"%d" % i, {"TAGS": "a" if i % 2 else "b"}))
+        assert s.get_messages("S", 0, 5).status is GetStatus.OFFSET_OVERFLOW_ONE
+        assert s.get_messages("S", 0, 9).status is GetStatus.OFFSET_OVERFLOW_BADLY
+        g = s.get_messages("S", 0, 0, max_msgs=2)
+        assert g.status is GetStatus.FOUND and g.next_begin_offset == 2
+
+        class OnlyA:
+            code = tags_code("a")
+
+            def matches_code(self, c):
+                return c == self.code
+
+        g = s.get_messages("S", 0, 0, max_msgs=10, message_filter=OnlyA())
+        assert [m.body for m in g.messages] == [b"1", b"3"] and g.next_begin_offset == 5
+        g = s.get_messages("S", 0, 0, max_msgs=10, max_bytes=1)
+        assert len(g.messages) == 1  # at least one message, then the byte limit
+
+
+def test_offset_by_time(store_dir):
+    clock = FakeClock(10_000)
+    with open_store(store_dir, clock) as s:
+        for i in range(20):
+            s.put_message(Message("Tm", b"x"))
+            clock.advance(100)
+        assert s.offset_by_time("Tm", 0, 0) == 0
+        assert s.offset_by_time("Tm", 0, 10_000) == 0
+        assert s.offset_by_time("Tm", 0, 10_050) == 1
+        assert s.offset_by_time("Tm", 0, 11_900) == 19
+        assert s.offset_by_time("Tm", 0, 99_999) == 20
+
+
+def test_validation_errors_name_the_problem(store_dir):
+    with open_store(store_dir, body_max_bytes=1000) as s:
+        with pytest.raises(MessageIllegalError, match="characters outside"):
+            s.put_message(Message("bad topic", b"x"))
+        with pytest.raises(MessageIllegalError, match="127"):
+            s.put_message(Message("t" * 128, b"x"))
+        with pytest.raises(MessageIllegalError, match="1001 bytes; the limit is 1000"):
+            s.put_message(Message("T", b"x" * 1001))
+        with pytest.raises(MessageIllegalError, match="properties are 32768 bytes"):
+            s.put_message(Message("T", b"x", {"k": "v" * (32768 - 45)}))  # + UNIQ_KEY
+        with pytest.raises(MessageIllegalError, match="queueId 9"):
+            s.put_message(Message("T", b"x", queue_id=9))
+        with pytest.raises(MessageIllegalError, match="system topic"):
+            s.put_messages([Message(L.SCHEDULE_TOPIC, b"x")], allow_system=False)
+        with pytest.raises(MessageIllegalError, match="body is null"):
+            s.put_message(Message("T", None))  # type: ignore[arg-type]
+        assert s.max_offset("T", 0) == 0  # nothing stored
+        r = s.put_message(Message("T", b"x" * 1000, {"k": "v" * 100}))
+        assert r.ok
+    with pytest.raises(ConfigError, match="flush"):
+        StoreConfig(flush="sometimes")
+
+
+def test_store_directory_lock(store_dir):
+    with open_store(store_dir):
+        with pytest.raises(StoreLockedError, match="in use by another process"):
+            open_store(store_dir)
+
+
+def test_topic_config_and_offsets_persist_atomically(store_dir):
+    with open_store(store_dir, auto_create_topics=False) as s:
+        with pytest.raises(ConfigError, match="auto-creation is off"):
+            s.put_message(Message("Nope", b"x"))
+        s.topics.create(TopicConfig("Orders", 8, 8, message_type="FIFO"))
+        s.topics.create(TopicConfig("Other", 2, 2))
+        s.offsets.commit("g1", "Orders", 3, 42)
+        s.offsets.commit_many("g1", {"Orders": {0: 7}})
+    with open(os.path.join(store_dir, "config", "topics.json")) as f:
+        cfg = json.load(f)
+    orders = cfg["topicConfigTable"]["Orders"]
+    assert orders["readQueueNums"] == 8 and orders["perm"] == 6
+    assert orders["attributes"]["+message.type"] == "FIFO"
+    with open(os.path.join(store_dir, "config", "consumerOffset.json")) as f:
+        off = json.load(f)
+    assert off["offsetTable"]["Orders@g1"] == {"0": 7, "3": 42}
+    # a damaged file falls back to its .bak
+    with open(os.path.join(store_dir, "config", "topics.json"), "w") as f:
+        f.write("{broken")
+    with open_store(store_dir) as s:
+        assert s.offsets.query("g1", "Orders", 3) == 42 and s.offsets.query("g1", "Orders", 1) == -1
+        assert s.topics.get("Orders").read_queue_nums == 8  # from topics.json.bak
+        assert s.topics.get("Other") is None  # the damaged newest version is lost, not invented
+
+
+def test_rocketmq_offset_file_with_unquoted_keys_loads(store_dir):
+    os.makedirs(os.path.join(store_dir, "config"))
+    with open(os.path.join(store_dir, "config", "consumerOffset.json"), "w") as f:
+        f.write('{"offsetTable":{"TopicTest@please_rename":{0:5280,1:5312}}}')
+    with open_store(store_dir) as s:
+        assert s.offsets.query("please_rename", "TopicTest", 1) == 5312
+
+
+def test_sync_flush_group_commit_shares_fdatasync(store_dir, monkeypatch):
+    calls = []
+    real = os.fdatasync
+
+    def counting(fd):
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+    with open_store(store_dir, flush="sync", flush_interval_ms=60_000) as s:
+        n_threads, per_thread = 8, 25
+        errors = []
+
+        def producer(t):
+            for i in range(per_thread):
+                r = s.put_message(Message("Sync", b"%d-%d" % (t, i), queue_id=t % 4))
+                if r.status is not PutStatus.PUT_OK:
+                    errors.append(r.status)
+                # once put returns, its bytes are durable
+                if s.commitlog.flushed_offset < r.append.end_offset:
+                    errors.append("returned before durable")
+
+        threads = [threading.Thread(target=producer, args=(t,)) for t in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        total = n_threads * per_thread
+        assert sum(s.max_offset("Sync", q) for q in range(4)) == total
+        assert len(calls) < total  # concurrent puts shared fdatasyncs
+
+
+def test_sync_flush_publishes_only_durable_records(store_dir, monkeypatch):
+    with open_store(store_dir, flush="sync") as s:
+        r = s.put_message(Message("D", b"x"))
+        assert r.ok and s.max_offset("D", 0) == 1
+        assert s.dispatched_offset <= s.commitlog.flushed_offset
+
+
+def test_closed_store_refuses_puts(store_dir):
+    s = open_store(store_dir)
+    s.shutdown()
+    with pytest.raises(StoreError, match="shut down"):
+        s.put_message(Message("T", b"x"))
