@@ -137,7 +137,7 @@ def test_validation_errors_name_the_problem(store_dir):
         with pytest.raises(MessageIllegalError, match="1001 bytes; the limit is 1000"):
             s.put_message(Message("T", b"x" * 1001))
         with pytest.raises(MessageIllegalError, match="properties are 32768 bytes"):
-            s.put_message(Message("T", b"x", {"k": "v" * (32768 - 45)}))  # + UNIQ_KEY
+            s.put_message(Message("T", b"x", {"k": "v" * (32768 - 65)}))  # + UNIQ_KEY + record CRC
         with pytest.raises(MessageIllegalError, match="queueId 9"):
             s.put_message(Message("T", b"x", queue_id=9))
         with pytest.raises(MessageIllegalError, match="system topic"):

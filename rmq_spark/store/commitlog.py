@@ -217,6 +217,7 @@ class CommitLog:
         truncate_corrupt: bool,
         on_batch: Callable[[DispatchBatch], None],
         batch_records: int = 4096,
+        force_prop_crc: bool = False,
     ) -> int:
         """Scan records from ``scan_from`` (the start of a segment), hand them to ``on_batch`` for
         re-dispatch, and cut the log after the last valid one.
@@ -241,7 +242,9 @@ class CommitLog:
                 continue
             stopped = False
             while True:
-                kind, size, reason = check_record(mf.mm, pos, mf.size_bytes, check_crc=True)
+                kind, size, reason = check_record(
+                    mf.mm, pos, mf.size_bytes, check_crc=True, force_prop_crc=force_prop_crc
+                )
                 if kind == RecordCheck.VALID:
                     collector.add(mf.mm, pos, mf.from_offset + pos)
                     pos += size
@@ -253,6 +256,8 @@ class CommitLog:
                 stop_reason = reason if kind == RecordCheck.INVALID else "no record"
                 stop_path = mf.path
                 stopped = True
+                if kind == RecordCheck.INVALID and self._valid_data_after(mf, pos, force_prop_crc):
+                    confirmed_offset = max(confirmed_offset, mf.from_offset + pos + 1)
                 break
             if stopped:
                 break
@@ -273,6 +278,21 @@ class CommitLog:
             pass
         self.last_store_timestamp_ms = max(self.last_store_timestamp_ms, collector.last_store_ts)
         return end
+
+    def _valid_data_after(self, mf, pos: int, force_prop_crc: bool) -> bool:  # type: ignore[no-untyped-def]
+        """Is there a valid record after the invalid one at ``pos``?  Then the damage is inside
+        the log, not a torn tail: the record's own size field (if sane) says where the next one
+        starts; a later segment that starts with a valid record counts too."""
+        total = _INT.unpack_from(mf.mm, pos)[0] if pos + 4 <= mf.size_bytes else 0
+        if 0 < total and pos + total + 8 <= mf.size_bytes:
+            kind, _, _ = check_record(mf.mm, pos + total, mf.size_bytes, True, force_prop_crc)
+            if kind in (RecordCheck.VALID, RecordCheck.BLANK):
+                return True
+        later = [f for f in self.mfq.files if f.from_offset > mf.from_offset]
+        if later:
+            kind, _, _ = check_record(later[0].mm, 0, later[0].size_bytes, True, force_prop_crc)
+            return kind == RecordCheck.VALID
+        return False
 
     def iter_records(self, start: int = 0) -> Iterator[MessageExt]:
         """Every valid record from ``start`` on (tests and tools)."""

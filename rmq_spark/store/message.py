@@ -83,6 +83,7 @@ def decode_properties(data: bytes | str) -> dict[str, str]:
         i = seg.find(L.NAME_VALUE_SEPARATOR)
         if 0 < i < len(seg) - 1:
             out[seg[:i]] = seg[i + 1 :]
+    out.pop("__CRC32#", None)  # the record CRC is part of the record, not a user property
     return out
 
 

@@ -116,6 +116,7 @@ def parse_properties(props: pa.Array) -> pa.MapArray:
     vals = pc.list_element(pc.if_else(pa.array(has_two), kv, pa.scalar(["", ""], kv.type)), 1)
     valid = (
         has_two
+        & pc.not_equal(keys, "__CRC32#").to_numpy(zero_copy_only=False)
         & (pc.binary_length(keys).to_numpy(zero_copy_only=False) > 0)
         & (pc.binary_length(vals).to_numpy(zero_copy_only=False) > 0)
     )

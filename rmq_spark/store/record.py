@@ -72,6 +72,14 @@ POS_BORN_TIMESTAMP = 40
 POS_BORN_HOST = 48
 POS_STORE_TIMESTAMP_V4 = 56
 
+# optional whole-record CRC (RocketMQ's enabledAppendPropCRC): the last 20 bytes of the properties
+# are "__CRC32#" \x01 <10 ASCII digits, least significant first> \x02, the CRC32 (sign bit
+# cleared) of every record byte before them.
+PROP_CRC_PREFIX = b"__CRC32#\x01"
+PROP_CRC_BYTES = 20
+PROP_CRC_PLACEHOLDER = PROP_CRC_PREFIX + b"0" * 10 + b"\x02"
+_TEN = 10 ** np.arange(10, dtype=np.int64)
+
 _INT = struct.Struct(">i")
 _UINT = struct.Struct(">I")
 _SHORT = struct.Struct(">H")
@@ -111,6 +119,7 @@ class EncodedBatch:
     keys: list[str | None]
     uniq_keys: list[str | None]
     properties: list[dict[str, str]]
+    prop_crc: bool = False
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -130,6 +139,15 @@ class EncodedBatch:
         arr[(self.rel_pos + POS_QUEUE_OFFSET)[:, None] + eight] = qo
         ts = np.full(n, store_ts_ms, dtype=">i8").view(np.uint8).reshape(n, 8)
         arr[(self.rel_pos + self.store_ts_pos)[:, None] + eight] = ts
+        if self.prop_crc:
+            mv = memoryview(self.buf)
+            ends = (self.rel_pos + self.sizes - PROP_CRC_BYTES).tolist()
+            crcs = np.fromiter(
+                (zlib.crc32(mv[a:b]) for a, b in zip(self.rel_pos.tolist(), ends)), dtype=np.int64, count=n
+            ) & 0x7FFFFFFF
+            digits = (crcs[:, None] // _TEN[None, :] % 10 + 48).astype(np.uint8)
+            pos = np.asarray(ends, dtype=np.int64) + len(PROP_CRC_PREFIX)
+            arr[pos[:, None] + np.arange(10, dtype=np.int64)] = digits
 
 
 def encode_batch(
@@ -148,6 +166,7 @@ def encode_batch(
     prepared_offsets: Sequence[int] | np.ndarray | int = 0,
     store_host: bytes = b"\x7f\x00\x00\x01",
     store_port: int = 0,
+    prop_crc: bool = False,
 ) -> EncodedBatch:
     """Encode ``n`` records into one buffer. Per-record arguments are sequences of length ``n``
     or a scalar shared by all. IPv6 hosts set their sysflag bits automatically."""
@@ -159,6 +178,8 @@ def encode_batch(
     if len(store_host) == 16:
         sflags |= L.FLAG_STOREHOST_V6
     topic_bytes = [t.encode("utf-8") for t in topics]
+    if prop_crc:
+        encoded_properties = [pb + PROP_CRC_PLACEHOLDER for pb in encoded_properties]
     tails = []
     magics = np.empty(n, dtype=np.uint32)
     for i, (tb, pb) in enumerate(zip(topic_bytes, encoded_properties)):
@@ -238,6 +259,7 @@ def encode_batch(
         keys=[p.get(L.P_KEYS) for p in properties],
         uniq_keys=[p.get(L.P_UNIQ_KEY) for p in properties],
         properties=list(properties),
+        prop_crc=prop_crc,
     )
 
 
@@ -262,7 +284,9 @@ class RecordCheck:
     INVALID = 3  # torn or corrupt
 
 
-def check_record(buf, pos: int, limit: int, check_crc: bool = True) -> tuple[int, int, str]:  # type: ignore[no-untyped-def]
+def check_record(  # type: ignore[no-untyped-def]
+    buf, pos: int, limit: int, check_crc: bool = True, force_prop_crc: bool = False
+) -> tuple[int, int, str]:
     """Validate the record at ``pos`` of ``buf`` (readable up to ``limit``).
 
     Returns ``(kind, size, reason)`` where kind is a :class:`RecordCheck` value."""
@@ -306,6 +330,19 @@ def check_record(buf, pos: int, limit: int, check_crc: bool = True) -> tuple[int
         crc = _INT.unpack_from(buf, pos + POS_BODY_CRC)[0]
         if crc != zlib.crc32(buf[body_start : body_start + body_len]) & 0x7FFFFFFF:
             return RecordCheck.INVALID, 0, "body CRC mismatch"
+        end = pos + total
+        has_prop_crc = props_len >= PROP_CRC_BYTES and bytes(
+            buf[end - PROP_CRC_BYTES : end - PROP_CRC_BYTES + len(PROP_CRC_PREFIX)]
+        ) == PROP_CRC_PREFIX
+        if has_prop_crc:
+            digits = bytes(buf[end - 10 - 1 : end - 1])
+            if not digits.isdigit() or buf[end - 1] != 2:
+                return RecordCheck.INVALID, 0, "record CRC property damaged"
+            want = int(digits[::-1])
+            if want != zlib.crc32(buf[pos : end - PROP_CRC_BYTES]) & 0x7FFFFFFF:
+                return RecordCheck.INVALID, 0, "record CRC mismatch"
+        elif force_prop_crc:
+            return RecordCheck.INVALID, 0, "record CRC property missing"
     return RecordCheck.VALID, total, ""
 
 

@@ -33,7 +33,7 @@ from rmq_spark.store.message import (
     tags_code,
 )
 from rmq_spark.store.offsets import ConsumerOffsetManager
-from rmq_spark.store.record import EncodedBatch, encode_batch
+from rmq_spark.store.record import PROP_CRC_PLACEHOLDER, EncodedBatch, encode_batch
 from rmq_spark.store.status import GetStatus, PutStatus
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic
 
@@ -71,6 +71,9 @@ class StoreConfig:
     store_host: str = "127.0.0.1"
     store_port: int = 10911
     truncate_corrupt: bool = False
+    # a CRC of the whole record in the __CRC32# property (RocketMQ's enabledAppendPropCRC): lets
+    # recovery detect a torn record anywhere, not only in its body
+    append_prop_crc: bool = True
     delay_levels: str = DEFAULT_DELAY_LEVELS
     extra: dict = field(default_factory=dict)
 
@@ -132,6 +135,7 @@ class MessageStore:
         abort_path = os.path.join(self.root, L.ABORT_FILE)
         self.last_exit_abnormal = os.path.exists(abort_path)
         self._store_host = host_bytes(cfg.store_host)
+        self._crc_reserve = PROP_CRC_PLACEHOLDER if cfg.append_prop_crc else b""
         self.topics = TopicConfigManager(self.root, cfg.auto_create_topics, cfg.default_queue_nums)
         self.offsets = ConsumerOffsetManager(self.root)
         self.checkpoint = StoreCheckpoint(self.root)
@@ -265,7 +269,10 @@ class MessageStore:
         has_cqs = any(cq.max_offset > 0 for cq in self._cqs.values())
         scan_from = min(cp.dispatched_offset, cp.confirm_phy_offset) if has_cqs else cl.min_offset
         try:
-            end = cl.recover(scan_from, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch)
+            end = cl.recover(
+                scan_from, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch,
+                force_prop_crc=self.config.append_prop_crc,
+            )
         except ValueError:
             # a ConsumeQueue is missing units the checkpoint said were durable: rebuild them all
             for cq in self._cqs.values():
@@ -347,7 +354,7 @@ class MessageStore:
                 msgs[i].properties[L.P_UNIQ_KEY] = uid
         for m in msgs:
             enc = encode_properties(m.properties)
-            check_properties_size(enc)
+            check_properties_size(enc + self._crc_reserve)
             props_enc.append(enc)
         now = self.clock.now_ms()
         batch = encode_batch(
@@ -365,6 +372,7 @@ class MessageStore:
             prepared_offsets=[m.prepared_transaction_offset for m in msgs],
             store_host=self._store_host,
             store_port=self.config.store_port,
+            prop_crc=self.config.append_prop_crc,
         )
         return self._put_encoded(batch, [m.properties[L.P_UNIQ_KEY] for m in msgs])
 
@@ -396,7 +404,7 @@ class MessageStore:
         base = dict(properties or {})
         base.pop(L.P_UNIQ_KEY, None)
         prefix = encode_properties(base)
-        check_properties_size(prefix + b"UNIQ_KEY\x01" + b"0" * 32 + b"\x02")
+        check_properties_size(prefix + b"UNIQ_KEY\x01" + b"0" * 32 + b"\x02" + self._crc_reserve)
         props_enc = [prefix + b"UNIQ_KEY\x01" + u.encode() + b"\x02" for u in uniq]
         props = [base] * n  # shared dict: keys/tags are the same for all
         batch = encode_batch(
@@ -408,6 +416,7 @@ class MessageStore:
             born_timestamps=born_timestamp_ms or self.clock.now_ms(),
             store_host=self._store_host,
             store_port=self.config.store_port,
+            prop_crc=self.config.append_prop_crc,
         )
         batch.uniq_keys = list(uniq)
         return self._put_encoded(batch, uniq)
