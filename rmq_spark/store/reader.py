@@ -51,27 +51,47 @@ def empty_batch() -> pa.RecordBatch:
     )
 
 
+def _at(buf: np.ndarray, dtype: str) -> np.ndarray:
+    """``buf`` seen as overlapping items of ``dtype`` starting at every byte: ``_at(buf, ">i4")[p]``
+    is the big-endian int at byte ``p``, so one fancy index gathers a field of many records."""
+    size = np.dtype(dtype).itemsize
+    return np.ndarray(shape=(max(len(buf) - size + 1, 0),), dtype=dtype, buffer=buf, strides=(1,))
+
+
 def _gather(buf: np.ndarray, pos: np.ndarray, width: int, dtype: str) -> np.ndarray:
-    idx = pos[:, None] + np.arange(width, dtype=np.int64)
-    return buf[idx].view(dtype).reshape(len(pos))
+    assert np.dtype(dtype).itemsize == width
+    return _at(buf, dtype)[pos]
+
+
+# byte masks of the three inline words for a length of 0..12; 13 stands for "longer": keep all
+def _inline_mask(length: int, word: int) -> int:
+    keep = max(0, min(4, length - 4 * word))
+    return (1 << (8 * keep)) - 1
+
+
+_INLINE_MASKS = np.array(
+    [[_inline_mask(k, j) for j in range(3)] for k in range(13)] + [[0xFFFFFFFF] * 3], dtype="<u4"
+)
 
 
 def _views(buf: np.ndarray, start: np.ndarray, length: np.ndarray, buffer_index: int) -> np.ndarray:
-    """Arrow binary_view structs (16 bytes each) for byte ranges of ``buf``."""
+    """Arrow binary_view structs (16 bytes each) for byte ranges of ``buf``: ``length``, then up
+    to 12 inline bytes, or a 4-byte prefix, the buffer index and the offset.  Worked on as
+    little-endian 32-bit words; returns an (n, 4) uint32 array."""
     n = len(start)
-    views = np.zeros((n, 16), dtype=np.uint8)
-    views[:, 0:4] = length.astype("<i4").view(np.uint8).reshape(n, 4)
-    head = buf[start[:, None] + np.arange(12, dtype=np.int64)]
+    out = np.empty((n, 4), dtype="<u4")
+    if n == 0:
+        return out
+    # 12 bytes from each start: the inline content, or the prefix (callers guarantee 12 readable)
+    words = _at(buf, "V12")[start].view("<u4").reshape(n, 3)
+    length = length.astype(np.int64)
+    words &= _INLINE_MASKS[np.minimum(length, 13)]
     short = length <= 12
-    if short.any():
-        keep = np.arange(12)[None, :] < length[:, None]
-        views[:, 4:16] = np.where(keep & short[:, None], head, 0)
-    long_ = ~short
-    if long_.any():
-        views[long_, 4:8] = head[long_, 0:4]
-        views[long_, 8:12] = np.full(int(long_.sum()), buffer_index, dtype="<i4").view(np.uint8).reshape(-1, 4)
-        views[long_, 12:16] = start[long_].astype("<i4").view(np.uint8).reshape(-1, 4)
-    return views
+    out[:, 0] = length
+    out[:, 1] = words[:, 0]
+    out[:, 2] = np.where(short, words[:, 1], np.uint32(buffer_index))
+    out[:, 3] = np.where(short, words[:, 2], start.astype("<u4"))
+    return out
 
 
 def _segment_fields(mm_buf: np.ndarray, pos: np.ndarray, topic_field_bytes: int, topic_len: int) -> dict:
@@ -98,34 +118,95 @@ def _segment_fields(mm_buf: np.ndarray, pos: np.ndarray, topic_field_bytes: int,
     }
 
 
-def parse_properties(props: pa.Array) -> pa.MapArray:
-    """RocketMQ property strings (``k\\x01v\\x02...``) to ``map<string,string>``, vectorized.
+class ParsedProperties:
+    """RocketMQ property strings (``k\\x01v\\x02...``) parsed for a whole column at once.
 
-    A segment counts only with a non-empty key and a non-empty value (``string2messageProperties``)."""
-    n = len(props)
-    segs = pc.split_pattern(props, "\x02")
-    flat = pc.list_flatten(segs)
-    parents = pc.list_parent_indices(segs).to_numpy(zero_copy_only=False)
-    kv = pc.split_pattern(flat, "\x01", max_splits=1)
-    nparts = pc.list_value_length(kv).to_numpy(zero_copy_only=False)
-    has_two = nparts == 2
-    if len(flat) == 0:
-        offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
-        return pa.MapArray.from_arrays(offsets, pa.array([], pa.string()), pa.array([], pa.string()))
-    keys = pc.list_element(pc.if_else(pa.array(has_two), kv, pa.scalar(["", ""], kv.type)), 0)
-    vals = pc.list_element(pc.if_else(pa.array(has_two), kv, pa.scalar(["", ""], kv.type)), 1)
-    valid = (
-        has_two
-        & pc.not_equal(keys, "__CRC32#").to_numpy(zero_copy_only=False)
-        & (pc.binary_length(keys).to_numpy(zero_copy_only=False) > 0)
-        & (pc.binary_length(vals).to_numpy(zero_copy_only=False) > 0)
-    )
-    sel = np.flatnonzero(valid)
-    counts = np.bincount(parents[sel], minlength=n)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(counts, out=offsets[1:])
-    idx = pa.array(sel)
-    return pa.MapArray.from_arrays(pa.array(offsets), keys.take(idx), vals.take(idx))
+    The string bytes stay in one Arrow buffer; separators are found with numpy, and keys and
+    values become ``binary_view`` arrays pointing into that buffer.  A segment counts only with
+    a non-empty key and a non-empty value (``string2messageProperties``); the record CRC
+    (``__CRC32#``, the last 20 bytes when present) is not a property."""
+
+    def __init__(self, props: pa.Array) -> None:
+        props = props.cast(pa.binary())
+        self.n = n = len(props)
+        bufs = props.buffers()
+        offs = np.frombuffer(bufs[1], dtype=np.int32)[props.offset : props.offset + n + 1].astype(np.int64)
+        self._data_buf = bufs[2] if bufs[2] is not None else pa.py_buffer(b"")
+        data = np.frombuffer(self._data_buf, dtype=np.uint8)
+        starts, ends = offs[:-1], offs[1:].copy()
+        # drop the trailing record CRC property
+        crc_prefix = np.frombuffer(b"__CRC32#\x01", dtype=np.uint8)
+        cand = np.flatnonzero(ends - starts >= 20)
+        if len(cand):
+            head = data[(ends[cand] - 20)[:, None] + np.arange(len(crc_prefix))]
+            ends[cand[(head == crc_prefix).all(axis=1)]] -= 20
+        # segment ends: every \x02 inside a record, plus the record end when it lacks one
+        twos = np.flatnonzero(data == 2)
+        rec_of = np.searchsorted(offs, twos, side="right") - 1
+        keep = (rec_of >= 0) & (rec_of < n)
+        keep[keep] &= twos[keep] < ends[rec_of[keep]]
+        twos, rec_of = twos[keep], rec_of[keep]
+        nonempty = ends > starts
+        last_byte = np.zeros(n, dtype=np.uint8)
+        last_byte[nonempty] = data[ends[nonempty] - 1]
+        open_end = np.flatnonzero(nonempty & (last_byte != 2))
+        if len(open_end):  # records whose last segment has no trailing separator
+            seg_end = np.concatenate([twos, ends[open_end]])
+            seg_rec = np.concatenate([rec_of, open_end])
+            order = np.argsort(seg_end, kind="stable")  # the buffer holds records in order
+            seg_end, seg_rec = seg_end[order], seg_rec[order]
+        else:
+            seg_end, seg_rec = twos, rec_of
+        seg_start = np.empty_like(seg_end)
+        if len(seg_end):
+            seg_start[0] = starts[seg_rec[0]]
+            same = seg_rec[1:] == seg_rec[:-1]
+            seg_start[1:] = np.where(same, seg_end[:-1] + 1, starts[seg_rec[1:]])
+        ones = np.flatnonzero(data == 1)
+        i = np.searchsorted(ones, seg_start)
+        sep = np.where(i < len(ones), ones[np.minimum(i, max(len(ones) - 1, 0))] if len(ones) else 0, -1)
+        ok = (sep > seg_start) & (sep < seg_end - 1)
+        self.rec = seg_rec[ok]
+        self.k_start, self.k_len = seg_start[ok], sep[ok] - seg_start[ok]
+        self.v_start, self.v_len = sep[ok] + 1, seg_end[ok] - sep[ok] - 1
+        self._data = data
+
+    def _strings(self, start: np.ndarray, length: np.ndarray, validity: np.ndarray | None = None) -> pa.Array:
+        m = len(start)
+        views = _views(self._data, start, length, 0)
+        vbuf = None
+        if validity is not None and not validity.all():
+            vbuf = pa.py_buffer(np.packbits(validity, bitorder="little").tobytes())
+        arr = pa.Array.from_buffers(pa.binary_view(), m, [vbuf, pa.py_buffer(views.tobytes()), self._data_buf])
+        return arr.cast(pa.string())
+
+    def map_array(self) -> pa.MapArray:
+        counts = np.bincount(self.rec, minlength=self.n)
+        offsets = np.zeros(self.n + 1, dtype=np.int32)
+        np.cumsum(counts, out=offsets[1:])
+        return pa.MapArray.from_arrays(
+            pa.array(offsets), self._strings(self.k_start, self.k_len), self._strings(self.v_start, self.v_len)
+        )
+
+    def lookup(self, key: str) -> pa.Array:
+        """The value of ``key`` in each record (the last one if repeated), null when absent."""
+        kb = np.frombuffer(key.encode("utf-8"), dtype=np.uint8)
+        cand = np.flatnonzero(self.k_len == len(kb))
+        if len(cand):
+            eq = (self._data[self.k_start[cand][:, None] + np.arange(len(kb))] == kb).all(axis=1)
+            cand = cand[eq]
+        start = np.zeros(self.n, dtype=np.int64)
+        length = np.zeros(self.n, dtype=np.int64)
+        present = np.zeros(self.n, dtype=bool)
+        start[self.rec[cand]] = self.v_start[cand]  # later duplicates overwrite, as a HashMap put
+        length[self.rec[cand]] = self.v_len[cand]
+        present[self.rec[cand]] = True
+        return self._strings(start, length, present)
+
+
+def parse_properties(props: pa.Array) -> pa.MapArray:
+    """RocketMQ property strings to ``map<string,string>`` (see :class:`ParsedProperties`)."""
+    return ParsedProperties(props).map_array()
 
 
 def read_units_arrow(
@@ -186,19 +267,18 @@ def read_units_arrow(
         return arr.cast(pa.binary())
 
     body = binary(body_views)
-    props_raw = binary(props_views).cast(pa.string())
-    props = parse_properties(props_raw)
+    parsed = ParsedProperties(binary(props_views))
     del buffers
-    tags = pc.map_lookup(props, L.P_TAGS, "first")
-    keys = pc.map_lookup(props, L.P_KEYS, "first")
-    uniq = pc.map_lookup(props, L.P_UNIQ_KEY, "first")
+    props = parsed.map_array()
+    tags = parsed.lookup(L.P_TAGS)
+    keys = parsed.lookup(L.P_KEYS)
+    uniq = parsed.lookup(L.P_UNIQ_KEY)
     if uniq.null_count:
         host = store_host or b"\x7f\x00\x00\x01"
         ids = pa.array(hex_rows_ids(host, store_port, phys))
         uniq = pc.coalesce(uniq, ids)
-    deliver = pc.map_lookup(props, L.P_TIMER_OUT_MS, "first")
-    deliver_ms = pc.cast(deliver, pa.int64(), safe=False) if len(deliver) else deliver
-    txn = pc.map_lookup(props, L.P_TRANSACTION_ID, "first")
+    deliver_ms = pc.cast(parsed.lookup(L.P_TIMER_OUT_MS), pa.int64(), safe=False)
+    txn = parsed.lookup(L.P_TRANSACTION_ID)
     sys_flag = col("sys_flag")
     is_txn = (sys_flag & L.TRANSACTION_MASK) == L.TRANSACTION_COMMIT_TYPE
     txn = pc.if_else(pa.array(is_txn), txn, pa.scalar(None, pa.string()))
