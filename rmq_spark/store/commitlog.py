@@ -14,7 +14,7 @@ import numpy as np
 
 from rmq_spark.errors import CorruptStoreError, StoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.dispatch import DispatchBatch
+from rmq_spark.store.dispatch import DispatchBatch, group_by_queue
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import MessageExt, offset_msg_ids
 from rmq_spark.store.record import (
@@ -114,12 +114,9 @@ class CommitLog:
         consumable = (tran == L.TRANSACTION_NOT_TYPE) | (tran == L.TRANSACTION_COMMIT_TYPE)
         qoffs = np.zeros(n, dtype=np.int64)
         if n:
-            keys_seen: dict[tuple[str, int], list[int]] = {}
-            qids = batch.queue_ids.tolist()
-            for i, (t, q) in enumerate(zip(batch.topics, qids)):
-                if consumable[i]:
-                    keys_seen.setdefault((t, q), []).append(i)
-            for key, idx in keys_seen.items():
+            for key, idx in group_by_queue(batch.topics, batch.queue_ids).items():
+                if not consumable.all():
+                    idx = idx[consumable[idx]]
                 start = self.queue_table.get(key, 0)
                 qoffs[idx] = np.arange(start, start + len(idx), dtype=np.int64)
                 self.queue_table[key] = start + len(idx)

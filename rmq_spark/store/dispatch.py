@@ -43,11 +43,29 @@ class DispatchBatch:
 
     def groups(self) -> dict[tuple[str, int], np.ndarray]:
         """Record indexes per (topic, queueId), in CommitLog order."""
-        out: dict[tuple[str, int], list[int]] = {}
-        qids = self.queue_ids.tolist()
-        for i, (t, q) in enumerate(zip(self.topics, qids)):
-            out.setdefault((t, q), []).append(i)
-        return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+        return group_by_queue(self.topics, self.queue_ids)
+
+
+def group_by_queue(topics: list[str], queue_ids: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
+    """Record indexes per (topic, queueId), in order (one pass in numpy when a batch is for one
+    topic, the common case)."""
+    n = len(topics)
+    if n == 0:
+        return {}
+    if topics.count(topics[0]) == n:
+        qids = np.asarray(queue_ids)
+        if (qids == qids[0]).all():
+            return {(topics[0], int(qids[0])): np.arange(n, dtype=np.int64)}
+        uniq, inverse = np.unique(qids, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
+        return {
+            (topics[0], int(q)): order[bounds[k] : bounds[k + 1]] for k, q in enumerate(uniq.tolist())
+        }
+    out: dict[tuple[str, int], list[int]] = {}
+    for i, (t, q) in enumerate(zip(topics, np.asarray(queue_ids).tolist())):
+        out.setdefault((t, q), []).append(i)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
 
 
 class Dispatcher(Protocol):

@@ -69,7 +69,12 @@ class MappedFile:
         end = pos + len(data)
         if end > self.size_bytes:
             raise StoreError(f"{self.path}: write of {len(data)} bytes at {pos} past the end")
-        self.mm[pos:end] = data
+        # pwrite fills the page cache directly (no zero-fill fault per fresh page as a store
+        # through the mapping would take); mapped readers see the same pages
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self._fd, view[done:], pos + done)
         if end > self.wrote_position:
             self.wrote_position = end
 

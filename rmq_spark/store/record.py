@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import (
@@ -142,8 +144,9 @@ class EncodedBatch:
         if self.prop_crc:
             mv = memoryview(self.buf)
             ends = (self.rel_pos + self.sizes - PROP_CRC_BYTES).tolist()
-            crcs = np.fromiter(
-                (zlib.crc32(mv[a:b]) for a, b in zip(self.rel_pos.tolist(), ends)), dtype=np.int64, count=n
+            crc32 = zlib.crc32
+            crcs = np.array(
+                [crc32(mv[a:b]) for a, b in zip(self.rel_pos.tolist(), ends)], dtype=np.int64
             ) & 0x7FFFFFFF
             digits = (crcs[:, None] // _TEN[None, :] % 10 + 48).astype(np.uint8)
             pos = np.asarray(ends, dtype=np.int64) + len(PROP_CRC_PREFIX)
@@ -151,11 +154,11 @@ class EncodedBatch:
 
 
 def encode_batch(
-    topics: Sequence[str],
-    queue_ids: Sequence[int] | np.ndarray,
+    topics: Sequence[str] | str,
+    queue_ids: Sequence[int] | np.ndarray | int,
     bodies: Sequence[bytes],
     properties: Sequence[dict[str, str]],
-    encoded_properties: Sequence[bytes],
+    encoded_properties: Sequence[bytes] | np.ndarray,
     *,
     flags: Sequence[int] | np.ndarray | int = 0,
     sys_flags: Sequence[int] | np.ndarray | int = 0,
@@ -167,32 +170,71 @@ def encode_batch(
     store_host: bytes = b"\x7f\x00\x00\x01",
     store_port: int = 0,
     prop_crc: bool = False,
+    tags_codes: np.ndarray | None = None,
 ) -> EncodedBatch:
     """Encode ``n`` records into one buffer. Per-record arguments are sequences of length ``n``
-    or a scalar shared by all. IPv6 hosts set their sysflag bits automatically."""
+    or a scalar shared by all (``topics`` too).  ``encoded_properties`` may be a 2-D uint8 array
+    when every record's properties have the same length (the columnar fast path).  IPv6 hosts
+    set their sysflag bits automatically."""
     n = len(bodies)
-    bhosts = [born_hosts] * n if isinstance(born_hosts, (bytes, bytearray)) else list(born_hosts)
+    shared_topic = isinstance(topics, str)
+    topic_list = [topics] * n if shared_topic else list(topics)  # type: ignore[list-item]
     sflags = _col(sys_flags, n, np.int32) & ~(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6)
-    v6_born = np.fromiter((len(h) == 16 for h in bhosts), dtype=bool, count=n)
+    if isinstance(born_hosts, (bytes, bytearray)):
+        bhosts: list[bytes] | None = None
+        v6_born = np.full(n, len(born_hosts) == 16)
+    else:
+        bhosts = list(born_hosts)
+        v6_born = np.fromiter((len(h) == 16 for h in bhosts), dtype=bool, count=n)
     sflags = sflags | np.where(v6_born, L.FLAG_BORNHOST_V6, 0).astype(np.int32)
     if len(store_host) == 16:
         sflags |= L.FLAG_STOREHOST_V6
-    topic_bytes = [t.encode("utf-8") for t in topics]
-    if prop_crc:
-        encoded_properties = [pb + PROP_CRC_PLACEHOLDER for pb in encoded_properties]
-    tails = []
-    magics = np.empty(n, dtype=np.uint32)
-    for i, (tb, pb) in enumerate(zip(topic_bytes, encoded_properties)):
-        if len(tb) > 127:
-            magics[i] = L.MAGIC_V2
-            tails.append(_SHORT.pack(len(tb)) + tb + _SHORT.pack(len(pb)) + pb)
-        else:
-            magics[i] = L.MAGIC_V1
-            tails.append(bytes((len(tb),)) + tb + _SHORT.pack(len(pb)) + pb)
+    # TOPIC + PROPERTIES ("tail") of each record
+    fixed_props = isinstance(encoded_properties, np.ndarray)
+    if shared_topic:
+        tb = topics.encode("utf-8")  # type: ignore[union-attr]
+        v2 = len(tb) > 127
+        magics = np.full(n, L.MAGIC_V2 if v2 else L.MAGIC_V1, dtype=np.uint32)
+        topic_field = (_SHORT.pack(len(tb)) if v2 else bytes((len(tb),))) + tb
+    if shared_topic and fixed_props:
+        props2d = encoded_properties  # type: ignore[assignment]
+        plen = props2d.shape[1] + (PROP_CRC_BYTES if prop_crc else 0)
+        head = np.frombuffer(topic_field + _SHORT.pack(plen), dtype=np.uint8)
+        width = len(head) + plen
+        tails2d = np.empty((n, width), dtype=np.uint8)
+        tails2d[:, : len(head)] = head
+        tails2d[:, len(head) : len(head) + props2d.shape[1]] = props2d
+        if prop_crc:
+            tails2d[:, width - PROP_CRC_BYTES :] = np.frombuffer(PROP_CRC_PLACEHOLDER, dtype=np.uint8)
+        tails = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(width), n, [None, pa.py_buffer(tails2d)]
+        ).cast(pa.binary())
+        tail_lens = np.full(n, width, dtype=np.int64)
+        props_bytes = None
+    else:
+        props_bytes = [bytes(p) for p in encoded_properties]
+        if prop_crc:
+            props_bytes = [pb + PROP_CRC_PLACEHOLDER for pb in props_bytes]
+        tail_list = []
+        if not shared_topic:
+            magics = np.empty(n, dtype=np.uint32)
+        for i, pb in enumerate(props_bytes):
+            if shared_topic:
+                tail_list.append(topic_field + _SHORT.pack(len(pb)) + pb)
+                continue
+            tbi = topic_list[i].encode("utf-8")
+            if len(tbi) > 127:
+                magics[i] = L.MAGIC_V2
+                tail_list.append(_SHORT.pack(len(tbi)) + tbi + _SHORT.pack(len(pb)) + pb)
+            else:
+                magics[i] = L.MAGIC_V1
+                tail_list.append(bytes((len(tbi),)) + tbi + _SHORT.pack(len(pb)) + pb)
+        tails = pa.array(tail_list, pa.binary())
+        tail_lens = np.fromiter(map(len, tail_list), dtype=np.int64, count=n)
     body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-    tail_lens = np.fromiter(map(len, tails), dtype=np.int64, count=n)
-    crcs = np.fromiter((zlib.crc32(b) & 0x7FFFFFFF for b in bodies), dtype=np.int64, count=n)
-    tcodes = np.fromiter((tags_code(p.get(L.P_TAGS)) for p in properties), dtype=np.int64, count=n)
+    crcs = np.array(list(map(zlib.crc32, bodies)), dtype=np.int64) & 0x7FFFFFFF
+    if tags_codes is None:
+        tags_codes = np.fromiter((tags_code(p.get(L.P_TAGS)) for p in properties), dtype=np.int64, count=n)
     qids = _col(queue_ids, n, np.int32)
 
     if not v6_born.any() and len(store_host) == 4:
@@ -205,21 +247,31 @@ def encode_batch(
         h["flag"] = _col(flags, n, np.int32)
         h["sys_flag"] = sflags
         h["born_timestamp"] = _col(born_timestamps, n, np.int64)
-        h["born_host"] = np.frombuffer(b"".join(bhosts), dtype="V4") if n else h["born_host"]
+        if bhosts is None:
+            h["born_host"] = np.frombuffer(bytes(born_hosts), dtype="V4")[0]  # type: ignore[arg-type]
+        elif n:
+            h["born_host"] = np.frombuffer(b"".join(bhosts), dtype="V4")
         h["born_port"] = _col(born_ports, n, np.int32)
         h["store_host"] = np.frombuffer(store_host, dtype="V4")[0]
         h["store_port"] = store_port
         h["reconsume_times"] = _col(reconsume_times, n, np.int32)
         h["prepared_offset"] = _col(prepared_offsets, n, np.int64)
         h["body_len"] = body_lens
-        hb = h.tobytes()
-        parts: list[bytes] = [b""] * (3 * n)
-        parts[0::3] = [hb[i : i + 88] for i in range(0, 88 * n, 88)]
-        parts[1::3] = bodies
-        parts[2::3] = tails
-        buf = bytearray(b"".join(parts))
+        headers = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(88), n, [None, pa.py_buffer(h)]
+        ).cast(pa.binary())
+        # one C++ pass interleaves header, body and tail of every record
+        joined = pc.binary_join_element_wise(
+            headers, pa.array(bodies, pa.binary()), tails, pa.scalar(b"", pa.binary())
+        )
+        data = joined.buffers()[2]
+        buf = bytearray(memoryview(data)[: int(sizes.sum())]) if n else bytearray()
         store_ts_pos = np.full(n, POS_STORE_TIMESTAMP_V4, dtype=np.int64)
     else:
+        if props_bytes is None:
+            props_bytes = [bytes(r) for r in tails.to_pylist()]  # pragma: no cover
+        hosts = bhosts if bhosts is not None else [bytes(born_hosts)] * n  # type: ignore[arg-type]
+        tail_py = tails.to_pylist()
         flg = _col(flags, n, np.int32)
         bts = _col(born_timestamps, n, np.int64)
         bports = _col(born_ports, n, np.int32)
@@ -230,33 +282,37 @@ def encode_batch(
         store_ts_pos = np.empty(n, dtype=np.int64)
         for i in range(n):
             sf = int(sflags[i])
-            size = record_length(sf, int(body_lens[i]), len(topic_bytes[i]), len(encoded_properties[i]), int(magics[i]))
+            size = FIXED_V4_BYTES + 4 + int(body_lens[i]) + int(tail_lens[i])
+            size += 12 if sf & L.FLAG_BORNHOST_V6 else 0
+            size += 12 if sf & L.FLAG_STOREHOST_V6 else 0
             sizes[i] = size
-            store_ts_pos[i] = POS_BORN_HOST + len(bhosts[i]) + 4
+            store_ts_pos[i] = POS_BORN_HOST + len(hosts[i]) + 4
             chunks.append(
                 _HEAD1.pack(size, int(magics[i]), int(crcs[i]), int(qids[i]), int(flg[i]), 0, 0, sf, int(bts[i]))
-                + bhosts[i]
+                + hosts[i]
                 + _INT.pack(int(bports[i]))
                 + _TS.pack(0)
                 + store_host
                 + _INT.pack(store_port)
                 + _MID.pack(int(rts[i]), int(prep[i]), int(body_lens[i]))
                 + bodies[i]
-                + tails[i]
+                + tail_py[i]
             )
         buf = bytearray(b"".join(chunks))
     sizes = sizes.astype(np.int64)
     rel_pos = np.cumsum(sizes) - sizes
+    if properties is None or len(properties) != n:
+        raise ValueError("properties must give one dict per record")
     return EncodedBatch(
         buf=buf,
         rel_pos=rel_pos,
         sizes=sizes.astype(np.int32),
         store_ts_pos=store_ts_pos,
         queue_ids=qids,
-        topics=list(topics),
-        tags_codes=tcodes,
+        topics=topic_list,
+        tags_codes=tags_codes,
         sys_flags=sflags,
-        keys=[p.get(L.P_KEYS) for p in properties],
+        keys=[p.get(L.P_KEYS) for p in properties] if not fixed_props else [properties[0].get(L.P_KEYS) if n else None] * n,
         uniq_keys=[p.get(L.P_UNIQ_KEY) for p in properties],
         properties=list(properties),
         prop_crc=prop_crc,

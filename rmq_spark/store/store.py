@@ -30,6 +30,7 @@ from rmq_spark.store.message import (
     encode_properties,
     host_bytes,
     new_uniq_ids,
+    new_uniq_ids_array,
     tags_code,
 )
 from rmq_spark.store.offsets import ConsumerOffsetManager
@@ -400,25 +401,29 @@ class MessageStore:
             i = int(np.argmax(lens))
             check_body(bodies[i], limit)
         n = len(bodies)
-        uniq = new_uniq_ids(n)
+        uniq2d = new_uniq_ids_array(n)
         base = dict(properties or {})
         base.pop(L.P_UNIQ_KEY, None)
-        prefix = encode_properties(base)
-        check_properties_size(prefix + b"UNIQ_KEY\x01" + b"0" * 32 + b"\x02" + self._crc_reserve)
-        props_enc = [prefix + b"UNIQ_KEY\x01" + u.encode() + b"\x02" for u in uniq]
-        props = [base] * n  # shared dict: keys/tags are the same for all
+        prefix = encode_properties(base) + b"UNIQ_KEY\x01"
+        check_properties_size(prefix + bytes(33) + self._crc_reserve)
+        props2d = np.empty((n, len(prefix) + 33), dtype=np.uint8)
+        props2d[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+        props2d[:, len(prefix) : len(prefix) + 32] = uniq2d
+        props2d[:, -1] = 2
+        uniq = uniq2d.view("S32").reshape(n).astype("U32").tolist()
         batch = encode_batch(
-            [topic] * n,
-            np.full(n, queue_id, dtype=np.int32),
+            topic,
+            queue_id,
             bodies,
-            props,
-            props_enc,
+            [base] * n,  # one shared dict: tags and keys are the same for all
+            props2d,
             born_timestamps=born_timestamp_ms or self.clock.now_ms(),
             store_host=self._store_host,
             store_port=self.config.store_port,
             prop_crc=self.config.append_prop_crc,
+            tags_codes=np.full(n, tags_code(base.get(L.P_TAGS)), dtype=np.int64),
         )
-        batch.uniq_keys = list(uniq)
+        batch.uniq_keys = uniq
         return self._put_encoded(batch, uniq)
 
     def _put_encoded(self, batch: EncodedBatch, uniq_keys: list[str]) -> PutResult:
