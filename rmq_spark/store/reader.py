@@ -45,10 +45,9 @@ SOURCE_SCHEMA = pa.schema(
 )
 
 
-def empty_batch() -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array([], type=f.type) for f in SOURCE_SCHEMA], schema=SOURCE_SCHEMA
-    )
+def empty_batch(columns: Sequence[str] | None = None) -> pa.RecordBatch:
+    fields = [f for f in SOURCE_SCHEMA if columns is None or f.name in columns]
+    return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in fields], schema=pa.schema(fields))
 
 
 def _at(buf: np.ndarray, dtype: str) -> np.ndarray:
@@ -82,9 +81,17 @@ def _views(buf: np.ndarray, start: np.ndarray, length: np.ndarray, buffer_index:
     out = np.empty((n, 4), dtype="<u4")
     if n == 0:
         return out
-    # 12 bytes from each start: the inline content, or the prefix (callers guarantee 12 readable)
-    words = _at(buf, "V12")[start].view("<u4").reshape(n, 3)
     length = length.astype(np.int64)
+    if int(length.min()) > 12:  # no inline data: the prefix is all that is read
+        out[:, 0] = length
+        out[:, 1] = _at(buf, "<u4")[start]
+        out[:, 2] = buffer_index
+        out[:, 3] = start
+        return out
+    if int(start.max()) > len(buf) - 12:  # the 12-byte reads below must stay inside the buffer
+        buf = np.concatenate([buf, np.zeros(12, dtype=np.uint8)])
+    # 12 bytes from each start: the inline content, or the prefix
+    words = _at(buf, "V12")[start].view("<u4").reshape(n, 3)
     words &= _INLINE_MASKS[np.minimum(length, 13)]
     short = length <= 12
     out[:, 0] = length
@@ -118,6 +125,23 @@ def _segment_fields(mm_buf: np.ndarray, pos: np.ndarray, topic_field_bytes: int,
     }
 
 
+def _owner(pos: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For sorted byte positions, the index of the record ``[starts[i], ends[i])`` holding each
+    (-1 when none).  Records are disjoint and in buffer order, so record ``i`` holds exactly
+    ``pos[first[i]:last[i]]``: two searches of ``n`` records instead of one per position."""
+    m = len(pos)
+    first = np.searchsorted(pos, starts, side="left")
+    last = np.searchsorted(pos, ends, side="left")
+    counts = last - first
+    if int(counts.sum()) == m:  # every position belongs to a record
+        return np.repeat(np.arange(len(starts), dtype=np.int64), counts)
+    owner = np.full(m, -1, dtype=np.int64)
+    has = counts > 0
+    delta = np.bincount(first[has], minlength=m + 1) - np.bincount(last[has], minlength=m + 1)
+    owner[np.cumsum(delta[:-1]) > 0] = np.repeat(np.arange(len(starts), dtype=np.int64), counts)
+    return owner
+
+
 class ParsedProperties:
     """RocketMQ property strings (``k\\x01v\\x02...``) parsed for a whole column at once.
 
@@ -142,10 +166,10 @@ class ParsedProperties:
             ends[cand[(head == crc_prefix).all(axis=1)]] -= 20
         # segment ends: every \x02 inside a record, plus the record end when it lacks one
         twos = np.flatnonzero(data == 2)
-        rec_of = np.searchsorted(offs, twos, side="right") - 1
-        keep = (rec_of >= 0) & (rec_of < n)
-        keep[keep] &= twos[keep] < ends[rec_of[keep]]
-        twos, rec_of = twos[keep], rec_of[keep]
+        rec_of = _owner(twos, starts, ends)
+        keep = rec_of >= 0
+        if not keep.all():
+            twos, rec_of = twos[keep], rec_of[keep]
         nonempty = ends > starts
         last_byte = np.zeros(n, dtype=np.uint8)
         last_byte[nonempty] = data[ends[nonempty] - 1]
@@ -163,8 +187,13 @@ class ParsedProperties:
             same = seg_rec[1:] == seg_rec[:-1]
             seg_start[1:] = np.where(same, seg_end[:-1] + 1, starts[seg_rec[1:]])
         ones = np.flatnonzero(data == 1)
-        i = np.searchsorted(ones, seg_start)
-        sep = np.where(i < len(ones), ones[np.minimum(i, max(len(ones) - 1, 0))] if len(ones) else 0, -1)
+        if len(ones) == len(seg_start) and (
+            len(ones) == 0 or ((ones >= seg_start) & (ones < seg_end)).all()
+        ):
+            sep = ones  # the usual case: exactly one \x01 in each segment
+        else:
+            i = np.searchsorted(ones, seg_start)
+            sep = np.where(i < len(ones), ones[np.minimum(i, max(len(ones) - 1, 0))] if len(ones) else 0, -1)
         ok = (sep > seg_start) & (sep < seg_end - 1)
         self.rec = seg_rec[ok]
         self.k_start, self.k_len = seg_start[ok], sep[ok] - seg_start[ok]
@@ -219,11 +248,15 @@ def read_units_arrow(
     sql_filter: object | None = None,
     store_host: bytes | None = None,
     store_port: int = 0,
+    columns: Sequence[str] | None = None,
 ) -> pa.RecordBatch:
-    """Records named by ConsumeQueue ``units`` (queue offsets ``first_queue_offset, ...``)."""
+    """Records named by ConsumeQueue ``units`` (queue offsets ``first_queue_offset, ...``).
+
+    ``columns`` (default: all of SOURCE_SCHEMA, in its order) limits the work to what is asked:
+    the properties string is not parsed at all unless a column derived from it is wanted."""
     n_all = len(units)
     if n_all == 0:
-        return empty_batch()
+        return empty_batch(columns)
     phys = units["offset"].astype(np.int64)
     qoffs = np.arange(first_queue_offset, first_queue_offset + n_all, dtype=np.int64)
     tcodes = units["tags_code"].astype(np.int64)
@@ -232,7 +265,7 @@ def read_units_arrow(
         phys, qoffs = phys[keep], qoffs[keep]
     n = len(phys)
     if n == 0:
-        return empty_batch()
+        return empty_batch(columns)
     tb = topic.encode("utf-8")
     topic_field = 2 if len(tb) > 127 else 1
     seg_bytes = commitlog.segment_bytes
@@ -266,45 +299,59 @@ def read_units_arrow(
         arr = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(v.tobytes()), *buffers])
         return arr.cast(pa.binary())
 
-    body = binary(body_views)
-    parsed = ParsedProperties(binary(props_views))
+    want = set(SOURCE_SCHEMA.names if columns is None else columns)
+    tag_check = tag_filter is not None and not getattr(tag_filter, "match_all", False)
+    need = set(want)
+    if tag_check:
+        need.add("tags")
+    if sql_filter is not None:
+        need.add("properties")
+    values: dict[str, pa.Array] = {}
+    if "body" in need:
+        values["body"] = binary(body_views)
+    prop_cols = {"msgId", "tags", "keys", "properties", "deliverTimestamp", "transactionId"}
+    if need & prop_cols:
+        parsed = ParsedProperties(binary(props_views))
+        if "properties" in need:
+            values["properties"] = parsed.map_array()
+        if "tags" in need:
+            values["tags"] = parsed.lookup(L.P_TAGS)
+        if "keys" in need:
+            values["keys"] = parsed.lookup(L.P_KEYS)
+        if "msgId" in need:
+            uniq = parsed.lookup(L.P_UNIQ_KEY)
+            if uniq.null_count:
+                host = store_host or b"\x7f\x00\x00\x01"
+                uniq = pc.coalesce(uniq, pa.array(hex_rows_ids(host, store_port, phys)))
+            values["msgId"] = uniq
+        if "deliverTimestamp" in need:
+            deliver_ms = pc.cast(parsed.lookup(L.P_TIMER_OUT_MS), pa.int64(), safe=False)
+            values["deliverTimestamp"] = pc.multiply(deliver_ms, 1000).cast(TS)
+        if "transactionId" in need:
+            is_txn = (col("sys_flag") & L.TRANSACTION_MASK) == L.TRANSACTION_COMMIT_TYPE
+            txn = parsed.lookup(L.P_TRANSACTION_ID)
+            values["transactionId"] = pc.if_else(pa.array(is_txn), txn, pa.scalar(None, pa.string()))
     del buffers
-    props = parsed.map_array()
-    tags = parsed.lookup(L.P_TAGS)
-    keys = parsed.lookup(L.P_KEYS)
-    uniq = parsed.lookup(L.P_UNIQ_KEY)
-    if uniq.null_count:
-        host = store_host or b"\x7f\x00\x00\x01"
-        ids = pa.array(hex_rows_ids(host, store_port, phys))
-        uniq = pc.coalesce(uniq, ids)
-    deliver_ms = pc.cast(parsed.lookup(L.P_TIMER_OUT_MS), pa.int64(), safe=False)
-    txn = parsed.lookup(L.P_TRANSACTION_ID)
-    sys_flag = col("sys_flag")
-    is_txn = (sys_flag & L.TRANSACTION_MASK) == L.TRANSACTION_COMMIT_TYPE
-    txn = pc.if_else(pa.array(is_txn), txn, pa.scalar(None, pa.string()))
-    batch = pa.RecordBatch.from_arrays(
-        [
-            pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int32), pa.array([topic])).cast(pa.string()),
-            pa.array(np.full(n, queue_id, dtype=np.int32)),
-            pa.array(qoffs),
-            uniq,
-            tags,
-            keys,
-            body,
-            props,
-            pa.array(col("born_ts") * 1000).cast(TS),
-            pa.array(col("store_ts") * 1000).cast(TS),
-            pc.multiply(deliver_ms, 1000).cast(TS),
-            pa.array(col("reconsume")),
-            txn,
-            pa.array(phys),
-        ],
-        schema=SOURCE_SCHEMA,
-    )
-    if tag_filter is not None and not getattr(tag_filter, "match_all", False):
-        batch = batch.filter(tag_filter.mask(batch.column("tags")))  # type: ignore[attr-defined]
+    simple = {
+        "topic": lambda: pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int32), pa.array([topic])).cast(pa.string()),
+        "queueId": lambda: pa.array(np.full(n, queue_id, dtype=np.int32)),
+        "queueOffset": lambda: pa.array(qoffs),
+        "bornTimestamp": lambda: pa.array(col("born_ts") * 1000).cast(TS),
+        "storeTimestamp": lambda: pa.array(col("store_ts") * 1000).cast(TS),
+        "reconsumeTimes": lambda: pa.array(col("reconsume")),
+        "commitLogOffset": lambda: pa.array(phys),
+    }
+    for name, make in simple.items():
+        if name in need:
+            values[name] = make()
+    fields = [f for f in SOURCE_SCHEMA if f.name in need]
+    batch = pa.RecordBatch.from_arrays([values[f.name] for f in fields], schema=pa.schema(fields))
+    if tag_check:
+        batch = batch.filter(tag_filter.mask(batch.column("tags")))  # type: ignore[union-attr]
     if sql_filter is not None:
         batch = batch.filter(sql_filter.mask(batch.column("properties")))  # type: ignore[attr-defined]
+    if need != want:
+        batch = batch.select([f.name for f in SOURCE_SCHEMA if f.name in want])
     return batch
 
 
@@ -325,12 +372,13 @@ def read_queue_arrow(
     sql_filter: object | None = None,
     store_host: bytes | None = None,
     store_port: int = 0,
+    columns: Sequence[str] | None = None,
 ) -> pa.RecordBatch:
     """Messages ``[start, end)`` of one queue (clamped to what the queue holds)."""
     first = max(start, cq.min_offset)
     units = cq.units(first, end)
     return read_units_arrow(
-        commitlog, units, topic, queue_id, first, tag_filter, sql_filter, store_host, store_port
+        commitlog, units, topic, queue_id, first, tag_filter, sql_filter, store_host, store_port, columns
     )
 
 
@@ -393,19 +441,28 @@ class StoreReader:
         return cq.offset_by_time(timestamp_ms, store_time)
 
     def read_arrow(
-        self, topic: str, queue_id: int, start: int, end: int, tag_filter: object | None = None, sql_filter: object | None = None
+        self,
+        topic: str,
+        queue_id: int,
+        start: int,
+        end: int,
+        tag_filter: object | None = None,
+        sql_filter: object | None = None,
+        columns: Sequence[str] | None = None,
     ) -> pa.RecordBatch:
         cq = self._cq(topic, queue_id)
         if cq is None:
             if end > start:
                 raise StoreError(f"queue {topic}/{queue_id} does not exist in {self.root}")
-            return empty_batch()
+            return empty_batch(columns)
         if end > cq.max_offset:
             raise StoreError(
                 f"queue {topic}/{queue_id} holds offsets up to {cq.max_offset}, asked for {end}"
             )
         self.commitlog.refresh()
-        return read_queue_arrow(self.commitlog, cq, topic, queue_id, start, end, tag_filter, sql_filter)
+        return read_queue_arrow(
+            self.commitlog, cq, topic, queue_id, start, end, tag_filter, sql_filter, columns=columns
+        )
 
     def close(self) -> None:
         self.commitlog.close()

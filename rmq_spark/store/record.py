@@ -88,6 +88,7 @@ _SHORT = struct.Struct(">H")
 _BLANK = struct.Struct(">iI")
 _HEAD1 = struct.Struct(">iIiiiqqiq")  # total..born timestamp (48 bytes)
 _TS = struct.Struct(">q")
+_QP = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET
 _MID = struct.Struct(">iqi")  # reconsume, prepared offset, body len (after store host)
 
 
@@ -133,6 +134,9 @@ class EncodedBatch:
     def finalize(self, phys_offsets: np.ndarray, queue_offsets: np.ndarray, store_ts_ms: int) -> None:
         """Write PHYSICALOFFSET, QUEUEOFFSET and STORETIMESTAMP of every record (vectorized)."""
         n = len(self.sizes)
+        if n <= SMALL_BATCH:
+            self._finalize_small(phys_offsets, queue_offsets, store_ts_ms)
+            return
         arr = np.frombuffer(self.buf, dtype=np.uint8)
         eight = np.arange(8, dtype=np.int64)
         phys = np.asarray(phys_offsets, dtype=">i8").view(np.uint8).reshape(n, 8)
@@ -151,6 +155,28 @@ class EncodedBatch:
             digits = (crcs[:, None] // _TEN[None, :] % 10 + 48).astype(np.uint8)
             pos = np.asarray(ends, dtype=np.int64) + len(PROP_CRC_PREFIX)
             arr[pos[:, None] + np.arange(10, dtype=np.int64)] = digits
+
+
+    def _finalize_small(self, phys_offsets: np.ndarray, queue_offsets: np.ndarray, store_ts_ms: int) -> None:
+        buf = self.buf
+        for rel, size, ts_pos, phys, qoff in zip(
+            self.rel_pos.tolist(),
+            self.sizes.tolist(),
+            self.store_ts_pos.tolist(),
+            np.asarray(phys_offsets).tolist(),
+            np.asarray(queue_offsets).tolist(),
+        ):
+            _QP.pack_into(buf, rel + POS_QUEUE_OFFSET, qoff, phys)
+            _TS.pack_into(buf, rel + ts_pos, store_ts_ms)
+            if self.prop_crc:
+                end = rel + size - PROP_CRC_BYTES
+                crc = zlib.crc32(memoryview(buf)[rel:end]) & 0x7FFFFFFF
+                buf[end + len(PROP_CRC_PREFIX) : end + len(PROP_CRC_PREFIX) + 10] = f"{crc:010d}"[::-1].encode()
+
+
+# batches up to this size are encoded record by record with struct (numpy's per-call cost
+# dominates there); larger ones column by column
+SMALL_BATCH = 16
 
 
 def encode_batch(
@@ -206,9 +232,7 @@ def encode_batch(
         tails2d[:, len(head) : len(head) + props2d.shape[1]] = props2d
         if prop_crc:
             tails2d[:, width - PROP_CRC_BYTES :] = np.frombuffer(PROP_CRC_PLACEHOLDER, dtype=np.uint8)
-        tails = pa.FixedSizeBinaryArray.from_buffers(
-            pa.binary(width), n, [None, pa.py_buffer(tails2d)]
-        ).cast(pa.binary())
+        tails = None
         tail_lens = np.full(n, width, dtype=np.int64)
         props_bytes = None
     else:
@@ -229,7 +253,7 @@ def encode_batch(
             else:
                 magics[i] = L.MAGIC_V1
                 tail_list.append(bytes((len(tbi),)) + tbi + _SHORT.pack(len(pb)) + pb)
-        tails = pa.array(tail_list, pa.binary())
+        tails = None
         tail_lens = np.fromiter(map(len, tail_list), dtype=np.int64, count=n)
     body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
     crcs = np.array(list(map(zlib.crc32, bodies)), dtype=np.int64) & 0x7FFFFFFF
@@ -237,7 +261,7 @@ def encode_batch(
         tags_codes = np.fromiter((tags_code(p.get(L.P_TAGS)) for p in properties), dtype=np.int64, count=n)
     qids = _col(queue_ids, n, np.int32)
 
-    if not v6_born.any() and len(store_host) == 4:
+    if n > SMALL_BATCH and not v6_born.any() and len(store_host) == 4:
         sizes = FIXED_V4_BYTES + 4 + body_lens + tail_lens
         h = np.zeros(n, dtype=HEADER_V4)
         h["total_size"] = sizes
@@ -257,6 +281,12 @@ def encode_batch(
         h["reconsume_times"] = _col(reconsume_times, n, np.int32)
         h["prepared_offset"] = _col(prepared_offsets, n, np.int64)
         h["body_len"] = body_lens
+        if props_bytes is None:
+            tails = pa.FixedSizeBinaryArray.from_buffers(
+                pa.binary(tails2d.shape[1]), n, [None, pa.py_buffer(tails2d)]
+            ).cast(pa.binary())
+        else:
+            tails = pa.array(tail_list, pa.binary())
         headers = pa.FixedSizeBinaryArray.from_buffers(
             pa.binary(88), n, [None, pa.py_buffer(h)]
         ).cast(pa.binary())
@@ -268,10 +298,8 @@ def encode_batch(
         buf = bytearray(memoryview(data)[: int(sizes.sum())]) if n else bytearray()
         store_ts_pos = np.full(n, POS_STORE_TIMESTAMP_V4, dtype=np.int64)
     else:
-        if props_bytes is None:
-            props_bytes = [bytes(r) for r in tails.to_pylist()]  # pragma: no cover
         hosts = bhosts if bhosts is not None else [bytes(born_hosts)] * n  # type: ignore[arg-type]
-        tail_py = tails.to_pylist()
+        tail_py = tail_list if props_bytes is not None else [r.tobytes() for r in tails2d]
         flg = _col(flags, n, np.int32)
         bts = _col(born_timestamps, n, np.int64)
         bports = _col(born_ports, n, np.int32)

@@ -591,7 +591,7 @@ class MessageStore:
         if cq is None:
             from rmq_spark.store.reader import empty_batch
 
-            return empty_batch()
+            return empty_batch(kw.get("columns"))  # type: ignore[arg-type]
         return read_queue_arrow(self.commitlog.mfq, cq, topic, queue_id, start, end, **kw)
 
 
