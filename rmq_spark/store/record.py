@@ -20,13 +20,13 @@ an 8-byte BLANK record (TOTALSIZE = the remaining space, MAGIC = BLANK).
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from zlib_ng.zlib_ng import crc32  # hardware-accelerated CRC32, same polynomial as java.util.zip
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import (
@@ -94,7 +94,7 @@ _MID = struct.Struct(">iqi")  # reconsume, prepared offset, body len (after stor
 
 def body_crc(body: bytes) -> int:
     """``UtilAll.crc32``: CRC32 of the body with the sign bit cleared."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 def record_length(
@@ -148,7 +148,6 @@ class EncodedBatch:
         if self.prop_crc:
             mv = memoryview(self.buf)
             ends = (self.rel_pos + self.sizes - PROP_CRC_BYTES).tolist()
-            crc32 = zlib.crc32
             crcs = np.array(
                 [crc32(mv[a:b]) for a, b in zip(self.rel_pos.tolist(), ends)], dtype=np.int64
             ) & 0x7FFFFFFF
@@ -170,13 +169,40 @@ class EncodedBatch:
             _TS.pack_into(buf, rel + ts_pos, store_ts_ms)
             if self.prop_crc:
                 end = rel + size - PROP_CRC_BYTES
-                crc = zlib.crc32(memoryview(buf)[rel:end]) & 0x7FFFFFFF
+                crc = crc32(memoryview(buf)[rel:end]) & 0x7FFFFFFF
                 buf[end + len(PROP_CRC_PREFIX) : end + len(PROP_CRC_PREFIX) + 10] = f"{crc:010d}"[::-1].encode()
 
 
 # batches up to this size are encoded record by record with struct (numpy's per-call cost
 # dominates there); larger ones column by column
 SMALL_BATCH = 16
+
+
+# records at least this long on average are assembled with one copy per body (memcpy-bound);
+# shorter ones through Arrow's element-wise join (call-overhead-bound)
+LARGE_RECORD_BYTES = 1024
+
+
+def _assemble_large(  # type: ignore[no-untyped-def]
+    headers: np.ndarray, bodies: Sequence[bytes], body_lens: np.ndarray, tails, total: int
+) -> bytearray:
+    n = len(bodies)
+    out = bytearray(total)
+    arr = np.frombuffer(out, dtype=np.uint8)
+    sizes = 88 + body_lens + (tails.shape[1] if isinstance(tails, np.ndarray) else np.fromiter(map(len, tails), np.int64, n))
+    starts = np.cumsum(sizes) - sizes
+    arr[starts[:, None] + np.arange(88)] = headers.view(np.uint8).reshape(n, 88)
+    mv = memoryview(out)
+    for p, b in zip((starts + 88).tolist(), bodies):
+        mv[p : p + len(b)] = b
+    tail_at = starts + 88 + body_lens
+    if isinstance(tails, np.ndarray):
+        arr[tail_at[:, None] + np.arange(tails.shape[1])] = tails
+    else:
+        for p, t in zip(tail_at.tolist(), tails):
+            mv[p : p + len(t)] = t
+    del arr, mv
+    return out
 
 
 def encode_batch(
@@ -256,7 +282,7 @@ def encode_batch(
         tails = None
         tail_lens = np.fromiter(map(len, tail_list), dtype=np.int64, count=n)
     body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-    crcs = np.array(list(map(zlib.crc32, bodies)), dtype=np.int64) & 0x7FFFFFFF
+    crcs = np.array(list(map(crc32, bodies)), dtype=np.int64) & 0x7FFFFFFF
     if tags_codes is None:
         tags_codes = np.fromiter((tags_code(p.get(L.P_TAGS)) for p in properties), dtype=np.int64, count=n)
     qids = _col(queue_ids, n, np.int32)
@@ -281,21 +307,24 @@ def encode_batch(
         h["reconsume_times"] = _col(reconsume_times, n, np.int32)
         h["prepared_offset"] = _col(prepared_offsets, n, np.int64)
         h["body_len"] = body_lens
-        if props_bytes is None:
-            tails = pa.FixedSizeBinaryArray.from_buffers(
-                pa.binary(tails2d.shape[1]), n, [None, pa.py_buffer(tails2d)]
-            ).cast(pa.binary())
+        total = int(sizes.sum())
+        if total >= n * LARGE_RECORD_BYTES:
+            buf = _assemble_large(h, bodies, body_lens, tails2d if props_bytes is None else tail_list, total)
         else:
-            tails = pa.array(tail_list, pa.binary())
-        headers = pa.FixedSizeBinaryArray.from_buffers(
-            pa.binary(88), n, [None, pa.py_buffer(h)]
-        ).cast(pa.binary())
-        # one C++ pass interleaves header, body and tail of every record
-        joined = pc.binary_join_element_wise(
-            headers, pa.array(bodies, pa.binary()), tails, pa.scalar(b"", pa.binary())
-        )
-        data = joined.buffers()[2]
-        buf = bytearray(memoryview(data)[: int(sizes.sum())]) if n else bytearray()
+            if props_bytes is None:
+                tails = pa.FixedSizeBinaryArray.from_buffers(
+                    pa.binary(tails2d.shape[1]), n, [None, pa.py_buffer(tails2d)]
+                ).cast(pa.binary())
+            else:
+                tails = pa.array(tail_list, pa.binary())
+            headers = pa.FixedSizeBinaryArray.from_buffers(
+                pa.binary(88), n, [None, pa.py_buffer(h)]
+            ).cast(pa.binary())
+            # one C++ pass interleaves header, body and tail of every record
+            joined = pc.binary_join_element_wise(
+                headers, pa.array(bodies, pa.binary()), tails, pa.scalar(b"", pa.binary())
+            )
+            buf = bytearray(memoryview(joined.buffers()[2])[:total]) if n else bytearray()
         store_ts_pos = np.full(n, POS_STORE_TIMESTAMP_V4, dtype=np.int64)
     else:
         hosts = bhosts if bhosts is not None else [bytes(born_hosts)] * n  # type: ignore[arg-type]
@@ -412,7 +441,7 @@ def check_record(  # type: ignore[no-untyped-def]
         return RecordCheck.INVALID, 0, f"record size {total} does not match its fields"
     if check_crc:
         crc = _INT.unpack_from(buf, pos + POS_BODY_CRC)[0]
-        if crc != zlib.crc32(buf[body_start : body_start + body_len]) & 0x7FFFFFFF:
+        if crc != crc32(buf[body_start : body_start + body_len]) & 0x7FFFFFFF:
             return RecordCheck.INVALID, 0, "body CRC mismatch"
         end = pos + total
         has_prop_crc = props_len >= PROP_CRC_BYTES and bytes(
@@ -423,7 +452,7 @@ def check_record(  # type: ignore[no-untyped-def]
             if not digits.isdigit() or buf[end - 1] != 2:
                 return RecordCheck.INVALID, 0, "record CRC property damaged"
             want = int(digits[::-1])
-            if want != zlib.crc32(buf[pos : end - PROP_CRC_BYTES]) & 0x7FFFFFFF:
+            if want != crc32(buf[pos : end - PROP_CRC_BYTES]) & 0x7FFFFFFF:
                 return RecordCheck.INVALID, 0, "record CRC mismatch"
         elif force_prop_crc:
             return RecordCheck.INVALID, 0, "record CRC property missing"

@@ -1,0 +1,86 @@
+"""Wire formats of the private connector service: JSON documents and Arrow IPC frames.
+
+No ``.proto`` files: every request and response is either a JSON object (UTF-8) or a *frame*,
+a JSON header followed by an Arrow IPC stream::
+
+    ┌────────────┬──────────────────┬──────────────────────┬──────────────────────────────┐
+    │ magic (4)  │ header len (4)   │ header (JSON, UTF-8) │ Arrow IPC stream (to the end) │
+    │ "RMQF"     │ uint32 big-end.  │ header len bytes     │ optional: may be empty        │
+    └────────────┴──────────────────┴──────────────────────┴──────────────────────────────┘
+
+Errors travel as gRPC status codes (see :mod:`rmq_spark.internal.errors_map`) with the RmqError
+class name in the trailing metadata key ``rmq-error``, so the client re-raises the same class.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+FRAME_MAGIC = b"RMQF"
+_FRAME_HEAD = struct.Struct(">4sI")
+ERROR_METADATA_KEY = "rmq-error"
+
+
+def dump_json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+def load_json(data: bytes) -> Any:
+    return json.loads(data.decode("utf-8")) if data else {}
+
+
+@dataclass
+class Frame:
+    header: dict[str, Any]
+    table: pa.Table | None = None
+
+
+def dump_frame(frame: Frame) -> bytes:
+    head = dump_json(frame.header)
+    parts = [_FRAME_HEAD.pack(FRAME_MAGIC, len(head)), head]
+    if frame.table is not None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, frame.table.schema) as w:
+            w.write_table(frame.table)
+        parts.append(sink.getvalue().to_pybytes())
+    return b"".join(parts)
+
+
+def load_frame(data: bytes) -> Frame:
+    if len(data) < _FRAME_HEAD.size:
+        raise ValueError(f"frame is {len(data)} bytes, shorter than its 8-byte head")
+    magic, n = _FRAME_HEAD.unpack_from(data, 0)
+    if magic != FRAME_MAGIC:
+        raise ValueError(f"frame magic is {magic!r}, expected {FRAME_MAGIC!r}")
+    start = _FRAME_HEAD.size
+    header = load_json(data[start : start + n])
+    rest = memoryview(data)[start + n :]
+    table = None
+    if len(rest):
+        table = pa.ipc.open_stream(pa.py_buffer(rest)).read_all()
+    return Frame(header, table)
+
+
+def dump_batch(batch: pa.RecordBatch) -> bytes:
+    """One record batch as an Arrow IPC stream (the ReadArrow response chunks)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def load_batch(data: bytes) -> pa.RecordBatch:
+    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    batches = list(reader)
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches, schema=reader.schema).combine_chunks().to_batches()[0]
+
+
+def identity(data: bytes) -> bytes:
+    return data
