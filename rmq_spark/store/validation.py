@@ -60,3 +60,21 @@ def check_queue_id(queue_id: int, queue_nums: int, topic: str) -> None:
         raise MessageIllegalError(
             f"queueId {queue_id} is out of range for topic {topic!r} ({queue_nums} queues)"
         )
+
+
+def check_batch(topics: list[str], properties: list[dict[str, str]], body_lens: list[int], body_max_bytes: int = L.BODY_MAX_BYTES) -> None:
+    """RocketMQ's rules for a producer batch (``MessageBatch.generateFromList``): one topic, no
+    delayed messages, no retry topic, and the bodies together within the size limit."""
+    if not topics:
+        raise MessageIllegalError("a batch needs at least one message")
+    if any(t != topics[0] for t in topics):
+        raise MessageIllegalError(f"a batch must have one topic; it has {sorted(set(topics))[:5]}")
+    if topics[0].startswith(L.RETRY_GROUP_TOPIC_PREFIX):
+        raise MessageIllegalError("a batch cannot be sent to a retry topic")
+    for p in properties:
+        if L.P_DELAY in p or L.P_TIMER_DELIVER_MS in p or L.P_TIMER_DELAY_MS in p or L.P_TIMER_DELAY_SEC in p:
+            raise MessageIllegalError("a batch cannot hold delayed messages")
+    if sum(body_lens) > body_max_bytes:
+        raise MessageIllegalError(
+            f"a batch's bodies total {sum(body_lens)} bytes; the limit is {body_max_bytes} bytes"
+        )
