@@ -13,6 +13,7 @@ size field is written last, so a reader that sees a non-zero size sees a complet
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable
 
 import numpy as np
@@ -23,6 +24,8 @@ from rmq_spark.store.mapped import MappedFileQueue
 CQ_UNIT = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert CQ_UNIT.itemsize == L.CQ_UNIT_BYTES
 U = L.CQ_UNIT_BYTES
+_UNIT_NO_SIZE = struct.Struct(">qiq")
+_SIZE = struct.Struct(">i")
 
 
 class ConsumeQueue:
@@ -71,6 +74,14 @@ class ConsumeQueue:
                 f"consume queue {self.topic}/{self.queue_id}: unit {first_queue_offset} would "
                 f"leave a gap after {cur}"
             )
+        if n - skip <= 4 and self.mfq.files and self.mfq.files[-1].remaining_bytes >= (n - skip) * U:
+            mf = self.mfq.files[-1]
+            for k in range(skip, n):  # a few units: struct beats numpy's per-call cost
+                pos = mf.wrote_position
+                mf.write(_UNIT_NO_SIZE.pack(int(phys[k]), 0, int(tags_codes[k])))
+                _SIZE.pack_into(mf.mm, pos + 8, int(sizes[k]))
+            self.max_phys_end = int(phys[-1]) + int(sizes[-1])
+            return
         units = np.empty(n - skip, dtype=CQ_UNIT)
         units["offset"] = phys[skip:]
         units["size"] = 0

@@ -157,7 +157,16 @@ class UniqIdGenerator:
         return self._month_start_ms
 
     def next_ids(self, n: int, now_ms: int | None = None) -> list[str]:
-        """``n`` new ids (vectorized: one numpy pass for the whole batch)."""
+        """``n`` new ids (vectorized: one numpy pass for a large batch)."""
+        if n <= 8:
+            if now_ms is None:
+                now_ms = time.time_ns() // 1_000_000
+            with self._lock:
+                elapsed = (now_ms - self._month_base(now_ms)) & 0x7FFFFFFF
+                first = self._counter
+                self._counter = (first + n) & 0xFFFF
+            head = self._prefix.hex().upper() + f"{elapsed:08X}"
+            return [f"{head}{(first + k) & 0xFFFF:04X}" for k in range(n)]
         return self.next_ids_array(n, now_ms).view("S32").reshape(n).astype("U32").tolist()
 
     def next_ids_array(self, n: int, now_ms: int | None = None) -> np.ndarray:
