@@ -291,3 +291,21 @@ def test_reader_process_reads_while_writer_appends(store_dir):
         assert p.returncode == 0
         assert int(out.strip()) == total
         assert len(s.commitlog.mfq.files) > 3  # the reader followed segment rollover
+
+
+def test_checkpoint_file_layout(store_dir):
+    import struct
+
+    clock = FakeClock(1_700_000_000_000)
+    s = MessageStore(store_dir, StoreConfig(**SMALL), clock=clock)
+    s.put_message(Message("C", b"x"))
+    end = s.commitlog.max_offset
+    s.shutdown()
+    with open(os.path.join(store_dir, "checkpoint"), "rb") as f:
+        raw = f.read()
+    assert len(raw) == 4096
+    physic, logics, index, master, confirm, dispatched = struct.unpack_from(">qqqqqq", raw, 0)
+    assert physic == logics == 1_700_000_000_000 and master == 0
+    assert confirm == dispatched == end
+    assert raw[48:56] == b"RMQSPCK1"
+    assert not any(raw[56:])
