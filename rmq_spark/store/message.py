@@ -39,9 +39,8 @@ _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 def java_string_hash(s: str) -> int:
     """Java ``String.hashCode()`` (over UTF-16 code units), as a signed 32-bit int."""
     h = 0
-    data = s.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    for unit in np.frombuffer(s.encode("utf-16-le", "surrogatepass"), dtype="<u2").tolist():
+        h = (31 * h + unit) & 0xFFFFFFFF
     return h - 0x100000000 if h & 0x80000000 else h
 
 
