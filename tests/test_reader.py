@@ -174,3 +174,21 @@ def test_store_reader_in_another_process(store_dir):
             r.read_arrow("R", 0, 0, 121)
     finally:
         r.close()
+
+
+def test_store_read_paths_take_tag_and_sql_filters(store_dir):
+    from rmq_spark.store.filter import SqlFilter, TagFilter
+
+    with MessageStore(store_dir, StoreConfig(), clock=FakeClock()) as s:
+        s.put_messages(
+            [Message("P", b"%d" % i, {"TAGS": "ab"[i % 2], "n": str(i)}) for i in range(40)]
+            + [Message("P", b"untagged", {"n": "100"})]
+        )
+        tf, sf = TagFilter.parse("a || zz"), SqlFilter.parse("n > 30 AND n < 100")
+        got = s.get_messages("P", 0, 0, max_msgs=100, message_filter=tf).messages
+        assert [m.body for m in got] == [b"%d" % i for i in range(0, 40, 2)]
+        got = s.get_messages("P", 0, 0, max_msgs=100, message_filter=sf).messages
+        assert [m.body for m in got] == [b"%d" % i for i in range(31, 40)]
+        assert len(s.get_messages("P", 0, 0, max_msgs=100, message_filter=TagFilter.parse("*")).messages) == 41
+        b = s.read_arrow("P", 0, 0, 41, tag_filter=tf, sql_filter=sf)
+        assert b.column("body").to_pylist() == [b"32", b"34", b"36", b"38"]
