@@ -1,0 +1,28 @@
+"""Small pieces shared by the TAG and SQL92 filters.
+
+Java's ``String.trim`` and ``long.intValue`` semantics, the numeric limits of Java's ``int``,
+``long`` and ``double``, and joining the per-chunk masks of a ``ChunkedArray``.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# Java String.trim() strips every character <= U+0020.
+_JAVA_TRIM_CHARS = "".join(map(chr, range(0x21)))
+
+
+def _int32(value: int) -> int:
+    """Java ``long.intValue()``: keep the low 32 bits, sign-extended."""
+    return ((value + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+
+
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_DOUBLE_MAX = 1.7976931348623157e308
+
+
+def _concat_masks(parts: list[pa.Array]) -> pa.BooleanArray:
+    if not parts:
+        return pa.array([], type=pa.bool_())
+    return pa.concat_arrays(parts)
