@@ -6,6 +6,7 @@ back from the CommitLog with everything the store assigned (offsets, store time,
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
@@ -86,8 +87,10 @@ def decode_properties(data: bytes | str) -> dict[str, str]:
     return out
 
 
+@functools.lru_cache(maxsize=256)
 def host_bytes(host: str) -> bytes:
-    """Raw 4- or 16-byte address of an IP literal (names resolve to 127.0.0.1 when unknown)."""
+    """Raw 4- or 16-byte address of an IP literal (names resolve to 127.0.0.1 when unknown);
+    cached, as every put of a host asks for the same few addresses."""
     try:
         return ipaddress.ip_address(host).packed
     except ValueError:

@@ -426,6 +426,11 @@ class MessageStore:
         batch.uniq_keys = uniq
         return self._put_encoded(batch, uniq)
 
+    def put_encoded(self, batch: EncodedBatch) -> PutResult:
+        """Append an already encoded batch as one write (services that re-write stored records:
+        delay and timer delivery). ``batch.uniq_keys`` are its messages' unique ids."""
+        return self._put_encoded(batch, list(batch.uniq_keys))
+
     def _put_encoded(self, batch: EncodedBatch, uniq_keys: list[str]) -> PutResult:
         if self._closed:
             raise StoreError(f"store {self.root} is shut down")
@@ -448,12 +453,16 @@ class MessageStore:
                 d.dispatch(dispatch)
             self.dispatched_offset = dispatch.end_offset
             self.new_messages.notify_all()
-        for listener in self._listeners:
+        for listener in tuple(self._listeners):
             listener(dispatch)
 
     def add_listener(self, listener: Callable[[DispatchBatch], None]) -> None:
         """Called after each dispatched batch (outside the publish lock): long polling, services."""
         self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[DispatchBatch], None]) -> None:
+        """Stop calling ``listener`` (a service that shuts down before the store)."""
+        self._listeners = [x for x in self._listeners if x != listener]
 
     def _dispatch_pending(self, durable_offset: int) -> None:
         with self._pending_lock:

@@ -1,0 +1,722 @@
+"""TimerService: RocketMQ 5 timer messages -- any delivery time up to a maximum -- delivered
+exactly once across crashes, with recall.
+
+Put hook (``HookUtils.transformTimerMessage``): the delivery time comes from ``TIMER_DELAY_SEC``,
+else ``TIMER_DELAY_MS`` (both relative to now), else ``TIMER_DELIVER_MS`` (absolute ms).  A message
+with a delay level (``DELAY > 0``) loses its timer properties and takes the level path.  A time
+that does not parse, or lies more than ``timer_max_delay_s`` ahead, is rejected with
+:class:`MessageIllegalError` (RocketMQ's WHEEL_TIMER_MSG_ILLEGAL); a time already reached leaves the
+message a normal one.  Otherwise it is stored in ``rmq_sys_wheel_timer`` queue 0 with
+``TIMER_OUT_MS`` (the exact time: no rounding to a precision), ``REAL_TOPIC`` and ``REAL_QID``.
+
+Scheduling: the timer topic's ConsumeQueue is the log.  Pending entries live in memory in a
+:class:`TimerWheel` (slots of ``timer_precision_ms``, an ordered heap of slot numbers), fed from
+the ConsumeQueue as messages arrive and rebuilt from it at start.  A round delivers every entry
+due at ``clock.now_ms()`` in batches, one CommitLog write each; a delivered message keeps
+``TIMER_OUT_MS`` and carries ``TIMER_SOURCE`` = the CommitLog offset of its timer record.
+
+Recall: the send of a timer message yields a handle (:meth:`TimerService.recall_handle`,
+URL-safe Base64 of ``"v1 {realTopic} {brokerName} {TIMER_OUT_MS + 1} {UNIQ_KEY}"``);
+:meth:`TimerService.recall` writes a delete record to the timer topic (tag ``_RECALL_TAG_``,
+``TIMER_DEL_UNIQKEY = realTopic + "+" + UNIQ_KEY``, due with its target) so the cancellation
+survives a restart, or raises :class:`RecallError` when nothing is pending for the handle.
+
+``config/timercheck.json``::
+
+    ┌──────────────────┬────────────────────────────────────────────────────────────────────┐
+    │ queueOffset      │ W: every timer record below it is done (delivered, recalled, ...)  │
+    │ doneQueueOffset  │ M: with doneTimeMs T, every record in [W, M) due at or before T    │
+    │ doneTimeMs       │    is done, and no record due after T had been delivered ...       │
+    │ commitLogOffset  │ D: ... before CommitLog offset D; later deliveries lie at/after it  │
+    │ dataVersion      │ {"counter": n, "stateVersion": 0, "timestamp": ms}                 │
+    │ version          │ 1                                                                  │
+    └──────────────────┴────────────────────────────────────────────────────────────────────┘
+
+Restart: read the records of ``[W, max)``, keep those at or above M or due after T, drop those
+whose ``TIMER_SOURCE`` appears in the CommitLog from D on (:func:`scan_sources`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import heapq
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rmq_spark.errors import MessageIllegalError, RmqError
+from rmq_spark.store import layout as L
+from rmq_spark.store.clock import Clock
+from rmq_spark.store.dispatch import DispatchBatch
+from rmq_spark.store.jsonfile import read_json
+from rmq_spark.store.message import Message, new_uniq_id, tags_code
+from rmq_spark.store.reader import read_units_arrow
+from rmq_spark.store.schedule import (
+    DROPPED_ON_DELIVERY,
+    ServiceThread,
+    StagedCheckpoint,
+    StoredRecords,
+    backoff_ms,
+    put_redelivered,
+    read_records,
+    resolve_queue,
+    scan_sources,
+)
+
+if TYPE_CHECKING:
+    from rmq_spark.core import BrokerConfig
+    from rmq_spark.store.store import MessageStore
+
+__all__ = [
+    "P_TIMER_SOURCE",
+    "TIMER_CHECK_FILE",
+    "RecallError",
+    "RecallFailure",
+    "RecallHandle",
+    "TimerService",
+    "TimerWheel",
+    "build_recall_handle",
+    "parse_recall_handle",
+]
+
+logger = logging.getLogger(__name__)
+
+P_TIMER_SOURCE = "TIMER_SOURCE"  # CommitLog offset of the timer record a message was delivered from
+TIMER_CHECK_FILE = "timercheck.json"
+RECALL_TAG = "_RECALL_TAG_"
+RECALL_TAG_CODE = tags_code(RECALL_TAG)
+HANDLE_VERSION = "v1"
+_READ_UNITS = 65536
+_UNCONSUMABLE = (L.TRANSACTION_PREPARED_TYPE, L.TRANSACTION_ROLLBACK_TYPE)
+_TIMER_PROPS = (L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS, L.P_TIMER_DELIVER_MS)
+
+# one pending timer record in memory
+ENTRY = np.dtype(
+    [("deliver_ms", "<i8"), ("offset", "<i8"), ("phys", "<i8"), ("size", "<i4"), ("kind", "<i1")]
+)
+KIND_MESSAGE = 0
+KIND_DELETE = 1  # a recall's delete record
+
+
+# --- recall handles -------------------------------------------------------------------------------
+class RecallFailure(enum.Enum):
+    INVALID_HANDLE = "INVALID_HANDLE"
+    TOPIC_MISMATCH = "TOPIC_MISMATCH"
+    BROKER_MISMATCH = "BROKER_MISMATCH"
+    TIMESTAMP_INVALID = "TIMESTAMP_INVALID"  # already due (so delivered) or too far ahead
+    NOT_FOUND = "NOT_FOUND"  # nothing pending under this handle: delivered, recalled or never sent
+
+
+class RecallError(RmqError, ValueError):
+    """A recall that cannot be done; ``reason`` says why."""
+
+    def __init__(self, reason: RecallFailure, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RecallHandle:
+    topic: str
+    broker_name: str
+    timestamp_ms: int  # TIMER_OUT_MS + 1 of the message
+    message_id: str  # its UNIQ_KEY
+
+
+def build_recall_handle(topic: str, broker_name: str, timestamp_ms: int, message_id: str) -> str:
+    """``RecallMessageHandle.HandleV1.buildHandle``: URL-safe Base64 (padded) of the five fields."""
+    raw = " ".join((HANDLE_VERSION, topic, broker_name, str(timestamp_ms), message_id))
+    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii")
+
+
+def parse_recall_handle(handle: str) -> RecallHandle:
+    """Decode a handle (padded or not); :class:`RecallError` INVALID_HANDLE when it is not one."""
+    if not handle or not isinstance(handle, str):
+        raise RecallError(RecallFailure.INVALID_HANDLE, "recall handle is empty")
+    try:
+        text = handle.strip()
+        raw = base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True).decode(
+            "utf-8"
+        )
+    except (binascii.Error, ValueError):
+        raise RecallError(
+            RecallFailure.INVALID_HANDLE, "recall handle is not URL-safe Base64"
+        ) from None
+    items = raw.split(" ")
+    if len(items) < 5 or items[0] != HANDLE_VERSION:
+        raise RecallError(
+            RecallFailure.INVALID_HANDLE, f"recall handle is not a {HANDLE_VERSION} handle"
+        )
+    if not items[3].lstrip("-").isdigit():
+        raise RecallError(
+            RecallFailure.INVALID_HANDLE, f"recall handle timestamp {items[3]!r} is not a number"
+        )
+    return RecallHandle(items[1], items[2], int(items[3]), items[4])
+
+
+# --- the wheel ------------------------------------------------------------------------------------
+class TimerWheel:
+    """Pending entries (``ENTRY`` arrays) bucketed by ``deliver_ms // slot_ms``; a heap of slot
+    numbers orders the buckets.  Adding and popping work on whole arrays."""
+
+    def __init__(self, slot_ms: int) -> None:
+        self.slot_ms = max(1, int(slot_ms))
+        self._slots: dict[int, list[np.ndarray]] = {}
+        self._heap: list[int] = []
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, entries: np.ndarray) -> None:
+        n = len(entries)
+        if n == 0:
+            return
+        slots = entries["deliver_ms"] // self.slot_ms
+        if (slots == slots[0]).all():
+            groups = [(int(slots[0]), entries)]
+        else:
+            order = np.argsort(slots, kind="stable")
+            s = slots[order]
+            cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
+            groups = [
+                (int(s[a]), entries[order[a:b]]) for a, b in zip(np.r_[0, cuts], np.r_[cuts, n])
+            ]
+        for sid, arr in groups:
+            bucket = self._slots.get(sid)
+            if bucket is None:
+                self._slots[sid] = [arr]
+                heapq.heappush(self._heap, sid)
+            else:
+                bucket.append(arr)
+        self._count += n
+
+    def _bucket(self, sid: int) -> np.ndarray:
+        bucket = self._slots[sid]
+        if len(bucket) > 1:
+            bucket[:] = [np.concatenate(bucket)]
+        return bucket[0]
+
+    def next_ms(self) -> int | None:
+        if not self._heap:
+            return None
+        return int(self._bucket(self._heap[0])["deliver_ms"].min())
+
+    def pop_due(self, now_ms: int) -> np.ndarray:
+        """Every entry due at ``now_ms``, ordered by (deliver_ms, queue offset)."""
+        out = []
+        limit = now_ms // self.slot_ms
+        while self._heap and self._heap[0] <= limit:
+            sid = self._heap[0]
+            arr = self._bucket(sid)
+            if sid < limit:
+                due = np.ones(len(arr), dtype=bool)
+            else:
+                due = arr["deliver_ms"] <= now_ms
+            if due.all():
+                out.append(arr)
+                heapq.heappop(self._heap)
+                del self._slots[sid]
+                continue
+            out.append(arr[due])
+            self._slots[sid] = [arr[~due]]
+            break
+        if not out:
+            return np.zeros(0, ENTRY)
+        due_all = np.concatenate(out) if len(out) > 1 else out[0]
+        self._count -= len(due_all)
+        return due_all[np.lexsort((due_all["offset"], due_all["deliver_ms"]))]
+
+    def find(self, deliver_ms: int) -> np.ndarray:
+        sid = deliver_ms // self.slot_ms
+        if sid not in self._slots:
+            return np.zeros(0, ENTRY)
+        arr = self._bucket(sid)
+        return arr[arr["deliver_ms"] == deliver_ms]
+
+    def min_offset(self) -> int | None:
+        if not self._slots:
+            return None
+        return min(int(self._bucket(sid)["offset"].min()) for sid in self._slots)
+
+
+# --- the service ----------------------------------------------------------------------------------
+@dataclass
+class TimerStats:
+    delivered: int = 0
+    recalled: int = 0  # dropped at their time because a delete record named them
+    discarded: int = 0  # no REAL_TOPIC, or the transaction half topic
+    failed_puts: int = 0
+    reconciled: int = 0  # pending records found already delivered (restart or failed put)
+    held: int = 0  # entries put aside after a failure, to retry
+    rounds: int = 0
+    busy_s: float = 0.0  # CPU time (this thread) of rounds that delivered something
+
+
+class TimerService:
+    """Timer messages (see the module docstring).  ``run_once`` delivers what is due at
+    ``clock.now_ms()``; ``start`` runs it on a thread woken when a timer message arrives.
+    Options as :class:`~rmq_spark.store.schedule.ScheduleService`.  Pending messages are held
+    in memory (about 30 bytes each), rebuilt from the timer queue at start."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        config: BrokerConfig,
+        clock: Clock,
+        *,
+        batch_max_msgs: int = 1024,
+        checkpoint_interval_ms: int = 1000,
+        round_gap_ms: int = 5,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.max_delay_ms = int(config.timer_max_delay_s) * 1000
+        self.broker_name = config.broker_name
+        self.batch_max_msgs = batch_max_msgs
+        self.wait_max_ms = max(1, int(config.timer_precision_ms))
+        self.stats = TimerStats()
+        self.last_error: BaseException | None = None
+        self._wheel = TimerWheel(self.wait_max_ms)
+        self._held: list[tuple[int, np.ndarray]] = []  # (retry at ms, entries)
+        self._backoff_ms = 0
+        self._cancelled: dict[str, set[int]] = {}  # realTopic+uniqKey -> delete records naming it
+        self._delete_keys: dict[int, str] = {}  # delete record's CommitLog offset -> key
+        self._lock = threading.RLock()
+        path = os.path.join(store.root, L.CONFIG_DIR, TIMER_CHECK_FILE)
+        self._checkpoint = StagedCheckpoint(
+            store, path, checkpoint_interval_ms, self._locked_snapshot
+        )
+        self._thread = ServiceThread(
+            "rmq-timer", self.run_once, self.next_wait_ms, lambda: store.closed, round_gap_ms
+        )
+        store.add_listener(self._on_dispatch)
+        self._rebuild(read_json(path) or {})
+
+    # --- put hook ---------------------------------------------------------------------------------
+    def transform(self, msg: Message) -> Message:
+        p = msg.properties
+        if P_TIMER_SOURCE in p:  # only the service may claim a delivery
+            p = {k: v for k, v in p.items() if k != P_TIMER_SOURCE}
+            msg = replace(msg, properties=p)
+        if not (L.P_TIMER_DELAY_SEC in p or L.P_TIMER_DELAY_MS in p or L.P_TIMER_DELIVER_MS in p):
+            return msg
+        if (
+            msg.topic in (L.TIMER_TOPIC, L.SCHEDULE_TOPIC)
+            or msg.sys_flag & L.TRANSACTION_MASK in _UNCONSUMABLE
+        ):
+            return msg
+        level = p.get(L.P_DELAY)
+        if level is not None and level.strip().lstrip("-").isdigit() and int(level) > 0:
+            return replace(msg, properties={k: v for k, v in p.items() if k not in _TIMER_PROPS})
+        now = self.clock.now_ms()
+        deliver_ms = self._deliver_ms(p, now)
+        if deliver_ms <= now:
+            return msg  # already due: a normal message
+        if deliver_ms - now > self.max_delay_ms:
+            raise MessageIllegalError(
+                f"WHEEL_TIMER_MSG_ILLEGAL: delivery time {deliver_ms} is "
+                f"{(deliver_ms - now) / 1000:.3f}s ahead; "
+                f"the maximum is {self.max_delay_ms // 1000}s (timer_max_delay_s)"
+            )
+        props = dict(p)
+        props[L.P_TIMER_OUT_MS] = str(deliver_ms)
+        props[L.P_REAL_TOPIC] = msg.topic
+        props[L.P_REAL_QID] = str(msg.queue_id)
+        props.setdefault(L.P_UNIQ_KEY, new_uniq_id())  # the recall handle names it
+        return replace(msg, topic=L.TIMER_TOPIC, queue_id=0, properties=props)
+
+    @staticmethod
+    def _deliver_ms(p: dict[str, str], now: int) -> int:
+        for key, scale, relative in (
+            (L.P_TIMER_DELAY_SEC, 1000, True),
+            (L.P_TIMER_DELAY_MS, 1, True),
+            (L.P_TIMER_DELIVER_MS, 1, False),
+        ):
+            raw = p.get(key)
+            if raw is None:
+                continue
+            try:
+                value = int(raw.strip())
+            except ValueError:
+                raise MessageIllegalError(
+                    f"WHEEL_TIMER_MSG_ILLEGAL: property {key}={raw!r} is not an integer"
+                ) from None
+            return now + value * scale if relative else value
+        raise AssertionError("no timer property")  # pragma: no cover - checked by the caller
+
+    def recall_handle(self, msg: Message) -> str | None:
+        """The recall handle of a timer message as ``transform`` returned it (None for any other
+        message, and for retry topics, as RocketMQ)."""
+        p = msg.properties
+        real, out, uniq = p.get(L.P_REAL_TOPIC), p.get(L.P_TIMER_OUT_MS), p.get(L.P_UNIQ_KEY)
+        if msg.topic != L.TIMER_TOPIC or not (real and out and uniq) or L.P_TIMER_DEL_UNIQKEY in p:
+            return None
+        if real.startswith(L.RETRY_GROUP_TOPIC_PREFIX):
+            return None
+        return build_recall_handle(real, self.broker_name, int(out) + 1, uniq)
+
+    # --- recall -----------------------------------------------------------------------------------
+    def recall(self, topic: str, handle: str) -> str:
+        """Cancel the pending timer message named by ``handle``; returns its message id.  The
+        cancellation is a delete record in the timer topic, so it holds across restarts."""
+        h = parse_recall_handle(handle)
+        if h.topic != topic:
+            raise RecallError(
+                RecallFailure.TOPIC_MISMATCH,
+                f"recall handle is for topic {h.topic!r}, not {topic!r}",
+            )
+        if h.broker_name != self.broker_name:
+            raise RecallError(
+                RecallFailure.BROKER_MISMATCH,
+                f"recall handle is for broker {h.broker_name!r}, not {self.broker_name!r}",
+            )
+        with self._lock:
+            now = self.clock.now_ms()
+            left = h.timestamp_ms - now
+            if left <= 0:
+                raise RecallError(
+                    RecallFailure.TIMESTAMP_INVALID,
+                    "the message is already due (delivered): too late to recall",
+                )
+            if left >= self.max_delay_ms:
+                raise RecallError(
+                    RecallFailure.TIMESTAMP_INVALID,
+                    "recall handle timestamp is beyond the maximum delay",
+                )
+            self._enqueue_new()
+            key = f"{topic}+{h.message_id}"
+            if self._cancelled.get(key):
+                raise RecallError(
+                    RecallFailure.NOT_FOUND, f"message {h.message_id} is already recalled"
+                )
+            if not self._pending(h.timestamp_ms - 1, topic, h.message_id):
+                raise RecallError(
+                    RecallFailure.NOT_FOUND,
+                    f"no pending timer message {h.message_id} in topic {topic!r} "
+                    "(delivered, or never sent)",
+                )
+            props = {
+                L.P_TAGS: RECALL_TAG,
+                L.P_TIMER_DEL_UNIQKEY: key,
+                L.P_TIMER_DELIVER_MS: str(h.timestamp_ms),
+                L.P_TIMER_OUT_MS: str(h.timestamp_ms - 1),
+                L.P_REAL_TOPIC: topic,
+                L.P_REAL_QID: "0",
+            }
+            result = self.store.put_messages(
+                [Message(L.TIMER_TOPIC, b"0", props, born_timestamp_ms=now)]
+            )
+            assert result.append is not None
+            self._register_deletes({int(result.append.phys_offsets[0]): key})
+            self._enqueue_new()
+            return h.message_id
+
+    def _pending(self, deliver_ms: int, topic: str, uniq: str) -> bool:
+        cands = [self._wheel.find(deliver_ms)] + [
+            e[e["deliver_ms"] == deliver_ms] for _, e in self._held
+        ]
+        c = np.concatenate(cands)
+        c = c[c["kind"] == KIND_MESSAGE]
+        if len(c) == 0:
+            return False
+        src = read_records(self.store, c["phys"], c["size"])
+        return any(
+            p.get(L.P_REAL_TOPIC) == topic and p.get(L.P_UNIQ_KEY) == uniq for p in src.properties
+        )
+
+    def _register_deletes(self, keys: dict[int, str]) -> None:
+        for phys, key in keys.items():
+            self._delete_keys[phys] = key
+            self._cancelled.setdefault(key, set()).add(phys)
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+        self._checkpoint.start("rmq-timer-checkpoint")
+
+    def shutdown(self) -> None:
+        """Stop the threads and save the checkpoint."""
+        self._thread.stop()
+        self._checkpoint.stop()
+        if not self.store.closed:
+            self._checkpoint.write_now()
+
+    def crash(self) -> None:
+        """Tests: stop as kill -9 would (no final checkpoint)."""
+        self._thread.stop()
+        self._checkpoint.stop()
+
+    def checkpoint(self) -> None:
+        """Save the checkpoint now."""
+        self._checkpoint.write_now()
+
+    def _on_dispatch(self, batch: DispatchBatch) -> None:
+        if L.TIMER_TOPIC in batch.topics:
+            self._thread.wake()
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._wheel) + sum(len(e) for _, e in self._held)
+
+    # --- state ------------------------------------------------------------------------------------
+    def _bounds(self) -> tuple[int, int]:
+        cq = self.store.consume_queue(L.TIMER_TOPIC, 0)
+        return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+
+    def _rebuild(self, data: dict[str, Any]) -> None:
+        lo, hi = self._bounds()
+        w = min(max(int(data.get("queueOffset", lo)), lo), hi)
+        m = min(max(int(data.get("doneQueueOffset", w)), lo), hi)
+        t = int(data.get("doneTimeMs", -1))
+        d = int(data.get("commitLogOffset", 0))
+        self._done = (m, t, d)
+        self._max_done_ms = t
+        self._enqueued = w
+        parts, keys = [], {}
+        cq = self.store.consume_queue(L.TIMER_TOPIC, 0)
+        for start in range(w, hi, _READ_UNITS):
+            e, k = self._read_entries(cq, start, min(hi, start + _READ_UNITS))
+            e = e[(e["offset"] >= m) | (e["deliver_ms"] > t)]
+            parts.append(e)
+            if k:
+                kept = set(e["phys"].tolist())
+                keys.update((p, key) for p, key in k.items() if p in kept)
+        entries = np.concatenate(parts) if parts else np.zeros(0, ENTRY)
+        if len(entries):
+            done = np.fromiter(
+                (int(v) for v in scan_sources(self.store, d, P_TIMER_SOURCE) if v.isdigit()),
+                np.int64,
+            )
+            if len(done):
+                delivered = np.isin(entries["phys"], done)
+                self.stats.reconciled += int(delivered.sum())
+                self._note_done(entries[delivered])
+                entries = entries[~delivered]
+        self._register_deletes(keys)
+        self._wheel.add(entries)
+        self._enqueued = hi
+
+    def _read_entries(self, cq: Any, start: int, end: int) -> tuple[np.ndarray, dict[int, str]]:
+        units = cq.units(start, end)
+        n = len(units)
+        e = np.zeros(n, ENTRY)
+        if n == 0:
+            return e, {}
+        e["offset"] = np.arange(start, start + n)
+        e["phys"] = units["offset"]
+        e["size"] = units["size"]
+        col = read_units_arrow(
+            self.store.commitlog.mfq, units, L.TIMER_TOPIC, 0, start, columns=["deliverTimestamp"]
+        ).column(0)
+        us = pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy(zero_copy_only=False)
+        e["deliver_ms"] = us // 1000
+        keys: dict[int, str] = {}
+        maybe = np.flatnonzero(units["tags_code"] == RECALL_TAG_CODE)
+        if len(maybe):
+            src = read_records(self.store, e["phys"][maybe], e["size"][maybe])
+            for i, p in zip(maybe.tolist(), src.properties):
+                key = p.get(L.P_TIMER_DEL_UNIQKEY)
+                if key:
+                    e["kind"][i] = KIND_DELETE
+                    keys[int(e["phys"][i])] = key
+        return e, keys
+
+    def _enqueue_new(self) -> None:
+        lo, hi = self._bounds()
+        start = max(self._enqueued, lo)
+        cq = self.store.consume_queue(L.TIMER_TOPIC, 0)
+        while start < hi:
+            end = min(hi, start + _READ_UNITS)
+            entries, keys = self._read_entries(cq, start, end)
+            self._register_deletes(keys)
+            self._wheel.add(entries)
+            start = end
+        self._enqueued = max(self._enqueued, start)
+
+    def _low_watermark(self) -> int:
+        lows = [self._enqueued]
+        w = self._wheel.min_offset()
+        if w is not None:
+            lows.append(w)
+        lows.extend(int(e["offset"].min()) for _, e in self._held if len(e))
+        return min(lows)
+
+    def _locked_snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
+        m, t, d = self._done
+        return {
+            "queueOffset": self._low_watermark(),
+            "doneQueueOffset": m,
+            "doneTimeMs": t,
+            "commitLogOffset": d,
+            "version": 1,
+        }
+
+    def _note_done(self, entries: np.ndarray) -> None:
+        if len(entries):
+            self._max_done_ms = max(self._max_done_ms, int(entries["deliver_ms"].max()))
+
+    def _advance_done(self) -> None:
+        """Move (M, T, D) forward when it stays true: T covers every record done so far, and no
+        pending record is due at or before T.  (An older triple stays true forever.)"""
+        t = max(self._done[1], self._max_done_ms)
+        due = [int(e["deliver_ms"].min()) for _, e in self._held if len(e)]
+        nxt = self._wheel.next_ms()
+        if nxt is not None:
+            due.append(nxt)
+        if not due or min(due) > t:
+            self._done = (self._enqueued, t, self.store.commitlog.max_offset)
+
+    # --- delivery ---------------------------------------------------------------------------------
+    def run_once(self) -> int:
+        """Deliver every timer message due at ``clock.now_ms()``; returns how many."""
+        with self._lock:
+            began = time.thread_time()
+            now = self.clock.now_ms()
+            self.stats.rounds += 1
+            self._enqueue_new()
+            ready = [e for t, e in self._held if t <= now]
+            if ready:
+                self._held = [(t, e) for t, e in self._held if t > now]
+                for e in ready:
+                    self._wheel.add(e)
+            due = self._wheel.pop_due(now)
+            delivered = 0
+            ok = True
+            if len(due):
+                deletes = due[due["kind"] == KIND_DELETE]
+                msgs = due[due["kind"] == KIND_MESSAGE]
+                for a in range(0, len(msgs), self.batch_max_msgs):
+                    chunk = msgs[a : a + self.batch_max_msgs]
+                    if not ok:
+                        self._hold(chunk, now)
+                        continue
+                    n, ok = self._deliver(chunk, now)
+                    delivered += n
+                if ok and not self._held:
+                    for phys in deletes["phys"].tolist():
+                        key = self._delete_keys.pop(phys, None)
+                        named = self._cancelled.get(key) if key is not None else None
+                        if named is not None:
+                            named.discard(phys)
+                            if not named:
+                                del self._cancelled[key]
+                    self._note_done(deletes)
+                else:
+                    self._wheel.add(deletes)
+            if ok and not self._held:
+                self._backoff_ms = 0
+            self._advance_done()
+            self._checkpoint.tick(now)
+            if delivered:
+                self.stats.busy_s += time.thread_time() - began
+            return delivered
+
+    def _deliver(self, chunk: np.ndarray, now: int) -> tuple[int, bool]:
+        """Deliver ``chunk`` as one write.  Returns (delivered, everything done)."""
+        src = read_records(self.store, chunk["phys"], chunk["size"])
+        rows: list[int] = []
+        topics: list[str] = []
+        qids: list[int] = []
+        props: list[dict[str, str]] = []
+        held: list[int] = []
+        cache: dict[str, int] = {}
+        phys_list = chunk["phys"].tolist()
+        for i, p in enumerate(src.properties):
+            real = p.get(L.P_REAL_TOPIC)
+            if real is None or real == L.TRANS_HALF_TOPIC:
+                logger.warning("timer record at %d discarded (real topic %r)", phys_list[i], real)
+                self.stats.discarded += 1
+                continue
+            if self._cancelled and self._cancelled.get(f"{real}+{p.get(L.P_UNIQ_KEY, '')}"):
+                self.stats.recalled += 1
+                continue
+            try:
+                qid = resolve_queue(self.store, real, p.get(L.P_REAL_QID), cache)
+            except RmqError as e:
+                self.last_error = e
+                held.append(i)
+                continue
+            out = {k: v for k, v in p.items() if k not in DROPPED_ON_DELIVERY}
+            out[P_TIMER_SOURCE] = str(phys_list[i])
+            rows.append(i)
+            topics.append(real)
+            qids.append(qid)
+            props.append(out)
+        if rows:
+            before = self.store.commitlog.max_offset
+            try:
+                self._put(src, rows, topics, qids, props)
+            except Exception as e:  # noqa: BLE001 - held and retried, never skipped
+                self.last_error = e
+                self.stats.failed_puts += 1
+                landed = {
+                    int(v) for v in scan_sources(self.store, before, P_TIMER_SOURCE) if v.isdigit()
+                }
+                self.stats.reconciled += len(landed & {phys_list[i] for i in rows})
+                rest = [i for i in rows if phys_list[i] not in landed]
+                self._settle(chunk, held + rest, now)
+                logger.warning(
+                    "timer delivery failed (%s); %d messages retried later",
+                    e,
+                    len(held) + len(rest),
+                )
+                self.stats.delivered += len(rows) - len(rest)
+                return len(rows) - len(rest), False
+        self._settle(chunk, held, now)
+        if held:
+            logger.warning("timer delivery: %d messages held back (%s)", len(held), self.last_error)
+        self.stats.delivered += len(rows)
+        return len(rows), not held
+
+    def _put(
+        self,
+        src: StoredRecords,
+        rows: list[int],
+        topics: list[str],
+        qids: list[int],
+        props: list[dict[str, str]],
+    ) -> None:
+        put_redelivered(self.store, src, rows, topics, qids, props)
+
+    def _settle(self, chunk: np.ndarray, not_done: list[int], now: int) -> None:
+        """Rows ``not_done`` of ``chunk`` wait for a retry; the others are done."""
+        done = np.ones(len(chunk), dtype=bool)
+        done[np.asarray(not_done, dtype=np.int64)] = False
+        self._note_done(chunk[done])
+        self._hold(chunk[~done], now)
+
+    def _hold(self, entries: np.ndarray, now: int) -> None:
+        if len(entries) == 0:
+            return
+        self._backoff_ms = backoff_ms(self._backoff_ms)
+        self._held.append((now + self._backoff_ms, entries))
+        self.stats.held += len(entries)
+
+    def next_due_ms(self) -> int | None:
+        with self._lock:
+            times = [t for t, _ in self._held]
+            nxt = self._wheel.next_ms()
+            if nxt is not None:
+                times.append(nxt)
+            return min(times) if times else None
+
+    def next_wait_ms(self) -> int:
+        due = self.next_due_ms()
+        if due is None:
+            return self.wait_max_ms
+        return max(0, min(self.wait_max_ms, due - self.clock.now_ms()))

@@ -1,0 +1,118 @@
+"""A broker stand-in for crash tests: opens a store with the schedule and timer services on the
+real clock and delivers until it is killed (SIGKILL) or its deadline passes.
+
+    python tests/_delay_worker.py ROOT CONFIG_JSON
+
+CONFIG_JSON: {"delay_levels": "1s 2s", "segment_bytes": N, "batch_max_msgs": N, "deadline_s": S}.
+Prints "ready" once the services run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rmq_spark.core import BrokerConfig  # noqa: E402
+from rmq_spark.store.schedule import ScheduleService  # noqa: E402
+from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
+from rmq_spark.store.timer import TimerService  # noqa: E402
+
+
+def broker_config(conf: dict) -> BrokerConfig:
+    return BrokerConfig(
+        store=StoreConfig(
+            commitlog_segment_bytes=conf["segment_bytes"],
+            cq_segment_units=conf.get("cq_segment_units", 10_000),
+            delay_levels=conf["delay_levels"],
+        )
+    )
+
+
+def delivered_ids(store: MessageStore, topic: str) -> Counter[str]:
+    """How many times each message id (UNIQ_KEY) is in ``topic``, over all its queues."""
+    cfg = store.topics.get(topic)
+    out: Counter[str] = Counter()
+    for q in range(cfg.read_queue_nums if cfg else 0):
+        batch = store.read_arrow(topic, q, 0, store.max_offset(topic, q), columns=["msgId"])
+        out.update(batch.column(0).to_pylist())
+    return out
+
+
+def run_and_kill(
+    root: str, conf: dict, topic: str, targets: list[int], timeout_s: float = 20.0
+) -> list[int]:
+    """Start the worker on ``root`` once per target and SIGKILL it as soon as ``topic`` holds at
+    least that many messages (seen from this process through a StoreReader), or after
+    ``timeout_s``.  Returns the count seen at each kill."""
+    from rmq_spark.store.reader import StoreReader
+
+    seen = []
+    for target in targets:
+        proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), root, json.dumps(conf)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            line = proc.stdout.readline() if proc.stdout else b""
+            if line.strip() != b"ready":
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise RuntimeError(f"worker did not start: {line!r} {err[-2000:]}")
+            reader = StoreReader(root, cq_segment_units=conf.get("cq_segment_units", 10_000))
+            deadline = time.monotonic() + timeout_s
+            count = 0
+            try:
+                while time.monotonic() < deadline and proc.poll() is None:
+                    count = sum(reader.max_offset(topic, q) for q in reader.queue_ids(topic))
+                    if count >= target:
+                        break
+                    time.sleep(0.002)
+            finally:
+                reader.close()
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            seen.append(count)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            for f in (proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
+    return seen
+
+
+def main() -> None:
+    root, conf = sys.argv[1], json.loads(sys.argv[2])
+    cfg = broker_config(conf)
+    store = MessageStore(root, cfg.store)
+    services = [
+        cls(
+            store,
+            cfg,
+            store.clock,
+            batch_max_msgs=conf["batch_max_msgs"],
+            checkpoint_interval_ms=conf.get("checkpoint_interval_ms", 200),
+        )
+        for cls in (ScheduleService, TimerService)
+    ]
+    for svc in services:
+        svc.start()
+    print("ready", flush=True)
+    deadline = time.monotonic() + conf.get("deadline_s", 30)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    for svc in services:
+        svc.shutdown()
+    store.shutdown()
+
+
+if __name__ == "__main__":
+    main()
