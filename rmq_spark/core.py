@@ -16,11 +16,13 @@ from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.message import Message
 from rmq_spark.store.store import MessageStore, PutResult, StoreConfig
 
-# (attribute, module, class): services built in this order, each ``Cls(store, config, clock)``
+# (attribute, module, class): services built in this order, each ``Cls(store, config, clock)``.
+# Transactions come first: a transactional message that also asks for a delay is stored as a half
+# as it is, and the delay and timer hooks run on its real message when it is committed.
 SERVICES: tuple[tuple[str, str, str], ...] = (
+    ("transactions", "rmq_spark.store.transaction", "TransactionService"),
     ("schedule", "rmq_spark.store.schedule", "ScheduleService"),
     ("timer", "rmq_spark.store.timer", "TimerService"),
-    ("transactions", "rmq_spark.store.transaction", "TransactionService"),
 )
 INDEX = ("rmq_spark.store.index", "IndexService")
 
@@ -64,6 +66,8 @@ class BrokerCore:
             setattr(self, attr, svc)
             if svc is not None:
                 self.services.append(svc)
+        if self.transactions is not None:
+            self.transactions.real_message_hook = self._delivery_hooks
         if start_services:
             for svc in self.services:
                 svc.start()
@@ -71,6 +75,13 @@ class BrokerCore:
     def transform(self, msg: Message) -> Message:
         for svc in self.services:
             msg = svc.transform(msg)
+        return msg
+
+    def _delivery_hooks(self, msg: Message) -> Message:
+        """The put hooks after the transaction one: applied to a committed half's real message."""
+        for svc in self.services:
+            if svc is not self.transactions:
+                msg = svc.transform(msg)
         return msg
 
     def send(self, messages: Sequence[Message]) -> PutResult:

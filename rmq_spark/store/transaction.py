@@ -1,0 +1,551 @@
+"""Transactional messages: half messages, end transaction, atomic group commit.
+
+A message with ``TRAN_MSG=true`` is stored as a *half* in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0
+(``REAL_TOPIC`` / ``REAL_QID`` keep its destination, ``__transactionId__`` = its ``UNIQ_KEY``),
+never in its real topic.  Ending it writes ONE CommitLog append: the op message first, then (on
+commit) the real message(s); the op is the durable record of the decision.
+
+Op message (a normal CommitLog record; RocketMQ 5's layout plus two properties of ours)::
+
+    ┌─────────────────────────────────────────────────────────────────────────────────────────┐
+    │ topic RMQ_SYS_TRANS_OP_HALF_TOPIC, queue 0 (= the half queue), sys flag NOT_TYPE          │
+    ├─────────────────────────────────────────────────────────────────────────────────────────┤
+    │ body  "12,13,14,"  half queue offsets, ASCII decimal, each followed by ','               │
+    ├─────────────────────┬──────────────────────────────────┬────────────────────────────────┤
+    │ TAGS = d            │ TRAN_OP_ACTION = COMMIT|ROLLBACK │ TRAN_OP_GROUP = n real messages │
+    │ (REMOVE_TAG)        │ (which end it was)               │ right after it, same append     │
+    └─────────────────────┴──────────────────────────────────┴────────────────────────────────┘
+
+Real message: the half's body and properties minus ``REAL_TOPIC`` / ``REAL_QID`` / ``TRAN_MSG``,
+sys flag COMMIT, ``prepared_transaction_offset`` = the half's CommitLog offset, the half's born
+time; its store time is the commit time (RocketMQ 5 overwrites it too; store times stay monotonic).
+
+A transaction is known by its id, so the put-back copies the check writes are one transaction with
+their original: a second commit, or a commit after a rollback, of any copy is rejected.  The
+resolved set is rebuilt from the op queue on start, and an append torn by a crash after its op is
+completed then (``transaction_check.load_resolved``).  The check-back is in ``transaction_check``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rmq_spark.core import BrokerConfig
+from rmq_spark.errors import MessageIllegalError, RmqError
+from rmq_spark.store import layout as L
+from rmq_spark.store import transaction_check as C
+from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
+from rmq_spark.store.dispatch import DispatchBatch
+from rmq_spark.store.message import Message, MessageExt, new_uniq_ids
+from rmq_spark.store.store import MessageStore, PutResult
+from rmq_spark.store.validation import check_topic
+
+__all__ = [
+    "P_OP_ACTION",
+    "P_OP_GROUP",
+    "CheckReport",
+    "EndTxStatus",
+    "GroupResult",
+    "HalfRef",
+    "TransactionAction",
+    "TransactionChecker",
+    "TransactionService",
+    "TxnState",
+    "as_action",
+]
+TransactionChecker = C.TransactionChecker
+CheckReport = C.CheckReport
+log = logging.getLogger(__name__)
+
+P_OP_ACTION = C.P_OP_ACTION
+P_OP_GROUP = C.P_OP_GROUP
+HALF_CACHE_ENTRIES = 65536  # stored halves kept in memory, so that ending them reads nothing
+_HALF_ONLY = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG)
+
+
+class TransactionAction(enum.Enum):
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    UNKNOWN = "UNKNOWN"
+
+
+class EndTxStatus(enum.Enum):
+    SUCCESS = "SUCCESS"
+    NOT_HANDLED = "NOT_HANDLED"  # action UNKNOWN: nothing to do
+    NOT_FOUND = "NOT_FOUND"  # no half message at that CommitLog offset
+    PRODUCER_GROUP_MISMATCH = "PRODUCER_GROUP_MISMATCH"
+    QUEUE_OFFSET_MISMATCH = "QUEUE_OFFSET_MISMATCH"  # tranStateTableOffset
+    TRANSACTION_ID_MISMATCH = "TRANSACTION_ID_MISMATCH"
+    ILLEGAL_OPERATION = "ILLEGAL_OPERATION"  # a producer's end after its CHECK_IMMUNITY time
+    ALREADY_COMMITTED = "ALREADY_COMMITTED"
+    ALREADY_ROLLED_BACK = "ALREADY_ROLLED_BACK"
+    ALREADY_RESOLVED = "ALREADY_RESOLVED"  # ended by an op that does not say how
+    IN_PROGRESS = "IN_PROGRESS"  # another end of the same transaction is being written
+    CONFLICT = "CONFLICT"  # a group mixes pending and ended halves (or commits and rollbacks)
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"  # written (so ended), not yet durable
+
+
+class TxnState(enum.Enum):
+    PENDING = "PENDING"
+    COMMITTED = "COMMITTED"
+    ROLLED_BACK = "ROLLED_BACK"
+    RESOLVED = "RESOLVED"  # an op without TRAN_OP_ACTION (written by another tool)
+    NOT_FOUND = "NOT_FOUND"
+
+
+_ALREADY = {
+    TxnState.COMMITTED: EndTxStatus.ALREADY_COMMITTED,
+    TxnState.ROLLED_BACK: EndTxStatus.ALREADY_ROLLED_BACK,
+    TxnState.RESOLVED: EndTxStatus.ALREADY_RESOLVED,
+}
+
+
+@dataclass(frozen=True)
+class HalfRef:
+    """A half to end in a group; the fields other than the offset are checked when given."""
+
+    commitlog_offset: int
+    queue_offset: int | None = None
+    producer_group: str | None = None
+    transaction_id: str | None = None
+
+
+@dataclass
+class GroupResult:
+    status: EndTxStatus
+    put: PutResult | None = None
+    transaction_ids: list[str] = field(default_factory=list)  # the transactions this call ended
+    rejected: dict[int, EndTxStatus] = field(default_factory=dict)  # CommitLog offset -> why
+
+    @property
+    def ok(self) -> bool:
+        return self.status is EndTxStatus.SUCCESS
+
+
+@dataclass
+class _Half:
+    phys: int
+    queue_offset: int
+    txn_id: str
+    msg: Message  # the half as stored (a MessageExt when read back)
+
+
+class TransactionService:
+    """Half / op topics, end transaction, group commit and the periodic check-back."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        config: BrokerConfig | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        checker: TransactionChecker | None = None,
+    ) -> None:
+        config = config or BrokerConfig()
+        self.store, self.config, self.clock, self.checker = store, config, clock, checker
+        extra = getattr(config, "extra", None) or {}
+        self.timeout_ms = int(config.transaction_timeout_s * 1000)
+        self.interval_s = float(config.transaction_check_interval_s)
+        self.check_max = int(config.transaction_check_max)
+        self.file_reserved_ms = int(float(extra.get("file_reserved_time_h", 72)) * 3_600_000)
+        self.real_message_hook: Callable[[Message], Message] | None = None  # e.g. delay / timer
+        self.resolvers: dict[str, Callable[[MessageExt], Any]] = {}
+        self._lock = threading.Lock()  # guards _state and _inflight
+        self._state: dict[str, TxnState] = {}  # transaction id -> how it ended
+        self._inflight: set[str] = set()
+        self._cache_lock = threading.Lock()
+        self._cache: OrderedDict[int, _Half] = OrderedDict()  # half CommitLog offset -> half
+        self._fresh: OrderedDict[str, Message] = OrderedDict()  # transformed, not yet dispatched
+        self._check_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.needs_source_scan = store.last_exit_abnormal
+        self._state.update(C.load_resolved(self))
+        store.add_listener(self._on_dispatch)
+
+    # --- put hook and prepare ------------------------------------------------------------------------
+    def transform(self, msg: Message) -> Message:
+        """A message with ``TRAN_MSG=true`` becomes its half; any other passes unchanged."""
+        if (
+            msg.topic == L.TRANS_HALF_TOPIC
+            or str(msg.properties.get(L.P_TRAN_MSG, "")).lower() != "true"
+        ):
+            return msg
+        (half,) = self._halves([msg])
+        with self._cache_lock:
+            self._fresh[half.properties[L.P_UNIQ_KEY]] = half
+            while len(self._fresh) > HALF_CACHE_ENTRIES:
+                self._fresh.popitem(last=False)
+        return half
+
+    def prepare(self, msgs: Sequence[Message], producer_group: str | None = None) -> PutResult:
+        """Store ``msgs`` as halves of ``producer_group`` in one write; the result's offsets and
+        ``uniq_keys`` are the halves' CommitLog / queue offsets and transaction ids."""
+        halves = self._halves(msgs, producer_group, force=True)
+        r = self.store.put_messages(halves, allow_system=True)
+        if r.append is not None:
+            a = r.append
+            entries = [
+                (p, _Half(p, q, h.properties[L.P_UNIQ_KEY], h))
+                for p, q, h in zip(a.phys_offsets.tolist(), a.queue_offsets.tolist(), halves)
+            ]
+            with self._cache_lock:
+                self._cache.update(entries)
+                while len(self._cache) > HALF_CACHE_ENTRIES:
+                    self._cache.popitem(last=False)
+        return r
+
+    def _halves(
+        self, msgs: Sequence[Message], group: str | None = None, force: bool = False
+    ) -> list[Message]:
+        now = self.clock.now_ms()
+        missing = sum(1 for m in msgs if not m.properties.get(L.P_UNIQ_KEY))
+        ids = iter(new_uniq_ids(missing)) if missing else iter(())
+        queues: dict[str, int] = {}
+        out = []
+        for m in msgs:
+            n = queues.get(m.topic)
+            if n is None:
+                check_topic(m.topic)
+                cfg = self.store.topics.get_or_create(m.topic)
+                n = queues[m.topic] = max(cfg.write_queue_nums, cfg.read_queue_nums)
+            if not 0 <= m.queue_id < n:
+                raise MessageIllegalError(
+                    f"queueId {m.queue_id} is out of range for topic {m.topic!r} ({n} queues)"
+                )
+            props = dict(m.properties)
+            uniq = props.get(L.P_UNIQ_KEY) or next(ids)
+            props[L.P_UNIQ_KEY] = props[L.P_TRANSACTION_ID] = uniq
+            props[L.P_REAL_TOPIC] = m.topic
+            props[L.P_REAL_QID] = str(m.queue_id)
+            if force:
+                props[L.P_TRAN_MSG] = "true"
+            if group is not None:
+                props[L.P_PGROUP] = group
+            out.append(
+                Message(
+                    L.TRANS_HALF_TOPIC,
+                    m.body,
+                    props,
+                    queue_id=0,
+                    flag=m.flag,
+                    sys_flag=m.sys_flag & ~L.TRANSACTION_MASK,  # NOT_TYPE: the half queue has it
+                    born_timestamp_ms=m.born_timestamp_ms or now,
+                    born_host=m.born_host,
+                    born_port=m.born_port,
+                    reconsume_times=m.reconsume_times,
+                )
+            )
+        return out
+
+    def _on_dispatch(self, batch: DispatchBatch) -> None:
+        """Remember halves stored through ``transform`` by CommitLog offset."""
+        if not self._fresh or L.TRANS_HALF_TOPIC not in batch.topics:
+            return
+        with self._cache_lock:
+            for i, topic in enumerate(batch.topics):
+                msg = (
+                    self._fresh.pop(batch.uniq_keys[i] or "", None)
+                    if topic == L.TRANS_HALF_TOPIC
+                    else None
+                )
+                if msg is not None:
+                    phys = int(batch.phys[i])
+                    self._cache[phys] = _Half(
+                        phys, int(batch.queue_offsets[i]), msg.properties[L.P_UNIQ_KEY], msg
+                    )
+            while len(self._cache) > HALF_CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+
+    # --- looking halves up ---------------------------------------------------------------------------
+    def _lookup(self, offsets: list[int]) -> list[_Half | None]:
+        with self._cache_lock:
+            found = [self._cache.get(p) for p in offsets]
+        misses = [i for i, h in enumerate(found) if h is None]
+        for i in misses:
+            found[i] = self._read(offsets[i])
+        if misses:
+            with self._cache_lock:
+                self._cache.update((offsets[i], found[i]) for i in misses if found[i] is not None)
+                while len(self._cache) > HALF_CACHE_ENTRIES:
+                    self._cache.popitem(last=False)
+        return found
+
+    def _read(self, phys: int) -> _Half | None:
+        try:
+            m = self.store.look_message_by_offset(int(phys))
+        except (ValueError, IndexError, struct.error, UnicodeDecodeError, RmqError):
+            return None  # not the start of a record
+        if m is None or m.topic != L.TRANS_HALF_TOPIC or m.commitlog_offset != phys:
+            return None
+        return half_of(m)
+
+    def state(self, commitlog_offset: int) -> TxnState:
+        """What became of the half at ``commitlog_offset`` (of any copy of its transaction)."""
+        (h,) = self._lookup([commitlog_offset])
+        return TxnState.NOT_FOUND if h is None else self.transaction_state(h.txn_id)
+
+    def transaction_state(self, transaction_id: str) -> TxnState:
+        return self._state.get(transaction_id, TxnState.PENDING)
+
+    def is_pending(self, commitlog_offset: int) -> bool:
+        return self.state(commitlog_offset) is TxnState.PENDING
+
+    def is_resolved(self, half: MessageExt) -> bool:
+        return txn_id_of(half) in self._state
+
+    # --- ending transactions -------------------------------------------------------------------------
+    def end_transaction(
+        self,
+        commitlog_offset: int,
+        tran_state_table_offset: int | None,
+        producer_group: str,
+        transaction_id: str | None = None,
+        action: TransactionAction | str = TransactionAction.COMMIT,
+        from_check: bool = False,
+    ) -> EndTxStatus:
+        """EndTransactionProcessor: find the half by CommitLog offset, validate it, then commit
+        (op + real message in one append) or roll back (op only).  ``transaction_id`` (the
+        client's message id) is checked when given; ``tran_state_table_offset`` when not None."""
+        act = as_action(action)
+        if act is TransactionAction.UNKNOWN:
+            return EndTxStatus.NOT_HANDLED
+        (h,) = self._lookup([commitlog_offset])
+        if h is None:
+            return EndTxStatus.NOT_FOUND
+        props = h.msg.properties
+        if not from_check and L.P_CHECK_IMMUNITY_TIME_IN_SECONDS in props:
+            limit = C.immunity_time_ms(props[L.P_CHECK_IMMUNITY_TIME_IN_SECONDS], self.timeout_ms)
+            if self.clock.now_ms() - h.msg.born_timestamp_ms > limit:
+                return EndTxStatus.ILLEGAL_OPERATION
+        bad = _mismatch(
+            h, HalfRef(commitlog_offset, tran_state_table_offset, producer_group, transaction_id)
+        )
+        return bad if bad is not None else self.end_halves([h], act).status
+
+    def commit_group(self, halves: Iterable[int | tuple | HalfRef]) -> GroupResult:
+        """Commit every half in ONE append (op message first, then all real messages), so that a
+        reader sees all of them or none.  All must be pending, else nothing is written: the status
+        is ALREADY_COMMITTED when every one was committed before (a retried group), else CONFLICT
+        (or IN_PROGRESS); ``rejected`` names them.  Items: CommitLog offsets, HalfRef or tuples."""
+        return self._end_group(halves, TransactionAction.COMMIT)
+
+    def rollback_group(self, halves: Iterable[int | tuple | HalfRef]) -> GroupResult:
+        """Roll back the pending halves in one op message; the ended ones are in ``rejected``."""
+        return self._end_group(halves, TransactionAction.ROLLBACK)
+
+    def _end_group(
+        self, items: Iterable[int | tuple | HalfRef], act: TransactionAction
+    ) -> GroupResult:
+        refs = [
+            x if isinstance(x, HalfRef) else HalfRef(*x) if isinstance(x, tuple) else int(x)
+            for x in items
+        ]
+        found = self._lookup([r if isinstance(r, int) else r.commitlog_offset for r in refs])
+        rejected: dict[int, EndTxStatus] = {}
+        for ref, h in zip(refs, found):
+            off = ref if isinstance(ref, int) else ref.commitlog_offset
+            bad = EndTxStatus.NOT_FOUND if h is None else None
+            if h is not None and not isinstance(ref, int):
+                bad = _mismatch(h, ref)
+            if bad is not None:
+                rejected[off] = bad
+        if rejected:
+            return GroupResult(next(iter(rejected.values())), rejected=rejected)
+        if not found:
+            return GroupResult(EndTxStatus.SUCCESS)
+        return self.end_halves(found, act)  # type: ignore[arg-type]
+
+    def end_halves(self, halves: list[_Half], act: TransactionAction) -> GroupResult:
+        """Write the end of ``halves`` (validated) as one append; a rollback skips ended ones."""
+        by_txn: dict[str, _Half] = {}
+        for h in halves:
+            by_txn.setdefault(h.txn_id, h)
+        rejected: dict[int, EndTxStatus] = {}
+        todo: list[_Half] = []
+        with self._lock:
+            for txn, h in by_txn.items():
+                if txn in self._inflight:
+                    rejected[h.phys] = EndTxStatus.IN_PROGRESS
+                elif txn in self._state:
+                    rejected[h.phys] = _ALREADY[self._state[txn]]
+                else:
+                    todo.append(h)
+            if rejected and (act is TransactionAction.COMMIT or not todo):
+                return GroupResult(_summary(rejected.values(), bool(todo)), rejected=rejected)
+            self._inflight.update(h.txn_id for h in todo)
+        ids = [h.txn_id for h in todo]
+        commit = act is TransactionAction.COMMIT
+        put: PutResult | None = None
+        try:
+            msgs = [
+                self._op_message([h.queue_offset for h in todo], act, len(todo) if commit else 0)
+            ]
+            if commit:
+                msgs.extend(self.real_message(h) for h in todo)
+            put = self.store.put_messages(msgs, allow_system=True)
+        finally:
+            with self._lock:
+                self._inflight.difference_update(ids)
+                if put is not None and put.append is not None:
+                    self._state.update(
+                        dict.fromkeys(ids, TxnState.COMMITTED if commit else TxnState.ROLLED_BACK)
+                    )
+        with self._cache_lock:
+            for h in todo:
+                self._cache.pop(h.phys, None)
+        status = EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT
+        return GroupResult(status, put, ids, rejected)
+
+    def _op_message(self, half_offsets: list[int], act: TransactionAction, reals: int) -> Message:
+        body = "".join([f"{q}{C.OFFSET_SEPARATOR}" for q in half_offsets]).encode()
+        limit = self.store.config.body_max_bytes
+        if len(body) > limit:
+            raise MessageIllegalError(
+                f"a group of {len(half_offsets)} halves needs a {len(body)}-byte op message; "
+                f"the limit is {limit} bytes: commit smaller groups"
+            )
+        props = {L.P_TAGS: C.REMOVE_TAG, P_OP_ACTION: act.value}
+        if reals:
+            props[P_OP_GROUP] = str(reals)
+        return Message(
+            L.TRANS_OP_HALF_TOPIC, body, props, queue_id=0, born_timestamp_ms=self.clock.now_ms()
+        )
+
+    def real_message(self, h: _Half) -> Message:
+        """The message a commit of ``h`` stores in its real topic."""
+        m = h.msg
+        p = m.properties
+        props = p.copy()
+        for k in _HALF_ONLY:
+            props.pop(k, None)
+        real = Message(
+            p[L.P_REAL_TOPIC],
+            m.body,
+            props,
+            queue_id=int(p[L.P_REAL_QID]),
+            flag=m.flag,
+            sys_flag=(m.sys_flag & ~L.TRANSACTION_MASK) | L.TRANSACTION_COMMIT_TYPE,
+            born_timestamp_ms=m.born_timestamp_ms,
+            born_host=m.born_host,
+            born_port=m.born_port,
+            reconsume_times=m.reconsume_times,
+            prepared_transaction_offset=h.phys,
+        )
+        return self.real_message_hook(real) if self.real_message_hook is not None else real
+
+    # --- check-back ----------------------------------------------------------------------------------
+    def set_checker(self, checker: TransactionChecker | None) -> None:
+        self.checker = checker
+
+    def register_resolver(
+        self, producer_group_or_prefix: str, fn: Callable[[MessageExt], Any]
+    ) -> None:
+        """``fn(half) -> COMMIT | ROLLBACK | UNKNOWN`` (a TransactionAction, an enum with those
+        names, or a string) decides the halves of matching producer groups during the check,
+        synchronously, instead of the checker: exact name first, then the longest prefix."""
+        self.resolvers[producer_group_or_prefix] = fn
+
+    def unregister_resolver(self, producer_group_or_prefix: str) -> None:
+        self.resolvers.pop(producer_group_or_prefix, None)
+
+    def resolver_for(self, group: str) -> Callable[[MessageExt], Any] | None:
+        fn = self.resolvers.get(group)
+        if fn is None:
+            keys = [k for k in list(self.resolvers) if group.startswith(k)]
+            fn = self.resolvers[max(keys, key=len)] if keys else None
+        return fn
+
+    def check_once(self) -> CheckReport:
+        """One check round (what the thread does every interval); tests drive it directly."""
+        with self._check_lock:
+            return C.run_check(self)
+
+    tick = check_once
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="TransactionCheck", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.check_once()
+            except Exception:  # keep checking: the next round starts from the committed offsets
+                log.exception("transaction check round failed")
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    crash = shutdown  # nothing to flush: the op queue and the check offsets are the state
+
+
+def as_action(value: Any) -> TransactionAction:
+    """A TransactionAction from itself, an enum with the same member names, or a string
+    (``COMMIT_MESSAGE`` / ``ROLLBACK_MESSAGE`` / ``UNKNOW`` as RocketMQ's LocalTransactionState)."""
+    if isinstance(value, TransactionAction):
+        return value
+    name = str(getattr(value, "name", None) or value).upper()
+    name = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK", "UNKNOW": "UNKNOWN"}.get(
+        name, name
+    )
+    try:
+        return TransactionAction[name]
+    except KeyError:
+        raise MessageIllegalError(
+            f"transaction action {value!r} is not COMMIT, ROLLBACK or UNKNOWN"
+        ) from None
+
+
+def txn_id_of(m: Message) -> str:
+    """A transaction's id: the client's message id (``UNIQ_KEY``)."""
+    return m.properties.get(L.P_UNIQ_KEY) or m.properties.get(L.P_TRANSACTION_ID) or ""
+
+
+def half_of(m: MessageExt) -> _Half | None:
+    """``m`` (read from the half queue) as a half to end; None if it lacks its destination."""
+    if L.P_REAL_TOPIC not in m.properties or not m.properties.get(L.P_REAL_QID, "").isdigit():
+        return None
+    return _Half(m.commitlog_offset, m.queue_offset, txn_id_of(m), m)
+
+
+def _mismatch(h: _Half, ref: HalfRef) -> EndTxStatus | None:
+    """checkPrepareMessage: producer group, tranStateTableOffset, (transaction id)."""
+    if (
+        ref.producer_group is not None
+        and h.msg.properties.get(L.P_PGROUP, "") != ref.producer_group
+    ):
+        return EndTxStatus.PRODUCER_GROUP_MISMATCH
+    if ref.queue_offset is not None and int(ref.queue_offset) != h.queue_offset:
+        return EndTxStatus.QUEUE_OFFSET_MISMATCH
+    if ref.transaction_id and ref.transaction_id != h.txn_id:
+        return EndTxStatus.TRANSACTION_ID_MISMATCH
+    return None
+
+
+def _summary(statuses: Iterable[EndTxStatus], some_pending: bool) -> EndTxStatus:
+    """One status for a rejected group: IN_PROGRESS if another end is being written, the common
+    status when none is pending (ALREADY_COMMITTED: a retried group), else CONFLICT."""
+    seen = set(statuses)
+    if EndTxStatus.IN_PROGRESS in seen:
+        return EndTxStatus.IN_PROGRESS
+    if len(seen) == 1 and not some_pending:
+        return seen.pop()
+    return EndTxStatus.CONFLICT

@@ -1,0 +1,533 @@
+"""The transaction check-back: one round over the half and op queues, as RocketMQ's
+``TransactionalMessageServiceImpl.check`` does it, plus the op-queue bookkeeping it needs.
+
+A round reads the consume offsets of ``RMQ_SYS_TRANS_HALF_TOPIC`` and ``RMQ_SYS_TRANS_OP_HALF_TOPIC``
+(queue 0, group ``CID_RMQ_SYS_TRANS``), loads op messages into a *remove map* (half offset -> op
+offsets), then walks the half queue from its consume offset:
+
+- a half named by an op, or whose transaction is already resolved: done;
+- ``TRANSACTION_CHECK_TIMES`` at the maximum, or born more than 72 h ago: copied to
+  ``TRANS_CHECK_MAX_TIME_TOPIC`` and passed;
+- stored after the round began: stop (fresh);
+- younger than its immunity (the transaction timeout, or ``CHECK_IMMUNITY_TIME_IN_SECONDS``):
+  stop, or with the property, re-append it (``TRAN_PREPARED_QUEUE_OFFSET``) and pass;
+- otherwise: ask its producer group (a registered resolver decides at once; else the half is put
+  back with the check count raised and the :class:`TransactionChecker` is asked).
+
+Afterwards the half offset moves past the walked halves and the op offset moves over the op
+messages that are done, contiguously from the old op offset (``calculate_op_offset``): an op whose
+half has not been walked yet holds it.
+
+Every copy the round writes (put-back, immunity renewal, discard) carries ``TRAN_CHECK_SOURCE``,
+the half offset it came from; after a crash the first round moves the half offset past every
+source already copied, so a half is not put back twice (docs/semantics.md 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rmq_spark.errors import RmqError
+from rmq_spark.store import layout as L
+from rmq_spark.store.message import Message, MessageExt
+
+if TYPE_CHECKING:
+    from rmq_spark.store.consumequeue import ConsumeQueue
+    from rmq_spark.store.store import MessageStore
+    from rmq_spark.store.transaction import TransactionService, TxnState
+
+log = logging.getLogger(__name__)
+
+CHECK_GROUP = "CID_RMQ_SYS_TRANS"  # MixAll.CID_SYS_RMQ_TRANS
+REMOVE_TAG = "d"  # TransactionalMessageUtil.REMOVE_TAG
+OFFSET_SEPARATOR = ","
+OP_PULL_NUMS = 256  # op messages per pull (RocketMQ's OP_MSG_PULL_NUMS is 32)
+MAX_PROCESS_TIME_S = 60.0  # per queue per round (MAX_PROCESS_TIME_LIMIT)
+P_CHECK_SOURCE = "TRAN_CHECK_SOURCE"  # half queue offset a check copy came from
+P_OP_ACTION = "TRAN_OP_ACTION"  # on op messages: COMMIT | ROLLBACK (see transaction.py)
+P_OP_GROUP = "TRAN_OP_GROUP"  # on a commit's op message: the real messages after it
+
+
+class TransactionChecker(Protocol):
+    """Asks a producer group about a half (RocketMQ's CHECK_TRANSACTION_STATE): asynchronous; the
+    answer comes back as ``end_transaction(..., from_check=True)``.  ``half`` is seen as the
+    producer sees it: topic and queue are the real ones, ``commitlog_offset`` / ``queue_offset``
+    name the half copy to end, ``properties['__transactionId__']`` is the transaction id."""
+
+    def check(self, producer_group: str, half: MessageExt) -> None: ...
+
+
+@dataclass
+class CheckReport:
+    half_offset_before: int = 0
+    half_offset: int = 0
+    op_offset_before: int = 0
+    op_offset: int = 0
+    done: int = 0  # halves already committed / rolled back
+    checked: int = 0  # put back and asked
+    resolved: int = 0  # decided by a resolver during the round
+    renewed: int = 0  # immune halves re-appended
+    discarded: int = 0  # moved to TRANS_CHECK_MAX_TIME_TOPIC
+    stop_reason: str = ""
+
+
+def calculate_op_offset(done_op_offsets: Iterable[int], old_offset: int) -> int:
+    """``calculateOpOffset``: advance from ``old_offset`` while the sorted done op offsets are
+    contiguous (a gap is an op whose half is still ahead of the walk)."""
+    new = old_offset
+    for off in sorted(set(done_op_offsets)):
+        if off < new:
+            continue
+        if off != new:
+            break
+        new += 1
+    return new
+
+
+def immunity_time_ms(value: str | None, timeout_ms: int) -> int:
+    """``getImmunityTime``: ``CHECK_IMMUNITY_TIME_IN_SECONDS`` in ms, never below the transaction
+    timeout; an unparsable value counts as 0, so the timeout."""
+    try:
+        seconds = int(value) if value is not None else 0
+    except ValueError:
+        seconds = 0
+    return max(seconds * 1000, timeout_ms)
+
+
+def op_half_offsets(bodies: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Half offsets named by op bodies (``"12,13,14,"``; 4.x ``"12"`` too): (offsets, row of each).
+    Tokens that are not integers are ignored, as RocketMQ's ``getLong`` -> -1 is."""
+    try:
+        parts = pc.split_pattern(bodies.cast(pa.string()), OFFSET_SEPARATOR)
+    except pa.ArrowInvalid:  # not UTF-8 (as Java's new String: bad bytes become U+FFFD)
+        text = [(b or b"").decode("utf-8", "replace") for b in bodies.to_pylist()]
+        parts = pc.split_pattern(pa.array(text, pa.string()), OFFSET_SEPARATOR)
+    flat = pc.list_flatten(parts)
+    rows = pc.list_parent_indices(parts)
+    ok = pc.match_substring_regex(flat, r"^[0-9]{1,18}$")
+    offsets = pc.filter(flat, ok).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    return offsets, pc.filter(rows, ok).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+class OpWindow:
+    """The op messages from the op consume offset on, as RocketMQ's removeMap / opMsgMap /
+    doneOpOffset: an op is done once every half offset it names is behind the walk."""
+
+    def __init__(
+        self, store: MessageStore, op_offset: int, half_offset: int, pull: int = OP_PULL_NUMS
+    ) -> None:
+        self.store = store
+        self.op_offset = op_offset
+        self.mini = half_offset  # halves below it are behind the walk
+        self.pull = pull
+        self.loaded_to = op_offset
+        self.exhausted = False
+        self.remove_map: dict[int, list[int]] = {}  # half offset -> op offsets naming it
+        self.pending: dict[int, set[int]] = {}  # op offset -> half offsets not yet walked
+        self.done: set[int] = set()
+
+    def fill(self) -> bool:
+        """Pull the next op messages; False when the op queue has none."""
+        hi = self.store.max_offset(L.TRANS_OP_HALF_TOPIC, 0)
+        lo = max(self.loaded_to, self.store.min_offset(L.TRANS_OP_HALF_TOPIC, 0))
+        if lo >= hi:
+            self.exhausted = True
+            return False
+        end = min(hi, lo + self.pull)
+        batch = self.store.read_arrow(
+            L.TRANS_OP_HALF_TOPIC, 0, lo, end, columns=["queueOffset", "tags", "body"]
+        )
+        self.done.update(range(self.loaded_to, lo))  # expired op messages
+        self.loaded_to = end
+        self.exhausted = end >= hi
+        op_offs = batch.column("queueOffset").to_numpy()
+        is_op = np.asarray(pc.fill_null(pc.equal(batch.column("tags"), REMOVE_TAG), False))
+        halves, rows = op_half_offsets(batch.column("body"))
+        keep = is_op[rows] & (halves >= self.mini)
+        halves, rows = halves[keep], rows[keep]
+        named = np.zeros(len(op_offs), dtype=bool)
+        named[rows] = True
+        self.done.update(op_offs[~named].tolist())
+        for op, half in zip(op_offs[rows].tolist(), halves.tolist()):
+            self.pending.setdefault(op, set()).add(half)
+            self.remove_map.setdefault(half, []).append(op)
+        return True
+
+    def take(self, half_offset: int) -> bool:
+        """The walk reached ``half_offset``: True when an op names it (it is done)."""
+        ops = self.remove_map.pop(half_offset, None)
+        if ops is None:
+            return False
+        for op in ops:
+            left = self.pending.get(op)
+            if left is not None:
+                left.discard(half_offset)
+                if not left:
+                    del self.pending[op]
+                    self.done.add(op)
+        return True
+
+    def finish(self, new_half_offset: int, max_ops: int = 1 << 20) -> int:
+        """The new op offset once the walk stopped at ``new_half_offset``; reads further op
+        messages while the done ones stay contiguous."""
+        self.mini = new_half_offset
+        self._settle()
+        new = calculate_op_offset(self.done, self.op_offset)
+        while new >= self.loaded_to and not self.exhausted and new - self.op_offset < max_ops:
+            if not self.fill():
+                break
+            self._settle()
+            new = calculate_op_offset(self.done, new)
+        return new
+
+    def _settle(self) -> None:
+        """Ops whose halves are all behind the walk (walked as resolved, or a late op) are done."""
+        for op, left in list(self.pending.items()):
+            if max(left) < self.mini:
+                del self.pending[op]
+                self.done.add(op)
+
+
+def consume_offset(store: MessageStore, topic: str) -> int:
+    """The check's committed offset of ``topic`` queue 0; the queue's min offset when none."""
+    off = store.offsets.query(CHECK_GROUP, topic, 0)
+    return max(off, store.min_offset(topic, 0))
+
+
+def need_discard(half: MessageExt, check_max: int) -> bool:
+    """``needDiscard``: the check count reached the maximum; otherwise raise it (from 1)."""
+    raw = half.properties.get(L.P_TRANSACTION_CHECK_TIMES)
+    times = 1
+    if raw is not None:
+        try:
+            times = int(raw)
+        except ValueError:
+            times = 0
+        if times >= check_max:
+            return True
+        times += 1
+    half.properties[L.P_TRANSACTION_CHECK_TIMES] = str(times)
+    return False
+
+
+def check_copy(
+    half: MessageExt, topic: str, source: int, extra: dict[str, str] | None = None
+) -> Message:
+    """A copy of ``half`` for ``topic`` (put-back, renewal or discard), born when the half was."""
+    props = dict(half.properties)
+    props[P_CHECK_SOURCE] = str(source)
+    if extra:
+        props.update(extra)
+    return Message(
+        topic,
+        half.body,
+        props,
+        queue_id=0,
+        flag=half.flag,
+        sys_flag=half.sys_flag & ~L.TRANSACTION_MASK,
+        born_timestamp_ms=half.born_timestamp_ms,
+        born_host=half.born_host,
+        born_port=half.born_port,
+        reconsume_times=half.reconsume_times,
+    )
+
+
+def skip_copied_sources(store: MessageStore, half_offset: int) -> int:
+    """After a crash: the half offset past every half a previous round already copied."""
+    best = half_offset - 1
+    hi = store.max_offset(L.TRANS_HALF_TOPIC, 0)
+    for lo in range(half_offset, hi, 8192):
+        b = store.read_arrow(L.TRANS_HALF_TOPIC, 0, lo, min(hi, lo + 8192), columns=["properties"])
+        best = max(best, _max_source(b))
+    dq_hi = store.max_offset(L.TRANS_CHECK_MAX_TIME_TOPIC, 0)
+    dq_lo = store.min_offset(L.TRANS_CHECK_MAX_TIME_TOPIC, 0)
+    while dq_hi > dq_lo:  # discards are few: read back from the end while they are recent
+        start = max(dq_lo, dq_hi - 256)
+        b = store.read_arrow(L.TRANS_CHECK_MAX_TIME_TOPIC, 0, start, dq_hi, columns=["properties"])
+        top = _max_source(b)
+        best = max(best, top)
+        if top < half_offset:
+            break
+        dq_hi = start
+    return best + 1
+
+
+def _max_source(batch: pa.RecordBatch) -> int:
+    if batch.num_rows == 0:
+        return -1
+    src = pc.map_lookup(batch.column("properties"), pa.scalar(P_CHECK_SOURCE), "last")
+    ok = pc.fill_null(pc.match_substring_regex(src, r"^[0-9]{1,18}$"), False)
+    vals = pc.filter(src, ok).cast(pa.int64())
+    return int(pc.max(vals).as_py()) if len(vals) else -1
+
+
+def run_check(svc: TransactionService) -> CheckReport:
+    """One check round over half queue 0 (the only one)."""
+    store, clock = svc.store, svc.clock
+    start_ms = clock.now_ms()
+    began = time.monotonic()
+    half_offset = consume_offset(store, L.TRANS_HALF_TOPIC)
+    op_offset = consume_offset(store, L.TRANS_OP_HALF_TOPIC)
+    rep = CheckReport(half_offset, half_offset, op_offset, op_offset)
+    if svc.needs_source_scan:
+        half_offset = skip_copied_sources(store, half_offset)
+        svc.needs_source_scan = False
+    ops = OpWindow(store, op_offset, half_offset)
+    ops.fill()
+    timeout_ms = svc.timeout_ms
+    i = new_half = half_offset
+    cq = store.consume_queue(L.TRANS_HALF_TOPIC, 0)
+    while True:
+        if svc.stopping or time.monotonic() - began > MAX_PROCESS_TIME_S:
+            rep.stop_reason = "time"
+            break
+        if cq is None or i >= cq.max_offset:
+            rep.stop_reason = "end"
+            break
+        if i < cq.min_offset:
+            i = new_half = cq.min_offset
+            continue
+        if ops.take(i):
+            rep.done += 1
+            i = new_half = i + 1
+            continue
+        if not ops.exhausted:  # an op further on may name it
+            ops.fill()
+            continue
+        half = half_at(store, cq, i)
+        if half is None or svc.is_resolved(half):  # unreadable, or ended through another copy
+            rep.done += 1 if half is not None else 0
+            i = new_half = i + 1
+            continue
+        prepared = half.properties.get(L.P_TRAN_PREPARED_QUEUE_OFFSET)
+        if prepared is not None and prepared.isdigit() and ops.take(int(prepared)):
+            rep.done += 1
+            i = new_half = i + 1
+            continue
+        times_before = half.properties.get(L.P_TRANSACTION_CHECK_TIMES)
+        now = clock.now_ms()
+        if (
+            need_discard(half, svc.check_max)
+            or now - half.born_timestamp_ms > svc.file_reserved_ms
+            or not _has_destination(half)
+        ):
+            discard(svc, half, i)
+            rep.discarded += 1
+            i = new_half = i + 1
+            continue
+        if half.store_timestamp_ms >= start_ms:
+            rep.stop_reason = "fresh"
+            break
+        age = now - half.born_timestamp_ms
+        immunity_raw = half.properties.get(L.P_CHECK_IMMUNITY_TIME_IN_SECONDS)
+        if immunity_raw is not None:
+            if age < immunity_time_ms(immunity_raw, timeout_ms):
+                _restore(half, times_before)  # a renewal is not a check
+                renew(svc, half, i)
+                rep.renewed += 1
+                i = new_half = i + 1
+                continue
+        elif 0 <= age < timeout_ms:
+            rep.stop_reason = "immune"
+            break
+        if ask(svc, half, i):
+            rep.resolved += 1
+        else:
+            rep.checked += 1
+        i = new_half = i + 1
+    new_op = ops.finish(new_half)
+    rep.half_offset, rep.op_offset = new_half, new_op
+    if (new_half, new_op) != (rep.half_offset_before, rep.op_offset_before):
+        store.offsets.commit_many(
+            CHECK_GROUP,
+            {L.TRANS_HALF_TOPIC: {0: new_half}, L.TRANS_OP_HALF_TOPIC: {0: new_op}},
+            persist=True,
+        )
+    return rep
+
+
+def _has_destination(half: MessageExt) -> bool:
+    p = half.properties
+    return bool(p.get(L.P_REAL_TOPIC)) and p.get(L.P_REAL_QID, "").isdigit()
+
+
+def _restore(half: MessageExt, times_before: str | None) -> None:
+    if times_before is None:
+        half.properties.pop(L.P_TRANSACTION_CHECK_TIMES, None)
+    else:
+        half.properties[L.P_TRANSACTION_CHECK_TIMES] = times_before
+
+
+# --- what a round does to one half ---------------------------------------------------------------------
+def half_at(store: MessageStore, cq: ConsumeQueue, queue_offset: int) -> MessageExt | None:
+    units = cq.units(queue_offset, queue_offset + 1)
+    if len(units) == 0:
+        return None
+    m = store.commitlog.read_record(int(units["offset"][0]), int(units["size"][0]))
+    return m if m is not None and m.topic == L.TRANS_HALF_TOPIC else None
+
+
+def ask(svc: TransactionService, half: MessageExt, queue_offset: int) -> bool:
+    """Ask about ``half``: True when a resolver ended it now; otherwise it is put back (the copy
+    carries the raised check count) and the checker is asked about the copy."""
+    from rmq_spark.store import transaction as T
+
+    group = half.properties.get(L.P_PGROUP, "")
+    fn = svc.resolver_for(group)
+    if fn is not None:
+        try:
+            act = T.as_action(fn(half))
+        except Exception:  # a resolver's fault must not stop the check
+            log.exception("transaction resolver for %r failed", group)
+            act = T.TransactionAction.UNKNOWN
+        h = T.half_of(half) if act is not T.TransactionAction.UNKNOWN else None
+        if h is not None:
+            try:
+                if svc.end_halves([h], act).status is not T.EndTxStatus.IN_PROGRESS:
+                    return True
+            except RmqError:  # e.g. its real topic cannot take it now: counted, asked again
+                log.exception("transaction %s could not be ended as %s", h.txn_id, act.value)
+    copy = check_copy(half, L.TRANS_HALF_TOPIC, queue_offset)
+    a = svc.store.put_messages([copy], allow_system=True).append
+    assert a is not None
+    half.properties = copy.properties
+    half.queue_offset, half.commitlog_offset = int(a.queue_offsets[0]), int(a.phys_offsets[0])
+    half.store_timestamp_ms, half.msg_id = a.store_timestamp_ms, a.msg_ids[0]
+    if fn is None and svc.checker is not None:
+        view = dataclasses.replace(
+            half,
+            topic=half.properties[L.P_REAL_TOPIC],
+            queue_id=int(half.properties[L.P_REAL_QID]),
+            properties=dict(half.properties),
+        )
+        try:
+            svc.checker.check(group, view)
+        except Exception:
+            log.exception("transaction checker failed for producer group %r", group)
+    return False
+
+
+def renew(svc: TransactionService, half: MessageExt, queue_offset: int) -> None:
+    """An immune half goes to the end of the queue, remembering its first queue offset."""
+    first = half.properties.get(L.P_TRAN_PREPARED_QUEUE_OFFSET, str(queue_offset))
+    copy = check_copy(
+        half, L.TRANS_HALF_TOPIC, queue_offset, {L.P_TRAN_PREPARED_QUEUE_OFFSET: first}
+    )
+    svc.store.put_messages([copy], allow_system=True)
+
+
+def discard(svc: TransactionService, half: MessageExt, queue_offset: int) -> None:
+    """Checked too often or too old: keep a copy in TRANS_CHECK_MAX_TIME_TOPIC, stop checking it."""
+    log.warning(
+        "transaction %s discarded after %s checks",
+        half.properties.get(L.P_UNIQ_KEY),
+        half.properties.get(L.P_TRANSACTION_CHECK_TIMES),
+    )
+    svc.store.put_messages(
+        [check_copy(half, L.TRANS_CHECK_MAX_TIME_TOPIC, queue_offset)], allow_system=True
+    )
+
+
+# --- the resolved set, on start ----------------------------------------------------------------------------
+def load_resolved(svc: TransactionService) -> dict[str, TxnState]:
+    """Transaction id -> how it ended, from the whole op queue (an op names half offsets; the half
+    names the transaction).  If the last op opened a commit append that a crash cut short, the
+    missing real messages are written now: the op holds the decision."""
+    from rmq_spark.store.transaction import TxnState
+
+    store = svc.store
+    lo, hi = store.min_offset(L.TRANS_OP_HALF_TOPIC, 0), store.max_offset(L.TRANS_OP_HALF_TOPIC, 0)
+    kinds = (TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.RESOLVED)
+    halves, codes, last = [], [], None
+    for start in range(lo, hi, 8192):
+        b = store.read_arrow(
+            L.TRANS_OP_HALF_TOPIC,
+            0,
+            start,
+            min(hi, start + 8192),
+            columns=["tags", "body", "properties", "commitLogOffset"],
+        )
+        if b.num_rows == 0:
+            continue
+        props = b.column("properties")
+        acts = pc.map_lookup(props, pa.scalar(P_OP_ACTION), "last")
+        code = np.full(b.num_rows, 2, dtype=np.int8)
+        code[np.asarray(pc.fill_null(pc.equal(acts, "COMMIT"), False))] = 0
+        code[np.asarray(pc.fill_null(pc.equal(acts, "ROLLBACK"), False))] = 1
+        is_op = np.asarray(pc.fill_null(pc.equal(b.column("tags"), REMOVE_TAG), False))
+        offs, rows = op_half_offsets(b.column("body"))
+        keep = is_op[rows]
+        halves.append(offs[keep])
+        codes.append(code[rows[keep]])
+        n = b.num_rows - 1
+        group = pc.map_lookup(props.slice(n, 1), pa.scalar(P_OP_GROUP), "last")[0].as_py()
+        reals = int(group) if code[n] == 0 and group and group.isdigit() else 0
+        last = (int(b.column("commitLogOffset")[n].as_py()), reals, offs[rows == n])
+    if not halves:
+        return {}
+    out: dict[str, TxnState] = {}
+    for txn, code in zip(_txn_ids(store, np.concatenate(halves)), np.concatenate(codes).tolist()):
+        if txn is not None and txn not in out:
+            out[txn] = kinds[code]
+    if last is not None and last[1] > 0:
+        _complete_torn_commit(svc, *last)
+    return out
+
+
+def _txn_ids(store: MessageStore, half_offsets: np.ndarray) -> list[str | None]:
+    """Transaction ids of the halves at ``half_offsets`` (None where gone)."""
+    uniq = np.unique(half_offsets)
+    found: dict[int, str] = {}
+    lo = max(int(uniq[0]), store.min_offset(L.TRANS_HALF_TOPIC, 0)) if len(uniq) else 0
+    hi = min(int(uniq[-1]) + 1, store.max_offset(L.TRANS_HALF_TOPIC, 0)) if len(uniq) else 0
+    for start in range(lo, hi, 65536):
+        want = uniq[(uniq >= start) & (uniq < start + 65536)]
+        if len(want) == 0:
+            continue
+        b = store.read_arrow(
+            L.TRANS_HALF_TOPIC, 0, int(want[0]), int(want[-1]) + 1, columns=["queueOffset", "msgId"]
+        )
+        q = b.column("queueOffset").to_numpy()
+        sel = np.flatnonzero(np.isin(q, want))
+        found.update(zip(q[sel].tolist(), b.column("msgId").take(pa.array(sel)).to_pylist()))
+    return [found.get(q) for q in half_offsets.tolist()]
+
+
+def _complete_torn_commit(
+    svc: TransactionService, op_phys: int, reals: int, half_offsets: np.ndarray
+) -> None:
+    """The ``reals`` records after the op at ``op_phys`` belong to its append: write the real
+    messages that are not among them."""
+    from rmq_spark.store.transaction import half_of
+
+    store = svc.store
+    op = store.look_message_by_offset(op_phys)
+    cq = store.consume_queue(L.TRANS_HALF_TOPIC, 0)
+    if op is None or cq is None:
+        return
+    present: set[int] = set()
+    for rec in store.commitlog.iter_records(op_phys + op.store_size):
+        if len(present) == reals or rec.transaction_type != L.TRANSACTION_COMMIT_TYPE:
+            break
+        present.add(rec.prepared_transaction_offset)
+    if len(present) == reals:
+        return
+    halves = [half_at(store, cq, int(q)) for q in half_offsets.tolist()]
+    missing = [half_of(h) for h in halves if h is not None and h.commitlog_offset not in present]
+    msgs = [svc.real_message(h) for h in missing if h is not None]
+    if msgs:
+        log.warning(
+            "completing a commit cut by a crash: %d of %d real messages were missing",
+            len(msgs),
+            reals,
+        )
+        store.put_messages(msgs, allow_system=True)

@@ -1,0 +1,830 @@
+"""Transactional messages: half / op topics, end transaction, group commit, check-back, crashes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from rmq_spark.core import BrokerConfig, BrokerCore
+from rmq_spark.errors import MessageIllegalError
+from rmq_spark.store import layout as L
+from rmq_spark.store.clock import FakeClock, SystemClock
+from rmq_spark.store.config import TopicConfig
+from rmq_spark.store.message import Message, MessageExt
+from rmq_spark.store.store import MessageStore, StoreConfig
+from rmq_spark.store.transaction import EndTxStatus, HalfRef, TransactionService, TxnState
+from rmq_spark.store.transaction import TransactionAction as A
+from rmq_spark.store.transaction_check import (
+    CHECK_GROUP,
+    P_CHECK_SOURCE,
+    calculate_op_offset,
+    immunity_time_ms,
+    op_half_offsets,
+)
+
+HALF, OP, MAXT = L.TRANS_HALF_TOPIC, L.TRANS_OP_HALF_TOPIC, L.TRANS_CHECK_MAX_TIME_TOPIC
+SMALL = {"commitlog_segment_bytes": 64 * 1024, "cq_segment_units": 64}
+PG = "PG"
+
+
+class Env:
+    """A store and its transaction service on a FakeClock; ``restart`` reopens both."""
+
+    def __init__(self, root: str, **cfg: object) -> None:
+        self.root, self.cfg, self.clock = root, cfg, FakeClock()
+        self.checks: list[tuple[str, MessageExt]] = []
+        self.open()
+
+    def open(self) -> None:
+        self.store = MessageStore(
+            self.root, StoreConfig(**SMALL), clock=self.clock, start_services=False
+        )
+        self.svc = TransactionService(self.store, BrokerConfig(**self.cfg), self.clock)  # type: ignore[arg-type]
+        self.svc.set_checker(self)
+
+    def check(self, producer_group: str, half: MessageExt) -> None:
+        self.checks.append((producer_group, half))
+
+    def restart(self, crash: bool = True) -> None:
+        self.svc.shutdown()
+        self.store.crash() if crash else self.store.shutdown()
+        self.open()
+
+    def prepare(
+        self, n: int, topic: str = "T", group: str = PG, **props: str
+    ) -> list[tuple[int, int, str]]:
+        msgs = [
+            Message(topic, b"m%d" % i, {"TAGS": "a", **props}, queue_id=i % 4) for i in range(n)
+        ]
+        r = self.svc.prepare(msgs, group)
+        return [
+            (int(p), int(q), u)
+            for p, q, u in zip(r.append.phys_offsets, r.append.queue_offsets, r.uniq_keys)
+        ]
+
+    def end(self, h: tuple[int, int, str], action: A, **kw: object) -> EndTxStatus:
+        return self.svc.end_transaction(h[0], h[1], kw.pop("group", PG), h[2], action, **kw)  # type: ignore[arg-type]
+
+    def real(self, topic: str = "T") -> list[MessageExt]:
+        out = []
+        for q in range(4):
+            out += self.store.get_messages(topic, q, 0, max_msgs=10_000).messages
+        return out
+
+    def queue(self, topic: str) -> list[MessageExt]:
+        return self.store.get_messages(topic, 0, 0, max_msgs=10_000).messages
+
+    def offsets(self) -> tuple[int, int]:
+        o = self.store.offsets
+        return o.query(CHECK_GROUP, HALF, 0), o.query(CHECK_GROUP, OP, 0)
+
+    def close(self) -> None:
+        self.svc.shutdown()
+        self.store.shutdown()
+
+
+@pytest.fixture
+def env(store_dir):
+    e = Env(store_dir)
+    yield e
+    if not e.store.closed:
+        e.close()
+
+
+# --- prepare ------------------------------------------------------------------------------------------
+def test_half_is_stored_in_half_topic_and_never_in_its_real_topic(env):
+    given = Message(
+        "T",
+        b"x",
+        {"TAGS": "a", L.P_TRAN_MSG: "true", L.P_PGROUP: PG, L.P_UNIQ_KEY: "CLIENT-ID"},
+        queue_id=2,
+        sys_flag=L.TRANSACTION_PREPARED_TYPE,
+    )
+    half = env.svc.transform(given)
+    r = env.store.put_messages(
+        [half, env.svc.transform(Message("T", b"y", {L.P_TRAN_MSG: "TRUE"}))]
+    )
+    assert r.ok and env.store.max_offset("T", 2) == 0 and env.store.max_offset("T", 0) == 0
+    stored = env.queue(HALF)
+    assert [m.queue_offset for m in stored] == [0, 1]
+    p = stored[0].properties
+    assert (p[L.P_REAL_TOPIC], p[L.P_REAL_QID], p[L.P_PGROUP], p[L.P_TRAN_MSG]) == (
+        "T",
+        "2",
+        PG,
+        "true",
+    )
+    assert p[L.P_TRANSACTION_ID] == p[L.P_UNIQ_KEY] == "CLIENT-ID"
+    assert stored[0].transaction_type == L.TRANSACTION_NOT_TYPE  # so the half queue indexes it
+    assert stored[1].properties[L.P_UNIQ_KEY] == stored[1].properties[L.P_TRANSACTION_ID] != ""
+    assert env.store.read_arrow("T", 2, 0, 10).num_rows == 0
+
+
+def test_transform_leaves_other_messages_alone_and_checks_the_real_queue(env):
+    plain = Message("T", b"x", {"TAGS": "a"})
+    assert env.svc.transform(plain) is plain
+    half = env.svc.transform(Message("T", b"x", {L.P_TRAN_MSG: "true"}))
+    assert env.svc.transform(half) is half  # already a half
+    with pytest.raises(MessageIllegalError, match="queueId 9"):
+        env.svc.transform(Message("T", b"x", {L.P_TRAN_MSG: "true"}, queue_id=9))
+    with pytest.raises(MessageIllegalError, match="system topic"):
+        env.svc.transform(Message(OP, b"x", {L.P_TRAN_MSG: "true"}))
+
+
+def test_broker_core_send_stores_halves_and_a_commit_goes_through_the_other_hooks(store_dir):
+    core = BrokerCore(
+        store_dir, BrokerConfig(store=StoreConfig(**SMALL)), FakeClock(), start_services=False
+    )
+    try:
+        svc = core.transactions
+        msgs = [
+            Message(
+                "T",
+                b"now",
+                {L.P_TRAN_MSG: "true", L.P_PGROUP: PG},
+                sys_flag=L.TRANSACTION_PREPARED_TYPE,
+            ),
+            Message(
+                "T",
+                b"later",
+                {L.P_TRAN_MSG: "true", L.P_PGROUP: PG, L.P_DELAY: "2"},
+                sys_flag=L.TRANSACTION_PREPARED_TYPE,
+            ),
+        ]
+        r = core.send(msgs)
+        assert (
+            core.store.max_offset(HALF, 0) == 2 and core.store.max_offset(L.SCHEDULE_TOPIC, 1) == 0
+        )
+        svc.real_message_hook = core.transform  # a committed delayed message is delayed then
+        for p, q in zip(r.append.phys_offsets.tolist(), r.append.queue_offsets.tolist()):
+            assert svc.end_transaction(p, q, PG, None, A.COMMIT) is EndTxStatus.SUCCESS
+        assert (
+            core.store.max_offset("T", 0) == 1 and core.store.max_offset(L.SCHEDULE_TOPIC, 1) == 1
+        )
+    finally:
+        core.shutdown()
+
+
+# --- end transaction ----------------------------------------------------------------------------------
+def test_commit_appends_op_then_real_message_in_one_write(env):
+    (h,) = env.prepare(1)
+    env.clock.advance(1234)
+    assert env.end(h, A.COMMIT) is EndTxStatus.SUCCESS
+    (real,) = env.real()
+    (op,) = env.queue(OP)
+    assert op.commitlog_offset + op.store_size == real.commitlog_offset  # op first, same append
+    assert (op.tags, op.body, op.properties["TRAN_OP_ACTION"], op.properties["TRAN_OP_GROUP"]) == (
+        "d",
+        b"0,",
+        "COMMIT",
+        "1",
+    )
+    assert (real.topic, real.queue_id, real.body) == ("T", 0, b"m0")
+    assert real.transaction_type == L.TRANSACTION_COMMIT_TYPE
+    assert real.prepared_transaction_offset == h[0]
+    assert real.born_timestamp_ms == env.clock.now_ms() - 1234
+    assert real.store_timestamp_ms == env.clock.now_ms()
+    assert not {L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG} & set(real.properties)
+    assert real.properties[L.P_TRANSACTION_ID] == real.properties[L.P_UNIQ_KEY] == h[2]
+    assert env.store.read_arrow("T", 0, 0, 1).column("transactionId").to_pylist() == [h[2]]
+
+
+def test_rollback_writes_only_the_op_and_unknown_writes_nothing(env):
+    a, b = env.prepare(2)
+    end = env.store.commitlog.max_offset
+    assert env.end(b, A.UNKNOWN) is EndTxStatus.NOT_HANDLED
+    assert env.store.commitlog.max_offset == end
+    assert env.end(a, A.ROLLBACK) is EndTxStatus.SUCCESS
+    assert env.real() == []
+    (op,) = env.queue(OP)
+    assert (op.body, op.properties["TRAN_OP_ACTION"]) == (b"0,", "ROLLBACK")
+    assert env.svc.state(a[0]) is TxnState.ROLLED_BACK and env.svc.is_pending(b[0])
+
+
+def test_second_commit_and_commit_after_rollback_are_rejected(env):
+    a, b = env.prepare(2)
+    assert env.end(a, A.COMMIT) is EndTxStatus.SUCCESS
+    assert env.end(a, A.COMMIT) is EndTxStatus.ALREADY_COMMITTED
+    assert env.end(a, A.ROLLBACK) is EndTxStatus.ALREADY_COMMITTED
+    assert env.end(b, A.ROLLBACK) is EndTxStatus.SUCCESS
+    assert env.end(b, A.COMMIT, from_check=True) is EndTxStatus.ALREADY_ROLLED_BACK
+    env.restart()  # the resolved set is rebuilt from the op queue
+    assert env.end(a, A.COMMIT) is EndTxStatus.ALREADY_COMMITTED
+    assert env.end(b, A.COMMIT) is EndTxStatus.ALREADY_ROLLED_BACK
+    assert [m.body for m in env.real()] == [b"m0"]
+    assert len(env.queue(OP)) == 2
+
+
+def test_concurrent_commits_of_one_transaction_write_it_once(env):
+    (h,) = env.prepare(1)
+    results: list[EndTxStatus] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(env.end(h, A.COMMIT))) for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(EndTxStatus.SUCCESS) == 1
+    assert set(results) <= {
+        EndTxStatus.SUCCESS,
+        EndTxStatus.ALREADY_COMMITTED,
+        EndTxStatus.IN_PROGRESS,
+    }
+    assert len(env.real()) == 1 and len(env.queue(OP)) == 1
+
+
+def test_end_transaction_validates_like_end_transaction_processor(env):
+    a, b = env.prepare(2)
+    assert env.end(a, A.COMMIT, group="OTHER") is EndTxStatus.PRODUCER_GROUP_MISMATCH
+    assert env.svc.end_transaction(a[0], 1, PG, a[2], A.COMMIT) is EndTxStatus.QUEUE_OFFSET_MISMATCH
+    assert (
+        env.svc.end_transaction(a[0], 0, PG, b[2], A.COMMIT) is EndTxStatus.TRANSACTION_ID_MISMATCH
+    )
+    for bad in (a[0] + 7, b[0] + b[0] - a[0] + 100, 10**9, -1):  # inside a record, past the end
+        assert env.svc.end_transaction(bad, 0, PG, None, A.COMMIT) is EndTxStatus.NOT_FOUND
+    assert env.svc.end_transaction(a[0], None, PG, None, A.COMMIT) is EndTxStatus.SUCCESS
+    (real,) = env.real()
+    assert (
+        env.svc.end_transaction(real.commitlog_offset, 0, PG, None, A.COMMIT)
+        is EndTxStatus.NOT_FOUND
+    )
+    assert env.svc.state(real.commitlog_offset) is TxnState.NOT_FOUND
+    with pytest.raises(MessageIllegalError):
+        env.end(b, "MAYBE")  # type: ignore[arg-type]
+    assert env.end(b, "commit_message") is EndTxStatus.SUCCESS  # ok: LocalTransactionState names
+
+
+def test_producer_end_after_immunity_is_illegal_but_a_checked_end_is_not(env):
+    assert [immunity_time_ms(v, 6000) for v in ("1", "7", "x", None)] == [6000, 7000, 6000, 6000]
+    (a,) = env.prepare(1, **{L.P_CHECK_IMMUNITY_TIME_IN_SECONDS: "10"})
+    env.clock.advance(10_001)
+    assert env.end(a, A.COMMIT) is EndTxStatus.ILLEGAL_OPERATION
+    assert env.end(a, A.ROLLBACK) is EndTxStatus.ILLEGAL_OPERATION
+    assert env.end(a, A.COMMIT, from_check=True) is EndTxStatus.SUCCESS
+    (c,) = env.prepare(1)  # no property: no limit
+    env.clock.advance(3_600_000)
+    assert env.end(c, A.COMMIT) is EndTxStatus.SUCCESS
+
+
+# --- group commit -------------------------------------------------------------------------------------
+def test_commit_group_is_one_append_with_one_batched_op(env):
+    hs = env.prepare(6, topic="T") + env.prepare(2, topic="U")
+    r = env.svc.commit_group(
+        [h[0] for h in hs[:3]]
+        + [HalfRef(hs[3][0], hs[3][1], PG, hs[3][2])]
+        + [(h[0], h[1]) for h in hs[4:]]
+    )
+    assert r.ok and len(r.transaction_ids) == 8 and r.rejected == {}
+    assert len(r.put.append.phys_offsets) == 9
+    (op,) = env.queue(OP)
+    assert op.body == b"0,1,2,3,4,5,6,7," and op.properties["TRAN_OP_GROUP"] == "8"
+    assert op.commitlog_offset == r.put.append.wrote_offset
+    assert sorted(m.body for m in env.real("T") + env.real("U")) == sorted(
+        b"m%d" % i for i in (0, 1, 2, 3, 4, 5, 0, 1)
+    )
+    assert (
+        env.svc.commit_group([h[0] for h in hs]).status is EndTxStatus.ALREADY_COMMITTED
+    )  # a retried group
+    assert len(env.real("T")) == 6
+
+
+def test_commit_group_writes_nothing_unless_every_half_is_pending(env):
+    hs = env.prepare(4)
+    assert env.end(hs[1], A.ROLLBACK) is EndTxStatus.SUCCESS
+    end = env.store.commitlog.max_offset
+    r = env.svc.commit_group([h[0] for h in hs])
+    assert r.status is EndTxStatus.CONFLICT and r.rejected == {
+        hs[1][0]: EndTxStatus.ALREADY_ROLLED_BACK
+    }
+    r = env.svc.commit_group([hs[0][0], HalfRef(hs[2][0], producer_group="X")])
+    assert r.status is EndTxStatus.PRODUCER_GROUP_MISMATCH
+    assert env.svc.commit_group([hs[0][0], hs[0][0] + 3]).status is EndTxStatus.NOT_FOUND
+    assert env.store.commitlog.max_offset == end and env.real() == []
+    assert env.svc.commit_group([]).ok
+    assert env.svc.commit_group([hs[0][0], hs[0][0], hs[2][0]]).ok  # duplicates count once
+    assert len(env.real()) == 2
+
+
+def test_rollback_group_rolls_back_the_pending_and_lists_the_rest(env):
+    hs = env.prepare(3)
+    env.end(hs[0], A.COMMIT)
+    r = env.svc.rollback_group([h[0] for h in hs])
+    assert (
+        r.ok
+        and r.rejected == {hs[0][0]: EndTxStatus.ALREADY_COMMITTED}
+        and len(r.transaction_ids) == 2
+    )
+    assert env.queue(OP)[-1].body == b"1,2,"
+    assert env.svc.rollback_group([h[0] for h in hs[1:]]).status is EndTxStatus.ALREADY_ROLLED_BACK
+    assert [m.body for m in env.real()] == [b"m0"]
+
+
+def test_readers_see_a_group_commit_entirely_or_not_at_all(env):
+    size, rounds = 8, 40
+    batches = [env.prepare(size) for _ in range(rounds)]
+    seen: list[int] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            snap = env.store.max_offsets_snapshot(["T"])["T"]
+            seen.append(sum(snap.values()))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for hs in batches:
+        assert env.svc.commit_group([h[0] for h in hs]).ok
+    done.set()
+    t.join()
+    assert seen and all(n % size == 0 for n in seen)
+    assert sum(env.store.max_offsets_snapshot(["T"])["T"].values()) == size * rounds
+
+
+# --- check-back ---------------------------------------------------------------------------------------
+def test_calculate_op_offset_moves_over_contiguous_done_ops_only():
+    assert calculate_op_offset([0, 2], 0) == 1
+    assert calculate_op_offset([3, 1, 2, 0], 0) == 4
+    assert calculate_op_offset([5, 6, 8], 5) == 7
+    assert calculate_op_offset([1, 2], 0) == 0
+    assert calculate_op_offset([], 4) == 4
+
+
+def test_op_bodies_parse_batched_and_single_offsets():
+    offs, rows = op_half_offsets(pa.array([b"12,13,14,", b"7", b"", b"x,9,", b"\xff5,"]))
+    assert offs.tolist() == [12, 13, 14, 7, 9] and rows.tolist() == [0, 0, 0, 1, 3]
+
+
+def test_seed_example_five_halves_four_ops(env):
+    """Half and op offsets at 0, five halves, ops for 0, 1, 2 and 4: half 3 holds both."""
+    hs = env.prepare(5)
+    for i in (0, 1, 2, 4):
+        assert env.end(hs[i], A.COMMIT) is EndTxStatus.SUCCESS
+    env.clock.advance(1000)  # half 3 is younger than the transaction timeout
+    r = env.svc.check_once()
+    assert (r.half_offset, r.op_offset, r.done, r.checked, r.stop_reason) == (3, 3, 3, 0, "immune")
+    assert env.offsets() == (3, 3) and env.checks == []
+    env.clock.advance(6000)
+    r = env.svc.check_once()  # half 3 is put back (offset 5) and checked; 4 is done; 5 is fresh
+    assert (r.half_offset, r.op_offset, r.checked, r.done, r.stop_reason) == (5, 4, 1, 1, "fresh")
+    ((group, asked),) = env.checks
+    assert (group, asked.topic, asked.queue_id, asked.queue_offset) == (PG, "T", 3, 5)
+    assert (
+        asked.properties[L.P_TRANSACTION_CHECK_TIMES] == "1"
+        and asked.properties[P_CHECK_SOURCE] == "3"
+    )
+    assert (
+        env.svc.end_transaction(asked.commitlog_offset, 5, PG, hs[3][2], A.COMMIT, from_check=True)
+        is EndTxStatus.SUCCESS
+    )
+    assert env.end(hs[3], A.COMMIT) is EndTxStatus.ALREADY_COMMITTED  # the producer's late answer
+    env.clock.advance(1000)
+    r = env.svc.check_once()
+    assert (r.half_offset, r.op_offset) == (6, 5)
+    assert sorted(m.body for m in env.real()) == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+
+
+def test_seed_example_pending_half_two_holds_the_op_offset_at_one(env):
+    """Four halves; ops in order for 0, 3, 1; half 2 pending and young: done ops {0, 2} -> 1."""
+    hs = env.prepare(4)
+    env.end(hs[0], A.COMMIT)
+    env.end(hs[3], A.ROLLBACK)
+    env.end(hs[1], A.COMMIT)
+    env.clock.advance(100)
+    r = env.svc.check_once()
+    assert (r.half_offset, r.op_offset) == (2, 1)
+    env.end(hs[2], A.COMMIT)  # op 3 names half 2; op 1 (half 3) is now reached too
+    r = env.svc.check_once()
+    assert (r.half_offset, r.op_offset, r.checked) == (4, 4, 0)
+    assert env.store.offsets.query_topic(CHECK_GROUP, OP) == {0: 4}
+
+
+def test_check_counts_checks_and_moves_a_half_to_max_time_topic(store_dir):
+    env = Env(store_dir, transaction_check_max=3)
+    (h,) = env.prepare(1)
+    for n in range(1, 4):
+        env.clock.advance(7000)
+        r = env.svc.check_once()
+        assert r.checked == 1
+        assert env.checks[-1][1].properties[L.P_TRANSACTION_CHECK_TIMES] == str(n)
+    assert r.discarded == 1  # as RocketMQ: the third copy is discarded by the round that wrote it
+    (kept,) = env.queue(MAXT)
+    assert kept.body == b"m0" and kept.properties[L.P_TRANSACTION_ID] == h[2]
+    env.clock.advance(7000)
+    assert env.svc.check_once().checked == 0 and len(env.checks) == 3
+    assert env.end(h, A.COMMIT) is EndTxStatus.SUCCESS  # still committable by its producer
+    env.close()
+
+
+def test_check_skips_halves_born_more_than_72_hours_ago(env):
+    env.svc.prepare(
+        [Message("T", b"old", born_timestamp_ms=env.clock.now_ms() - 73 * 3_600_000)], PG
+    )
+    env.clock.advance(1)
+    r = env.svc.check_once()
+    assert (r.discarded, r.checked) == (1, 0) and [m.body for m in env.queue(MAXT)] == [b"old"]
+
+
+def test_immune_halves_are_renewed_not_checked_and_do_not_block_others(env):
+    (imm,) = env.prepare(1, **{L.P_CHECK_IMMUNITY_TIME_IN_SECONDS: "60"})
+    env.prepare(1)  # no immunity: checked once its timeout passed
+    env.clock.advance(7000)
+    r = env.svc.check_once()
+    assert (r.renewed, r.checked) == (1, 1) and len(env.checks) == 1
+    renewed = env.queue(HALF)[2]
+    assert renewed.properties[L.P_TRAN_PREPARED_QUEUE_OFFSET] == "0"
+    assert L.P_TRANSACTION_CHECK_TIMES not in renewed.properties  # a renewal is not a check
+    env.clock.advance(20_000)
+    assert env.svc.check_once().renewed == 1  # copies keep the first offset
+    copies = [m for m in env.queue(HALF) if m.properties[L.P_UNIQ_KEY] == imm[2]]
+    assert [m.properties.get(L.P_TRAN_PREPARED_QUEUE_OFFSET) for m in copies] == [None, "0", "0"]
+    env.clock.advance(40_000)
+    r = env.svc.check_once()
+    assert (
+        r.checked == 2 and env.checks[-1][1].body == b"m0"
+    )  # immunity over: checked (plain again too)
+    assert env.end(imm, A.COMMIT) is EndTxStatus.ILLEGAL_OPERATION  # its producer is too late
+
+
+def test_resolvers_decide_during_the_check(env):
+    decisions = {"sink-1": A.COMMIT, "sink-2": "ROLLBACK", "other": A.UNKNOWN}
+    asked: list[str] = []
+
+    def by_group(half: MessageExt) -> object:
+        asked.append(half.properties[L.P_PGROUP])
+        return decisions[half.properties[L.P_PGROUP]]
+
+    env.svc.register_resolver("sink-", by_group)
+    env.svc.register_resolver("other", by_group)
+    env.svc.register_resolver("sink-3", lambda half: 1 / 0)
+    hs = {g: env.prepare(1, group=g)[0] for g in ("sink-1", "sink-2", "other", "sink-3")}
+    env.clock.advance(7000)
+    r = env.svc.check_once()
+    assert (r.resolved, r.checked) == (2, 2) and env.checks == []  # resolvers replace the checker
+    assert asked == ["sink-1", "sink-2", "other"]
+    assert [m.body for m in env.real()] == [b"m0"]
+    assert env.svc.state(hs["sink-2"][0]) is TxnState.ROLLED_BACK
+    assert env.svc.is_pending(hs["other"][0]) and env.svc.is_pending(hs["sink-3"][0])
+    env.svc.unregister_resolver("other")
+    env.clock.advance(7000)
+    env.svc.check_once()
+    assert [g for g, _ in env.checks] == ["other"]
+
+
+def test_a_half_that_cannot_be_ended_does_not_hold_up_the_check(env):
+    env.svc.register_resolver(PG, lambda half: A.COMMIT)
+    (stuck,) = [h for h in env.prepare(2) if h[1] == 1]  # real queue 1
+    env.store.topics.create(TopicConfig("T", 1, 1))  # the topic shrank: queue 1 is gone
+    broken = Message(HALF, b"?", {L.P_REAL_TOPIC: "T", L.P_REAL_QID: "x", L.P_PGROUP: PG})
+    env.store.put_messages([broken])
+    env.prepare(1, topic="U")
+    env.clock.advance(7000)
+    r = env.svc.check_once()
+    assert (r.resolved, r.checked, r.discarded) == (2, 1, 1)  # T/0 and U/0 committed
+    assert [m.body for m in env.real("T") + env.real("U")] == [b"m0", b"m0"]
+    assert env.svc.is_pending(stuck[0]) and [m.body for m in env.queue(MAXT)] == [b"?"]
+
+
+def test_check_progress_is_stored_as_consumer_offsets_of_the_check_group(env):
+    hs = env.prepare(3)
+    for h in hs:
+        env.end(h, A.ROLLBACK)
+    env.svc.check_once()
+    env.restart(crash=True)
+    assert env.offsets() == (3, 3)
+    with open(os.path.join(env.root, "config", "consumerOffset.json")) as f:
+        table = json.load(f)["offsetTable"]
+    assert table[f"{HALF}@{CHECK_GROUP}"] == {"0": 3} and table[f"{OP}@{CHECK_GROUP}"] == {"0": 3}
+
+
+def test_a_check_round_cut_by_a_crash_does_not_put_a_half_back_twice(env):
+    env.prepare(2)
+    env.clock.advance(7000)
+    real_commit = env.store.offsets.commit_many
+    env.store.offsets.commit_many = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt())  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        env.svc.check_once()
+    env.store.offsets.commit_many = real_commit  # type: ignore[method-assign]
+    assert len(env.queue(HALF)) == 4 and env.offsets() == (-1, -1)
+    env.restart(crash=True)
+    r = env.svc.check_once()
+    assert (r.half_offset, r.checked) == (2, 0) and len(env.queue(HALF)) == 4
+
+
+def test_defaults_and_configuration(store_dir):
+    e = Env(store_dir)
+    assert (e.svc.timeout_ms, e.svc.interval_s, e.svc.check_max) == (6000, 30.0, 15)
+    e.close()
+    e = Env(
+        store_dir,
+        transaction_timeout_s=1.5,
+        transaction_check_interval_s=2,
+        transaction_check_max=4,
+        extra={"file_reserved_time_h": 1},
+    )
+    assert (e.svc.timeout_ms, e.svc.interval_s, e.svc.check_max, e.svc.file_reserved_ms) == (
+        1500,
+        2.0,
+        4,
+        3_600_000,
+    )
+    e.close()
+
+
+def test_check_thread_runs_every_interval_in_real_time(store_dir):
+    cfg = BrokerConfig(transaction_timeout_s=0.02, transaction_check_interval_s=0.02)
+    with MessageStore(store_dir, StoreConfig(**SMALL)) as store:
+        svc = TransactionService(store, cfg, SystemClock())
+        svc.register_resolver(PG, lambda half: A.COMMIT)
+        svc.prepare([Message("T", b"a"), Message("T", b"b")], PG)
+        svc.start()
+        deadline = time.monotonic() + 10
+        while store.max_offset("T", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        svc.shutdown()
+        assert store.max_offset("T", 0) == 2
+
+
+# --- crashes ------------------------------------------------------------------------------------------
+def _tear(root: str, start: int, end: int) -> None:
+    """Zero CommitLog bytes [start, end): what a kill -9 in the middle of an append leaves."""
+    seg = SMALL["commitlog_segment_bytes"]
+    pos = start
+    while pos < end:
+        base = pos - pos % seg
+        path = os.path.join(root, "commitlog", f"{base:020d}")
+        stop = min(end, base + seg)
+        if os.path.exists(path):
+            with open(path, "r+b") as f:
+                f.seek(pos - base)
+                f.write(bytes(stop - pos))
+        pos = stop
+
+
+def test_group_commit_torn_by_a_crash_is_all_or_nothing(tmp_path):
+    base = tmp_path / "base"
+    e = Env(str(base))
+    hs = e.prepare(6) + e.prepare(2, topic="U")
+    r = e.svc.commit_group([h[0] for h in hs])
+    cuts = [r.put.append.wrote_offset + k for k in (0, 5, 150)] + [
+        int(p) + 9 for p in r.put.append.phys_offsets[1:]
+    ]
+    e.svc.shutdown()
+    e.store.crash()
+    end = r.put.append.end_offset
+    for cut in cuts:
+        d = tmp_path / f"cut{cut}"
+        shutil.copytree(base, d)
+        _tear(str(d), cut, end)
+        t = Env(str(d))
+        bodies = sorted(m.body for m in t.real("T") + t.real("U"))
+        op_survived = cut >= int(r.put.append.phys_offsets[1])
+        assert bodies == (
+            sorted(b"m%d" % i for i in (0, 1, 2, 3, 4, 5, 0, 1)) if op_survived else []
+        ), cut
+        assert all(t.svc.is_pending(h[0]) != op_survived for h in hs)
+        t.restart()  # completing it again changes nothing
+        assert len(t.real("T") + t.real("U")) == (8 if op_survived else 0)
+        t.close()
+
+
+class _Crash(BaseException):
+    """The process dies here."""
+
+
+class _Model:
+    """Random prepares / ends / group commits / checks with crashes injected into puts (before,
+    after, or tearing the append) and into the check's offset commit; after every restart the
+    store must agree with what was acknowledged."""
+
+    def __init__(self, root: str, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.env = Env(root)
+        self.decision: dict[int, A] = {}  # key -> what its producer decided
+        self.acked: dict[int, A] = {}
+        self.halves: dict[int, tuple[int, int, str]] = {}  # prepared and acknowledged
+        self.next_key = 0
+        self.in_flight_group: list[int] = []
+        self.crash_rate = 0.08
+        self.crashes = 0
+        self.decisive = False
+        self._install()
+
+    def _install(self) -> None:
+        env = self.env
+        put, commit_many = env.store.put_messages, env.store.offsets.commit_many
+
+        def crashing_put(msgs, allow_system=True):  # type: ignore[no-untyped-def]
+            mode = self.rng.random()
+            if mode < self.crash_rate / 3:
+                raise _Crash()
+            if mode < self.crash_rate:
+                r = put(msgs, allow_system)
+                if mode < self.crash_rate * 2 / 3 and r.append.wrote_bytes > 1:
+                    self.tear = (
+                        r.append.wrote_offset + self.rng.randrange(1, r.append.wrote_bytes),
+                        r.append.end_offset,
+                    )
+                raise _Crash()
+            return put(msgs, allow_system)
+
+        def crashing_commit(*a, **k):  # type: ignore[no-untyped-def]
+            if self.rng.random() < self.crash_rate:
+                raise _Crash()
+            return commit_many(*a, **k)
+
+        env.store.put_messages = crashing_put  # type: ignore[method-assign]
+        env.store.offsets.commit_many = crashing_commit  # type: ignore[method-assign]
+        env.svc.register_resolver(PG, self.resolve)
+        self.tear = None
+
+    def resolve(self, half: MessageExt) -> A:
+        if not self.decisive and self.rng.random() < 0.3:
+            return A.UNKNOWN
+        return self.decision[int(half.body[1:])]
+
+    def restart(self) -> None:
+        env = self.env
+        env.svc.shutdown()
+        env.store.crash()
+        if self.tear is not None:
+            _tear(env.root, *self.tear)
+        env.open()
+        self._install()
+        self.verify()
+
+    def counts(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for m in self.env.real():
+            k = int(m.body[1:])
+            out[k] = out.get(k, 0) + 1
+        return out
+
+    def verify(self) -> None:
+        c = self.counts()
+        assert all(n == 1 for n in c.values()), "a transaction is visible twice"
+        assert all(self.decision[k] is A.COMMIT for k in c), "a rolled-back transaction is visible"
+        assert all(c.get(k, 0) == (1 if a is A.COMMIT else 0) for k, a in self.acked.items())
+        group = {c.get(k, 0) for k in self.in_flight_group}
+        assert len(group) <= 1, f"group commit partly visible: {group}"
+        self.in_flight_group = []
+
+    def step(self) -> None:
+        op = self.rng.choice(
+            ["prepare", "prepare", "end", "group", "group", "rollback", "check", "again"]
+        )
+        pending = [k for k in self.halves if k not in self.acked]
+        env = self.env
+        if op == "prepare":
+            n = self.rng.randint(1, 6)
+            keys = list(range(self.next_key, self.next_key + n))
+            self.next_key += n
+            for k in keys:
+                self.decision[k] = self.rng.choice([A.COMMIT, A.COMMIT, A.ROLLBACK])
+            r = env.svc.prepare([Message("T", b"k%d" % k, queue_id=k % 4) for k in keys], PG)
+            for k, p, q, u in zip(keys, r.append.phys_offsets, r.append.queue_offsets, r.uniq_keys):
+                self.halves[k] = (int(p), int(q), u)
+        elif op == "end" and pending:
+            k = self.rng.choice(pending)
+            st = env.end(self.halves[k], self.decision[k])
+            assert st in (
+                EndTxStatus.SUCCESS,
+                EndTxStatus.ALREADY_COMMITTED,
+                EndTxStatus.ALREADY_ROLLED_BACK,
+            )
+            self.acked[k] = self.decision[k]
+        elif op in ("group", "rollback") and pending:
+            want = A.COMMIT if op == "group" else A.ROLLBACK
+            keys = [k for k in pending if self.decision[k] is want][: self.rng.randint(1, 8)]
+            if not keys:
+                return
+            self.in_flight_group = keys if want is A.COMMIT else []
+            fn = env.svc.commit_group if want is A.COMMIT else env.svc.rollback_group
+            r = fn([self.halves[k][0] for k in keys])
+            if r.ok:
+                self.acked.update(dict.fromkeys(keys, want))
+            self.in_flight_group = []
+        elif op == "check":
+            env.clock.advance(self.rng.choice([1000, 7000]))
+            env.svc.check_once()
+        elif op == "again" and self.acked:
+            k = self.rng.choice(sorted(self.acked))
+            st = env.end(self.halves[k], self.rng.choice([A.COMMIT, A.ROLLBACK]))
+            assert st in (EndTxStatus.ALREADY_COMMITTED, EndTxStatus.ALREADY_ROLLED_BACK)
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            try:
+                self.step()
+            except _Crash:
+                self.crashes += 1
+                self.restart()
+        assert self.crashes > 0
+        self.crash_rate, self.decisive = 0.0, True
+        self.restart()
+        for _ in range(40):  # unresolved halves are checked again until decided
+            self.env.clock.advance(7000)
+            if self.env.svc.check_once().checked == 0 and not self._pending_halves():
+                break
+        assert not self._pending_halves()
+        c = self.counts()
+        surviving = {int(m.body[1:]) for m in self.env.queue(HALF)}
+        assert c == {k: 1 for k in surviving if self.decision[k] is A.COMMIT}
+        self.env.close()
+
+    def _pending_halves(self) -> list[MessageExt]:
+        return [m for m in self.env.queue(HALF) if not self.env.svc.is_resolved(m)]
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_crashes_never_lose_duplicate_or_resurrect(tmp_path, seed):
+    _Model(str(tmp_path / "s"), seed).run(80)
+
+
+WORKER = os.path.join(os.path.dirname(__file__), "_txn_worker.py")
+
+
+@pytest.mark.slow
+def test_sigkill_during_prepare_commit_and_check(store_dir):
+    spec = importlib.util.spec_from_file_location("_txn_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(worker)  # type: ignore[union-attr]
+    decision_of, open_service = worker.decision_of, worker.open_service
+
+    acked: dict[int, str] = {}
+    next_key = 0
+    rng = random.Random(7)
+    for _ in range(4):
+        p = subprocess.Popen(
+            [sys.executable, WORKER, store_dir, str(next_key)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            lines = []
+            deadline = time.monotonic() + rng.uniform(0.6, 1.5)
+            os.set_blocking(p.stdout.fileno(), False)
+            while time.monotonic() < deadline:
+                line = p.stdout.readline()
+                lines.append(line) if line else time.sleep(0.005)
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(10)
+            lines += (p.stdout.read() or "").splitlines(keepends=True)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+            p.stderr.close()
+        for line in lines:
+            if line.endswith("\n") and line[:1] in "CR":
+                acked.update(dict.fromkeys(map(int, line.split()[1:]), line[0]))
+        store, svc = open_service(store_dir, SystemClock())
+        try:
+            counts = _key_counts(store)
+            assert all(n == 1 for n in counts.values()), "duplicate after SIGKILL"
+            assert all(decision_of(k) == "C" for k in counts), "rolled-back message visible"
+            assert all(counts.get(k, 0) == (a == "C") for k, a in acked.items()), (
+                "acknowledged end lost"
+            )
+            halves = store.get_messages(HALF, 0, 0, max_msgs=100_000).messages
+            next_key = max([int(m.body) for m in halves], default=-1) + 1
+        finally:
+            svc.shutdown()
+            store.shutdown()
+    assert len(acked) > 20
+    store, svc = open_service(store_dir, SystemClock())  # the check decides everything left
+    try:
+        for _ in range(100):
+            halves = store.get_messages(HALF, 0, 0, max_msgs=100_000).messages
+            if all(svc.is_resolved(m) for m in halves):
+                break
+            time.sleep(0.03)
+            svc.check_once()
+        halves = store.get_messages(HALF, 0, 0, max_msgs=100_000).messages
+        assert all(svc.is_resolved(m) for m in halves)
+        keys = {int(m.body) for m in halves}
+        assert _key_counts(store) == {k: 1 for k in keys if decision_of(k) == "C"}
+    finally:
+        svc.shutdown()
+        store.shutdown()
+
+
+def _key_counts(store: MessageStore) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for q in range(4):
+        for m in store.get_messages("T", q, 0, max_msgs=100_000).messages:
+            out[int(m.body)] = out.get(int(m.body), 0) + 1
+    return out
