@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from rmq_spark.errors import (
     ConfigError,
     CorruptStoreError,
@@ -14,7 +17,27 @@ from rmq_spark.errors import (
 
 __version__ = "0.1.0"
 
+# heavy parts (grpc, pyspark) load on first use: ``rmq_spark.Broker``, ``rmq_spark.register(spark)``
+_LAZY = {
+    "Broker": ("rmq_spark.broker.server", "Broker"),
+    "register": ("rmq_spark.datasource", "register"),
+    "BrokerCore": ("rmq_spark.core", "BrokerCore"),
+    "BrokerConfig": ("rmq_spark.core", "BrokerConfig"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rmq_spark' has no attribute {name!r}")
+
 __all__ = [
+    "Broker",
+    "BrokerConfig",
+    "BrokerCore",
     "ConfigError",
     "CorruptStoreError",
     "FilterExpressionError",
@@ -23,4 +46,5 @@ __all__ = [
     "StoreError",
     "StoreLockedError",
     "__version__",
+    "register",
 ]

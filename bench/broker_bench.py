@@ -1,0 +1,312 @@
+"""Broker benchmark: what the official Python client (rocketmq-python-client 5.1.2) reaches against
+rmq-broker, next to the same client against a no-op MessagingService in the same run.
+
+    python bench/broker_bench.py [--quick]
+
+1. send: producer threads each sending 100-byte messages synchronously (``Producer.send``);
+2. send_async: one thread keeping 64 ``Producer.send_async`` calls in flight;
+3. receive+ack: SimpleConsumer threads each receiving batches of 32 and acking every message
+   (``SimpleConsumer.receive`` / ``ack``), draining messages stored beforehand.
+
+Both servers run as separate processes (the client has its own), with the same gRPC server
+settings (thread pool, options); the no-op one answers routes, settings and heartbeats as the
+broker does, acknowledges sends without storing them, returns the same prepared batch of 32
+messages to every receive and accepts every ack.  Goal (issue): send rate >= 80% of the no-op
+peer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from concurrent import futures
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._util import scratch_dir  # noqa: E402
+
+BODY = b"x" * 100
+SEGMENT = 256 * 1024 * 1024
+PEER_READY = "rmq-broker listening on {host}:{port} store={store}"
+
+
+# --- the no-op peer ---------------------------------------------------------------------------------
+def serve_noop(argv: list[str]) -> int:
+    """A MessagingService that stores nothing (run in its own process)."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as D
+    from rocketmq.grpc_protocol import service_pb2 as S
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer, add_MessagingServiceServicer_to_server
+
+    from rmq_spark.broker.server import SERVER_OPTIONS
+    from rmq_spark.broker.telemetry import SettingsPolicy
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--store")
+    p.add_argument("--listen")
+    args = p.parse_args(argv)
+    ok = D.Status(code=D.Code.OK, message="OK")
+    policy = SettingsPolicy()
+    stop = threading.Event()
+
+    def canned(n: int) -> list[D.Message]:
+        out = []
+        for i in range(n):
+            m = D.Message(topic=D.Resource(name="Bench"), body=BODY)
+            sp = m.system_properties
+            sp.message_id = f"NOOP{i:028d}"
+            sp.body_digest.type = D.DigestType.MD5
+            import hashlib
+
+            sp.body_digest.checksum = hashlib.md5(BODY).hexdigest().upper()
+            sp.body_encoding = D.Encoding.IDENTITY
+            sp.message_type = D.MessageType.NORMAL
+            sp.born_timestamp.GetCurrentTime()
+            sp.receipt_handle = f"noop handle {i}"
+            sp.delivery_attempt = 1
+            out.append(m)
+        return out
+
+    batch = canned(32)
+
+    class Noop(MessagingServiceServicer):
+        def QueryRoute(self, request, context):  # type: ignore[no-untyped-def]
+            eps = request.endpoints
+            qs = []
+            for q in range(4):
+                mq = D.MessageQueue(topic=request.topic, id=q, permission=D.Permission.READ_WRITE)
+                mq.broker.name = "noop"
+                mq.broker.endpoints.CopyFrom(eps)
+                mq.accept_message_types.extend([1, 2, 3, 4])
+                qs.append(mq)
+            return S.QueryRouteResponse(status=ok, message_queues=qs)
+
+        def Heartbeat(self, request, context):  # type: ignore[no-untyped-def]
+            return S.HeartbeatResponse(status=ok)
+
+        def Telemetry(self, request_iterator, context):  # type: ignore[no-untyped-def]
+            for cmd in request_iterator:
+                if cmd.HasField("settings"):
+                    yield S.TelemetryCommand(status=ok, settings=policy.merge(cmd.settings, False))
+
+        def SendMessage(self, request, context):  # type: ignore[no-untyped-def]
+            entries = [S.SendResultEntry(status=ok, message_id=m.system_properties.message_id,
+                                         transaction_id=m.system_properties.message_id) for m in request.messages]
+            return S.SendMessageResponse(status=ok, entries=entries)
+
+        def ReceiveMessage(self, request, context):  # type: ignore[no-untyped-def]
+            yield S.ReceiveMessageResponse(status=ok)
+            for m in batch[: request.batch_size]:
+                yield S.ReceiveMessageResponse(message=m)
+            r = S.ReceiveMessageResponse()
+            r.delivery_timestamp.GetCurrentTime()
+            yield r
+
+        def AckMessage(self, request, context):  # type: ignore[no-untyped-def]
+            return S.AckMessageResponse(status=ok, entries=[
+                S.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=ok)
+                for e in request.entries])
+
+        def NotifyClientTermination(self, request, context):  # type: ignore[no-untyped-def]
+            return S.NotifyClientTerminationResponse(status=ok)
+
+    import signal
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=128), options=SERVER_OPTIONS)
+    add_MessagingServiceServicer_to_server(Noop(), server)
+    port = server.add_insecure_port(args.listen)
+    server.start()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    host = args.listen.rpartition(":")[0]
+    print(PEER_READY.format(host=host, port=port, store=args.store), flush=True)
+    stop.wait()
+    server.stop(1).wait()
+    return 0
+
+
+# --- the client workloads -----------------------------------------------------------------------------
+def quiet_client_logs() -> None:
+    import logging
+
+    logging.getLogger("rocketmq-python-client").setLevel(logging.ERROR)
+
+
+def send_rate(endpoints: str, topic: str, threads: int, seconds: float) -> tuple[float, int]:
+    from rocketmq import Message, Producer
+
+    from rmq_spark.broker.testing import client_configuration
+
+    producer = Producer(client_configuration(endpoints), (topic,))
+    producer.startup()
+    try:
+        def one() -> None:
+            m = Message()
+            m.topic = topic
+            m.body = BODY
+            producer.send(m)
+
+        for _ in range(20):  # warm-up: channels, route, settings
+            one()
+        count = [0] * threads
+        stop_at = time.perf_counter() + seconds
+
+        def worker(i: int) -> None:
+            while time.perf_counter() < stop_at:
+                one()
+                count[i] += 1
+
+        t0 = time.perf_counter()
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        elapsed = time.perf_counter() - t0
+    finally:
+        producer.shutdown()
+    return sum(count) / elapsed, sum(count)
+
+
+def send_async_rate(endpoints: str, topic: str, window: int, seconds: float) -> tuple[float, int]:
+    """``Producer.send_async`` from one thread with up to ``window`` sends in flight."""
+    from rocketmq import Message, Producer
+
+    from rmq_spark.broker.testing import client_configuration
+
+    producer = Producer(client_configuration(endpoints), (topic,))
+    producer.startup()
+    slots = threading.Semaphore(window)
+    done = [0]
+    lock = threading.Lock()
+
+    def message() -> Message:
+        m = Message()
+        m.topic = topic
+        m.body = BODY
+        return m
+
+    def finished(f: futures.Future) -> None:  # type: ignore[type-arg]
+        if f.exception() is None:
+            with lock:
+                done[0] += 1
+        slots.release()
+
+    try:
+        for _ in range(20):
+            producer.send(message())
+        t0 = time.perf_counter()
+        stop_at = t0 + seconds
+        while time.perf_counter() < stop_at:
+            slots.acquire()
+            producer.send_async(message()).add_done_callback(finished)
+        for _ in range(window):
+            slots.acquire()
+        elapsed = time.perf_counter() - t0
+    finally:
+        producer.shutdown()
+    return done[0] / elapsed, done[0]
+
+
+def receive_ack_rate(endpoints: str, topic: str, group: str, threads: int, total: int, seconds: float) -> tuple[float, int]:
+    from rocketmq import FilterExpression, SimpleConsumer
+
+    from rmq_spark.broker.testing import client_configuration
+
+    consumer = SimpleConsumer(client_configuration(endpoints), group, {topic: FilterExpression()}, await_duration=1)
+    consumer.startup()
+    try:
+        count = [0] * threads
+        stop_at = time.perf_counter() + seconds
+        lock = threading.Lock()
+        taken = [0]
+
+        def worker(i: int) -> None:
+            while time.perf_counter() < stop_at:
+                with lock:
+                    if taken[0] >= total:
+                        return
+                msgs = consumer.receive(32, 30)
+                with lock:
+                    taken[0] += len(msgs)
+                for m in msgs:
+                    consumer.ack(m)
+                    count[i] += 1
+
+        t0 = time.perf_counter()
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        elapsed = time.perf_counter() - t0
+    finally:
+        consumer.shutdown()
+    return sum(count) / elapsed, sum(count)
+
+
+def prefill(store_dir: str, topic: str, count: int) -> None:
+    from rmq_spark.store.store import MessageStore, StoreConfig
+
+    with MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=SEGMENT)) as s:
+        per_queue = count // 4
+        for q in range(4):
+            for i in range(0, per_queue, 1000):
+                s.put_bodies(topic, q, [BODY] * min(1000, per_queue - i), {"TAGS": "bench"})
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-noop":
+        return serve_noop(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="shorter runs")
+    ap.add_argument("--threads", type=int, default=8)
+    args = ap.parse_args()
+    quiet_client_logs()
+    from rmq_spark.broker.testing import BrokerProcess
+
+    seconds = 4.0 if args.quick else 8.0
+    rounds = 1 if args.quick else 3
+    drain = 4000 if args.quick else 12000
+    noop_cmd = [sys.executable, os.path.abspath(__file__), "--serve-noop"]
+    with scratch_dir("broker-") as d:
+        prefill(os.path.join(d, "store"), "Drain", drain * rounds)
+        ours = BrokerProcess(os.path.join(d, "store"), "--long-polling-max-s", "1", "--commitlog-segment-bytes", str(SEGMENT), log_path=os.path.join(d, "ours.log"))
+        peer = BrokerProcess(os.path.join(d, "noop"), program=noop_cmd, log_path=os.path.join(d, "noop.log"))
+        try:
+            send_ours, send_peer, async_ours, async_peer, recv_ours, recv_peer = [], [], [], [], [], []
+            for r in range(rounds):  # alternate the order to even out warm-up effects
+                pair = [("peer", peer), ("ours", ours)] if r % 2 == 0 else [("ours", ours), ("peer", peer)]
+                for who, srv in pair:
+                    rate, n = send_rate(srv.endpoints, f"Send{r}", args.threads, seconds)
+                    (send_ours if who == "ours" else send_peer).append(rate)
+                    print(f"  send      {who:4s} round {r}: {rate:8,.0f} msgs/s ({n} messages, {args.threads} threads)")
+                for who, srv in pair:
+                    rate, n = send_async_rate(srv.endpoints, f"Async{r}", 64, seconds)
+                    (async_ours if who == "ours" else async_peer).append(rate)
+                    print(f"  send_async {who:4s} round {r}: {rate:8,.0f} msgs/s ({n} messages, 64 in flight)")
+                for who, srv in pair:
+                    rate, n = receive_ack_rate(srv.endpoints, "Drain", f"bench{r}", 4, drain, seconds)
+                    (recv_ours if who == "ours" else recv_peer).append(rate)
+                    print(f"  recv+ack  {who:4s} round {r}: {rate:8,.0f} msgs/s ({n} messages, 4 threads)")
+        finally:
+            ours.stop()
+            peer.stop()
+    # the machine is shared: interference only lowers a rate, so each side's best round is the
+    # closest to its undisturbed figure
+    so, sp = max(send_ours), max(send_peer)
+    ao, ap = max(async_ours), max(async_peer)
+    ro, rp = max(recv_ours), max(recv_peer)
+    print()
+    print(f"best of {rounds} round(s) of {seconds:g}s each, 100-byte bodies")
+    print(f"{'workload':28s} {'rmq-broker':>12s} {'no-op peer':>12s} {'ratio':>7s}")
+    print(f"{'send, 8 threads (msgs/s)':28s} {so:12,.0f} {sp:12,.0f} {so / sp:7.2f}   goal >= 0.80")
+    print(f"{'send_async, 64 in flight':28s} {ao:12,.0f} {ap:12,.0f} {ao / ap:7.2f}   goal >= 0.80")
+    print(f"{'receive+ack (msgs/s)':28s} {ro:12,.0f} {rp:12,.0f} {ro / rp:7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

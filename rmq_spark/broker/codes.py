@@ -1,0 +1,214 @@
+"""The one module that turns outcomes and faults into RocketMQ status codes.
+
+Expected outcomes (store :class:`PutStatus` / :class:`GetStatus`, pop :class:`AckOutcome`, ...)
+map through tables; faults (the :class:`rmq_spark.errors.RmqError` tree, and anything a hostile
+request can make the decoding raise) map through :func:`status_of`.  Every handler of the
+MessagingService answers with ``status(code, message)`` and never lets an exception escape.
+
+===============================  ===========================  ====================================
+fault / outcome                  code                         client sees
+===============================  ===========================  ====================================
+RpcStatusError(code)             that code                    as the code says
+FilterExpressionError            ILLEGAL_FILTER_EXPRESSION    BadRequest
+MessageIllegalError              BAD_REQUEST                  BadRequest
+ConfigError                      BAD_REQUEST                  BadRequest
+ValueError / TypeError / ...     BAD_REQUEST                  BadRequest (malformed request)
+CorruptStoreError, StoreError    INTERNAL_SERVER_ERROR        InternalError
+anything else                    INTERNAL_SERVER_ERROR        InternalError
+===============================  ===========================  ====================================
+
+Transaction ends (:class:`EndTxStatus`) map in :func:`transaction_code`, recall failures
+(:class:`RecallFailure`) in :func:`recall_code`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+from rocketmq.grpc_protocol import definition_pb2 as D
+
+from rmq_spark.errors import (
+    ConfigError,
+    CorruptStoreError,
+    FilterExpressionError,
+    MessageIllegalError,
+    RmqError,
+    StoreError,
+)
+from rmq_spark.store.status import GetStatus, PutStatus
+from rmq_spark.store.timer import RecallFailure
+from rmq_spark.store.transaction import EndTxStatus
+
+__all__ = [
+    "Code",
+    "RpcStatusError",
+    "AckOutcome",
+    "status",
+    "ok",
+    "status_of",
+    "put_code",
+    "get_code",
+    "ack_code",
+    "combined_code",
+    "transaction_code",
+    "recall_code",
+]
+
+log = logging.getLogger("rmq_spark.broker")
+
+
+class Code:
+    """``apache.rocketmq.v2.Code`` as plain int attributes (protobuf's enum wrapper is slow on a
+    hot path), plus ``Code.Name(value)``."""
+
+    Name = staticmethod(D.Code.Name)
+
+
+for _name, _value in D.Code.items():
+    setattr(Code, _name, int(_value))
+
+
+class RpcStatusError(RmqError):
+    """A request that must be answered with a specific RocketMQ status code (raised inside the
+    broker's handlers and turned into the status of the response at the seam)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class AckOutcome(enum.Enum):
+    """What an ack / change-invisible-duration / forward-to-DLQ found for a receipt handle."""
+
+    OK = "OK"
+    INVALID_HANDLE = "INVALID_HANDLE"  # malformed, unknown, or superseded by a newer handle
+    EXPIRED = "EXPIRED"  # the invisible time has passed: the message is being redelivered
+
+
+_ACK_CODES = {
+    AckOutcome.OK: (Code.OK, "OK"),
+    AckOutcome.INVALID_HANDLE: (Code.INVALID_RECEIPT_HANDLE, "receipt handle is invalid or stale"),
+    AckOutcome.EXPIRED: (Code.INVALID_RECEIPT_HANDLE, "receipt handle is expired"),
+}
+
+_PUT_CODES = {
+    PutStatus.PUT_OK: Code.OK,
+    PutStatus.FLUSH_DISK_TIMEOUT: Code.MASTER_PERSISTENCE_TIMEOUT,
+    PutStatus.SERVICE_NOT_AVAILABLE: Code.INTERNAL_SERVER_ERROR,
+    PutStatus.MESSAGE_ILLEGAL: Code.BAD_REQUEST,
+    PutStatus.PROPERTIES_SIZE_EXCEEDED: Code.MESSAGE_PROPERTIES_TOO_LARGE,
+    PutStatus.WHEEL_TIMER_MSG_ILLEGAL: Code.ILLEGAL_DELIVERY_TIME,
+    PutStatus.UNKNOWN_ERROR: Code.INTERNAL_SERVER_ERROR,
+}
+
+_GET_CODES = {
+    GetStatus.FOUND: Code.OK,
+    GetStatus.NO_MATCHED_MESSAGE: Code.MESSAGE_NOT_FOUND,
+    GetStatus.NO_MESSAGE_IN_QUEUE: Code.MESSAGE_NOT_FOUND,
+    GetStatus.OFFSET_OVERFLOW_ONE: Code.MESSAGE_NOT_FOUND,
+    GetStatus.NO_MATCHED_LOGIC_QUEUE: Code.MESSAGE_NOT_FOUND,
+    GetStatus.OFFSET_TOO_SMALL: Code.ILLEGAL_OFFSET,
+    GetStatus.OFFSET_OVERFLOW_BADLY: Code.ILLEGAL_OFFSET,
+}
+
+# order matters: the first class an exception is an instance of wins
+_FAULT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (FilterExpressionError, Code.ILLEGAL_FILTER_EXPRESSION),
+    (MessageIllegalError, Code.BAD_REQUEST),
+    (ConfigError, Code.BAD_REQUEST),
+    (CorruptStoreError, Code.INTERNAL_SERVER_ERROR),
+    (StoreError, Code.INTERNAL_SERVER_ERROR),
+    (RmqError, Code.INTERNAL_SERVER_ERROR),
+    # what decoding a malformed or hostile request raises
+    (UnicodeError, Code.BAD_REQUEST),
+    (ValueError, Code.BAD_REQUEST),
+    (TypeError, Code.BAD_REQUEST),
+    (OverflowError, Code.BAD_REQUEST),
+)
+
+
+def status(code: int = Code.OK, message: str = "OK") -> D.Status:
+    """A Status; the message is never empty (clients log it)."""
+    return D.Status(code=code, message=message or Code.Name(code))
+
+
+_OK = D.Status(code=Code.OK, message="OK")
+
+
+def ok() -> D.Status:
+    """The OK status (one shared instance: assign it, never mutate it)."""
+    return _OK
+
+
+def status_of(exc: BaseException) -> D.Status:
+    """The status a handler answers with when ``exc`` escaped from it."""
+    if isinstance(exc, RpcStatusError):
+        return status(exc.code, exc.message)
+    for cls, code in _FAULT_CODES:
+        if isinstance(exc, cls):
+            if code == Code.INTERNAL_SERVER_ERROR:
+                log.error("internal error: %s", exc, exc_info=exc)
+            return status(code, str(exc) or type(exc).__name__)
+    log.error("internal error: %r", exc, exc_info=exc)
+    return status(Code.INTERNAL_SERVER_ERROR, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def put_code(put_status: PutStatus) -> int:
+    return _PUT_CODES.get(put_status, Code.INTERNAL_SERVER_ERROR)
+
+
+def get_code(get_status: GetStatus) -> int:
+    return _GET_CODES.get(get_status, Code.INTERNAL_SERVER_ERROR)
+
+
+def ack_code(outcome: AckOutcome) -> tuple[int, str]:
+    return _ACK_CODES[outcome]
+
+
+def combined_code(codes: list[int]) -> int:
+    """The top-level code of a multi-entry answer: the common code, or MULTIPLE_RESULTS."""
+    if not codes:
+        return Code.OK
+    first = codes[0]
+    return first if all(c == first for c in codes) else Code.MULTIPLE_RESULTS
+
+
+def transaction_code(outcome: EndTxStatus, commit: bool) -> tuple[int, str]:
+    """The code for what ``TransactionService.end_transaction`` answered.  Ending a transaction
+    the same way twice is OK (a client retry, or the check-back and the client both answering)."""
+    if outcome is EndTxStatus.SUCCESS or outcome is EndTxStatus.NOT_HANDLED:
+        # UNKNOWN is a valid answer (as in RocketMQ): the half stays for the check-back
+        return Code.OK, "OK"
+    if outcome is EndTxStatus.ALREADY_COMMITTED:
+        return (Code.OK, "OK") if commit else (Code.BAD_REQUEST, "the transaction was already committed")
+    if outcome is EndTxStatus.ALREADY_ROLLED_BACK:
+        return (Code.OK, "OK") if not commit else (Code.BAD_REQUEST, "the transaction was already rolled back")
+    return _TXN_CODES.get(outcome, (Code.INTERNAL_SERVER_ERROR, f"ending the transaction failed: {outcome.value}"))
+
+
+_TXN_CODES = {
+    EndTxStatus.NOT_FOUND: (Code.INVALID_TRANSACTION_ID, "no half message for this transaction"),
+    EndTxStatus.PRODUCER_GROUP_MISMATCH: (Code.INVALID_TRANSACTION_ID, "the half message belongs to another producer group"),
+    EndTxStatus.QUEUE_OFFSET_MISMATCH: (Code.INVALID_TRANSACTION_ID, "the half message is not at that queue offset"),
+    EndTxStatus.TRANSACTION_ID_MISMATCH: (Code.INVALID_TRANSACTION_ID, "the half message has another transaction id"),
+    EndTxStatus.ILLEGAL_OPERATION: (Code.BAD_REQUEST, "too late: past its check immunity time, the check-back decides"),
+    EndTxStatus.ALREADY_RESOLVED: (Code.BAD_REQUEST, "the transaction was already ended"),
+    EndTxStatus.CONFLICT: (Code.BAD_REQUEST, "the transaction conflicts with one already ended"),
+    EndTxStatus.IN_PROGRESS: (Code.TOO_MANY_REQUESTS, "another end of this transaction is being written; retry"),
+    EndTxStatus.FLUSH_DISK_TIMEOUT: (Code.MASTER_PERSISTENCE_TIMEOUT, "ended, but not yet durable"),
+}
+
+
+_RECALL_CODES = {
+    RecallFailure.INVALID_HANDLE: Code.BAD_REQUEST,
+    RecallFailure.TOPIC_MISMATCH: Code.BAD_REQUEST,
+    RecallFailure.BROKER_MISMATCH: Code.BAD_REQUEST,
+    RecallFailure.TIMESTAMP_INVALID: Code.BAD_REQUEST,
+    RecallFailure.NOT_FOUND: Code.NOT_FOUND,  # not MESSAGE_NOT_FOUND: the Python client takes that as success
+}
+
+
+def recall_code(reason: RecallFailure) -> int:
+    return _RECALL_CODES.get(reason, Code.INTERNAL_SERVER_ERROR)

@@ -1,0 +1,344 @@
+"""Messages between the gRPC protocol and the store: validating what producers send and building
+what consumers receive (``apache.rocketmq.v2.Message``).
+
+Send rules follow the Apache proxy (reference ``grpc_protocol.md`` section 3); each failure is an
+:class:`RpcStatusError` with the proxy's code.  On the way out, properties the broker keeps for
+itself (:data:`SYSTEM_PROPERTIES`) are hidden; ``__SHARDINGKEY`` and ``__transactionId__`` are not,
+as with the proxy.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import ipaddress
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf import timestamp_pb2
+from rocketmq.grpc_protocol import definition_pb2 as D
+
+from rmq_spark.broker.codes import Code, RpcStatusError
+from rmq_spark.errors import MessageIllegalError
+from rmq_spark.store import layout as L
+from rmq_spark.store.config import TopicConfig
+from rmq_spark.store.message import Message, MessageExt
+from rmq_spark.store.transaction_check import P_CHECK_SOURCE
+from rmq_spark.store.validation import check_group, check_topic
+
+__all__ = [
+    "SYSTEM_PROPERTIES",
+    "MessageType",
+    "Outgoing",
+    "parse_send",
+    "to_proto",
+    "message_type_of",
+    "timestamp_ms",
+    "checked_topic",
+    "checked_group",
+]
+
+
+
+class MessageType:
+    """``apache.rocketmq.v2.MessageType`` as plain ints (protobuf's enum wrapper is slow)."""
+
+
+for _name, _value in D.MessageType.items():
+    setattr(MessageType, _name, int(_value))
+_IDENTITY, _GZIP, _UNSPECIFIED = int(D.Encoding.IDENTITY), int(D.Encoding.GZIP), int(D.Encoding.ENCODING_UNSPECIFIED)
+_MD5 = int(D.DigestType.MD5)
+
+# MessageConst.STRING_HASH_SET and the timer / pop keys: never shown to clients, never accepted
+# from them as user properties
+SYSTEM_PROPERTIES = frozenset(
+    {
+        L.P_TAGS, L.P_KEYS, L.P_WAIT, L.P_DELAY, L.P_RETRY_TOPIC, L.P_REAL_TOPIC, L.P_REAL_QID,
+        L.P_TRAN_MSG, L.P_PGROUP, L.P_UNIQ_KEY, L.P_RECONSUME_TIME, L.P_MAX_RECONSUME_TIMES,
+        L.P_ORIGIN_MESSAGE_ID, L.P_TRANSACTION_CHECK_TIMES, L.P_CHECK_IMMUNITY_TIME_IN_SECONDS,
+        L.P_TRAN_PREPARED_QUEUE_OFFSET, L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS,
+        L.P_TIMER_DELIVER_MS, L.P_TIMER_OUT_MS, L.P_TIMER_ENQUEUE_MS, L.P_TIMER_DEQUEUE_MS,
+        L.P_TIMER_DEL_UNIQKEY, L.P_DLQ_ORIGIN_TOPIC, L.P_DLQ_ORIGIN_MESSAGE_ID,
+        "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG",
+        "CONSUME_START_TIME", "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME", "DUP_INFO",
+        "EXTEND_UNIQ_INFO", "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL",
+        "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER", "MSG_TYPE", "INNER_MULTI_QUEUE_OFFSET",
+        "INNER_MULTI_DISPATCH", "INNER_NUM", "INNER_BASE", "TIMER_ROLL_TIMES", "TIMER_DELAY_LEVEL",
+        "__BORNHOST", "BORN_TIMESTAMP", "TRACE_ON", "MSG_REGION", "__CRC32#", P_CHECK_SOURCE,
+    }
+)
+
+MAX_MESSAGE_GROUP_CHARS = 64
+MAX_USER_PROPERTIES = 128
+MAX_USER_PROPERTIES_BYTES = 16 * 1024
+MAX_MESSAGE_ID_CHARS = 128
+# the store's property encoding uses these two characters as separators
+_SEPARATORS = (L.NAME_VALUE_SEPARATOR, L.PROPERTY_SEPARATOR)
+_TYPE_NAMES = {
+    MessageType.NORMAL: "NORMAL",
+    MessageType.FIFO: "FIFO",
+    MessageType.DELAY: "DELAY",
+    MessageType.TRANSACTION: "TRANSACTION",
+    MessageType.PRIORITY: "NORMAL",  # priorities are not kept apart: stored as normal messages
+}
+
+
+@dataclass
+class Outgoing:
+    """A validated message of a SendMessage request, ready for ``BrokerCore.send``."""
+
+    message: Message
+    message_id: str
+    type: int
+    topic: TopicConfig
+    deliver_ms: int = 0  # a delayed message's delivery time, else 0
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _has_control(text: str) -> bool:
+    return _CONTROL.search(text) is not None
+
+
+def checked_topic(name: str, allow_system: bool = False) -> str:
+    try:
+        check_topic(name, allow_system=allow_system)
+    except MessageIllegalError as e:
+        raise RpcStatusError(Code.ILLEGAL_TOPIC, str(e)) from None
+    return name
+
+
+def checked_group(name: str) -> str:
+    try:
+        check_group(name)
+    except MessageIllegalError as e:
+        raise RpcStatusError(Code.ILLEGAL_CONSUMER_GROUP, str(e)) from None
+    return name
+
+
+def timestamp_ms(ts: timestamp_pb2.Timestamp) -> int:
+    return int(ts.seconds) * 1000 + int(ts.nanos) // 1_000_000
+
+
+def _set_ms(ts: timestamp_pb2.Timestamp, ms: int) -> None:
+    ts.seconds, ts.nanos = divmod(int(ms), 1000)
+    ts.nanos *= 1_000_000
+
+
+def _decoded_body(pm: D.Message, body_max_bytes: int) -> bytes:
+    enc = pm.system_properties.body_encoding
+    body = bytes(pm.body)
+    if enc == _IDENTITY or enc == _UNSPECIFIED:
+        return body
+    if enc == _GZIP:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)  # bounded: a zip bomb stops at the limit
+        try:
+            out = d.decompress(body, body_max_bytes + 1)
+        except zlib.error as e:
+            raise RpcStatusError(Code.MESSAGE_CORRUPTED, f"gzip body cannot be decoded: {e}") from None
+        if len(out) > body_max_bytes:
+            raise RpcStatusError(
+                Code.MESSAGE_BODY_TOO_LARGE, f"message body exceeds {body_max_bytes} bytes once decompressed"
+            )
+        return out
+    raise RpcStatusError(Code.BAD_REQUEST, f"unsupported body encoding {enc}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _ip_literal(text: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+def _born_host(text: str, peer_host: Callable[[], str]) -> str:
+    return _ip_literal(text) or peer_host()  # never resolve names a client sends
+
+
+def parse_send(
+    pm: D.Message,
+    topic: TopicConfig,
+    *,
+    now_ms: int,
+    body_max_bytes: int,
+    max_delay_ms: int,
+    peer_host: Callable[[], str] = lambda: "127.0.0.1",
+) -> Outgoing:
+    """Validate one message of a SendMessage request against ``topic`` and build the store
+    message (queue chosen later).  Raises :class:`RpcStatusError` naming the problem."""
+    sp = pm.system_properties
+    body = _decoded_body(pm, body_max_bytes)
+    if not body:
+        raise RpcStatusError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+    if len(body) > body_max_bytes:
+        raise RpcStatusError(
+            Code.MESSAGE_BODY_TOO_LARGE, f"message body is {len(body)} bytes; the limit is {body_max_bytes}"
+        )
+    mid = sp.message_id
+    if not mid or len(mid) > MAX_MESSAGE_ID_CHARS or _has_control(mid) or " " in mid:
+        raise RpcStatusError(Code.ILLEGAL_MESSAGE_ID, f"message id {mid[:40]!r} is empty or malformed")
+    props: dict[str, str] = {}
+    for k, v in pm.user_properties.items():
+        if not k or _has_control(k) or k in SYSTEM_PROPERTIES or k.startswith(L.TRANSIENT_PREFIX):
+            raise RpcStatusError(
+                Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user property key {k[:40]!r} is empty, reserved or malformed"
+            )
+        if any(s in v for s in _SEPARATORS):
+            raise RpcStatusError(Code.BAD_REQUEST, f"user property {k!r} holds a control character")
+        props[k] = v
+    if len(props) > MAX_USER_PROPERTIES:
+        raise RpcStatusError(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"{len(props)} user properties; the limit is 128")
+    if sum(len(k.encode()) + len(v.encode()) for k, v in props.items()) > MAX_USER_PROPERTIES_BYTES:
+        raise RpcStatusError(Code.MESSAGE_PROPERTIES_TOO_LARGE, "user properties exceed 16 KiB")
+    if sp.HasField("tag"):
+        tag = sp.tag
+        if not tag.strip() or "|" in tag or _has_control(tag):
+            raise RpcStatusError(Code.ILLEGAL_MESSAGE_TAG, f"tag {tag[:40]!r} is blank or holds '|' or control characters")
+        props[L.P_TAGS] = tag
+    keys = list(sp.keys)
+    for key in keys:
+        if not key.strip() or _has_control(key):
+            raise RpcStatusError(Code.ILLEGAL_MESSAGE_KEY, f"key {key[:40]!r} is blank or holds control characters")
+    if keys:
+        props[L.P_KEYS] = L.KEY_SEPARATOR.join(keys)
+    group = sp.message_group if sp.HasField("message_group") else None
+    if group is not None and (
+        not group.strip() or len(group) > MAX_MESSAGE_GROUP_CHARS or _has_control(group)
+    ):
+        raise RpcStatusError(Code.ILLEGAL_MESSAGE_GROUP, f"message group {group[:40]!r} is blank, too long or malformed")
+    deliver_ms = timestamp_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else 0
+    mtype = sp.message_type or _infer_type(group, deliver_ms)
+    if mtype == MessageType.LITE:
+        raise RpcStatusError(Code.UNSUPPORTED, "lite topics are not supported by this broker")
+    if mtype not in _TYPE_NAMES:
+        raise RpcStatusError(Code.BAD_REQUEST, f"unknown message type {mtype}")
+    if mtype == MessageType.TRANSACTION and (group is not None or deliver_ms):
+        raise RpcStatusError(
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a transactional message cannot have a message group or delivery time"
+        )
+    if mtype == MessageType.FIFO and group is None:
+        raise RpcStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message needs a message group")
+    if mtype == MessageType.DELAY and not deliver_ms:
+        raise RpcStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message needs a delivery timestamp")
+    if not topic.accepts(_TYPE_NAMES[mtype]):
+        raise RpcStatusError(
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            f"topic {topic.topic_name!r} accepts {topic.message_type} messages, not {_TYPE_NAMES[mtype]}",
+        )
+    if deliver_ms:
+        if deliver_ms - now_ms > max_delay_ms:
+            raise RpcStatusError(
+                Code.ILLEGAL_DELIVERY_TIME, f"delivery time is more than {max_delay_ms // 1000}s ahead"
+            )
+        if deliver_ms > now_ms:
+            props[L.P_TIMER_DELIVER_MS] = str(deliver_ms)
+        else:
+            deliver_ms = 0  # already due: an ordinary message
+    if group is not None:
+        props[L.P_SHARDING_KEY] = group
+    props[L.P_UNIQ_KEY] = mid
+    sys_flag = 0
+    if mtype == MessageType.TRANSACTION:
+        props[L.P_TRAN_MSG] = "true"
+        props[L.P_PGROUP] = topic.topic_name  # gRPC producers have no group: the proxy uses the topic
+        props[L.P_TRANSACTION_ID] = mid
+        sys_flag = L.TRANSACTION_PREPARED_TYPE
+    born_ms = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0
+    msg = Message(
+        topic=topic.topic_name,
+        body=body,
+        properties=props,
+        sys_flag=sys_flag,
+        born_timestamp_ms=born_ms if born_ms > 0 else now_ms,
+        born_host=_born_host(sp.born_host, peer_host),
+    )
+    return Outgoing(msg, mid, mtype, topic, deliver_ms)
+
+
+def _infer_type(group: str | None, deliver_ms: int) -> int:
+    if group is not None:
+        return MessageType.FIFO
+    if deliver_ms:
+        return MessageType.DELAY
+    return MessageType.NORMAL
+
+
+def message_type_of(ext: MessageExt) -> int:
+    p = ext.properties
+    if ext.sys_flag & L.TRANSACTION_MASK == L.TRANSACTION_COMMIT_TYPE or L.P_TRAN_MSG in p:
+        return MessageType.TRANSACTION
+    if L.P_SHARDING_KEY in p:
+        return MessageType.FIFO
+    if L.P_TIMER_OUT_MS in p or L.P_TIMER_DELIVER_MS in p or L.P_DELAY in p:
+        return MessageType.DELAY
+    return MessageType.NORMAL
+
+
+def _deliver_ms(p: dict[str, str]) -> int:
+    for key in (L.P_TIMER_OUT_MS, L.P_TIMER_DELIVER_MS):
+        v = p.get(key)
+        if v and v.isdigit():
+            return int(v)
+    return 0
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def to_proto(
+    ext: MessageExt,
+    *,
+    topic: str | None = None,
+    namespace: str = "",
+    receipt_handle: str | None = None,
+    delivery_attempt: int | None = None,
+    invisible_ms: int | None = None,
+) -> D.Message:
+    """The protocol form of a stored message.  ``topic`` overrides the name shown (a retry copy is
+    shown under its original topic)."""
+    p = ext.properties
+    out = D.Message(body=ext.body)
+    out.topic.name = topic or ext.topic
+    out.topic.resource_namespace = namespace
+    user = out.user_properties
+    for k, v in p.items():
+        if k not in SYSTEM_PROPERTIES:
+            user[k] = v
+    sp = out.system_properties
+    tag = p.get(L.P_TAGS)
+    if tag:
+        sp.tag = tag
+    keys = p.get(L.P_KEYS)
+    if keys:
+        sp.keys.extend(k for k in keys.split(L.KEY_SEPARATOR) if k)
+    sp.message_id = ext.client_msg_id
+    sp.body_digest.type = _MD5
+    sp.body_digest.checksum = hashlib.md5(ext.body).hexdigest().upper()
+    sp.body_encoding = _IDENTITY
+    sp.message_type = message_type_of(ext)
+    _set_ms(sp.born_timestamp, ext.born_timestamp_ms)
+    sp.born_host = ext.born_host
+    _set_ms(sp.store_timestamp, ext.store_timestamp_ms)
+    sp.store_host = _host_port(ext.store_host, ext.store_port)
+    deliver = _deliver_ms(p)
+    if deliver:
+        _set_ms(sp.delivery_timestamp, deliver)
+    group = p.get(L.P_SHARDING_KEY)
+    if group:
+        sp.message_group = group
+    sp.queue_id = ext.queue_id
+    sp.queue_offset = ext.queue_offset
+    sp.delivery_attempt = delivery_attempt if delivery_attempt is not None else ext.reconsume_times + 1
+    if receipt_handle is not None:
+        sp.receipt_handle = receipt_handle
+    if invisible_ms is not None:
+        sp.invisible_duration.FromMilliseconds(invisible_ms)
+    if ext.topic.startswith(L.DLQ_GROUP_TOPIC_PREFIX):
+        sp.dead_letter_queue.topic = p.get(L.P_DLQ_ORIGIN_TOPIC, "")
+        sp.dead_letter_queue.message_id = p.get(L.P_DLQ_ORIGIN_MESSAGE_ID, ext.client_msg_id)
+    return out

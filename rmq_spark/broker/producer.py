@@ -1,0 +1,214 @@
+"""The producer side of the service: SendMessage (normal, FIFO, delay, transactional),
+EndTransaction, the transaction check-back over Telemetry, and RecallMessage.
+
+- Queue choice, as the proxy's: a FIFO message goes to ``|javaHash(messageGroup)| % queues``;
+  others round robin per topic.  (The queue the client names is ignored.)
+- The ids: ``message_id`` is the client's id (stored as ``UNIQ_KEY``); ``transaction_id`` equals it
+  for every message (the proxy does the same), and a transactional message carries it as
+  ``__transactionId__``.
+- A delayed message (``delivery_timestamp``) is stored through the timer service
+  (``TIMER_DELIVER_MS``), and its send result carries a recall handle.
+- A transactional message becomes a half message (``TRAN_MSG``, producer group = topic, as the
+  proxy registers gRPC producers); EndTransaction finds it by transaction id.  The check-back asks
+  a live producer of the topic (:class:`StreamTransactionChecker`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.compute as pc
+from rocketmq.grpc_protocol import definition_pb2 as D
+from rocketmq.grpc_protocol import service_pb2 as S
+
+from rmq_spark.broker import codes
+from rmq_spark.broker.batcher import SendBatcher
+from rmq_spark.broker.codes import Code, RpcStatusError
+from rmq_spark.broker.messages import MessageType, Outgoing, parse_send
+from rmq_spark.broker.telemetry import ClientRegistry, StreamTransactionChecker
+from rmq_spark.errors import MessageIllegalError
+from rmq_spark.store import layout as L
+from rmq_spark.store.config import TopicConfig
+from rmq_spark.store.message import MessageExt, java_string_hash
+from rmq_spark.store.timer import RecallError
+from rmq_spark.store.transaction import TransactionAction
+from rmq_spark.store.transaction_check import CHECK_GROUP
+
+__all__ = ["ProducerPath", "HalfRef"]
+
+log = logging.getLogger("rmq_spark.broker.producer")
+
+MAX_REMEMBERED_HALVES = 1 << 20
+SCAN_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class HalfRef:
+    """Where a half message is: what EndTransaction needs."""
+
+    commitlog_offset: int
+    queue_offset: int
+    producer_group: str
+    topic: str
+
+
+class ProducerPath:
+    def __init__(self, core: Any, clients: ClientRegistry) -> None:
+        self.core = core
+        self.store = core.store
+        self.clock = core.clock
+        self.clients = clients
+        self._rr: dict[str, itertools.count[int]] = {}
+        self._halves: OrderedDict[str, HalfRef] = OrderedDict()
+        self._lock = threading.Lock()
+        self.checker = StreamTransactionChecker(clients, self._remember_checked)
+        self._batcher = SendBatcher(core.send)
+        if core.transactions is not None:
+            core.transactions.set_checker(self.checker)
+
+    def start(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    # --- send -----------------------------------------------------------------------------------
+    def _queue_for(self, out: Outgoing) -> int:
+        n = max(1, out.topic.write_queue_nums)
+        group = out.message.properties.get(L.P_SHARDING_KEY)
+        if group is not None:
+            return abs(java_string_hash(group)) % n
+        rr = self._rr.get(out.topic.topic_name)
+        if rr is None:
+            rr = self._rr.setdefault(out.topic.topic_name, itertools.count())
+        return next(rr) % n
+
+    def send(self, request: S.SendMessageRequest, topics: Sequence[TopicConfig], client_id: str,
+             peer_host: Callable[[], str]) -> S.SendMessageResponse:
+        core = self.core
+        now = self.clock.now_ms()
+        max_delay_ms = int(core.config.timer_max_delay_s) * 1000
+        outs = []
+        for pm, cfg in zip(request.messages, topics):
+            out = parse_send(pm, cfg, now_ms=now, body_max_bytes=self.store.config.body_max_bytes,
+                             max_delay_ms=max_delay_ms, peer_host=peer_host)
+            if out.deliver_ms and core.timer is None:
+                raise RpcStatusError(Code.UNSUPPORTED, "delayed delivery needs the timer service, which is not installed")
+            if out.type == MessageType.TRANSACTION and core.transactions is None:
+                raise RpcStatusError(Code.UNSUPPORTED, "transactions need the transaction service, which is not installed")
+            out.message.queue_id = self._queue_for(out)
+            outs.append(out)
+        try:
+            result = self._batcher.send([o.message for o in outs])
+        except MessageIllegalError as e:
+            raise RpcStatusError(Code.BAD_REQUEST, str(e)) from None
+        if not result.ok:
+            code = codes.put_code(result.status)
+            return S.SendMessageResponse(status=codes.status(code, f"put failed: {result.status.value}"))
+        phys, qoffs = result.phys_offsets.tolist(), result.queue_offsets.tolist()
+        response = S.SendMessageResponse(status=codes.ok())
+        for i, o in enumerate(outs):
+            e = response.entries.add(message_id=o.message_id, transaction_id=o.message_id, offset=qoffs[i])
+            e.status.code, e.status.message = Code.OK, "OK"
+            if o.deliver_ms:
+                handle = self._recall_handle(o)
+                if handle:
+                    e.recall_handle = handle
+            elif o.type == MessageType.TRANSACTION:
+                self._remember(o.message_id, HalfRef(phys[i], qoffs[i], o.topic.topic_name, o.topic.topic_name))
+        for cfg in topics:
+            self.clients.note_sent(client_id, cfg.topic_name)
+        return response
+
+    # --- transactions -----------------------------------------------------------------------------
+    def _remember(self, transaction_id: str, ref: HalfRef) -> None:
+        with self._lock:
+            self._halves[transaction_id] = ref
+            self._halves.move_to_end(transaction_id)
+            while len(self._halves) > MAX_REMEMBERED_HALVES:
+                self._halves.popitem(last=False)
+
+    def _remember_checked(self, transaction_id: str, half: MessageExt) -> None:
+        topic = half.topic if half.topic != L.TRANS_HALF_TOPIC else half.properties.get(L.P_REAL_TOPIC, "")
+        group = half.properties.get(L.P_PGROUP, topic)
+        self._remember(transaction_id, HalfRef(half.commitlog_offset, half.queue_offset, group, topic))
+
+    def _find_half(self, transaction_id: str, message_id: str) -> HalfRef | None:
+        with self._lock:
+            ref = self._halves.get(transaction_id) or self._halves.get(message_id)
+        if ref is not None:
+            return ref
+        return self._scan_halves(transaction_id)
+
+    def _scan_halves(self, transaction_id: str) -> HalfRef | None:
+        """A half sent before a restart: the latest copy of it in the half queue, searched from
+        the check-back's position (vectorized)."""
+        store = self.store
+        cq = store.consume_queue(L.TRANS_HALF_TOPIC, 0)
+        if cq is None:
+            return None
+        lo = max(store.min_offset(L.TRANS_HALF_TOPIC, 0), store.offsets.query(CHECK_GROUP, L.TRANS_HALF_TOPIC, 0))
+        hi = cq.max_offset
+        found = None
+        for start in range(lo, hi, SCAN_CHUNK):
+            b = store.read_arrow(L.TRANS_HALF_TOPIC, 0, start, min(hi, start + SCAN_CHUNK),
+                                 columns=["queueOffset", "msgId", "commitLogOffset", "properties"])
+            hits = pc.indices_nonzero(pc.equal(b.column("msgId"), transaction_id)).to_pylist()
+            if hits:
+                i = hits[-1]
+                props = dict(b.column("properties")[i].as_py() or [])
+                found = HalfRef(b.column("commitLogOffset")[i].as_py(), b.column("queueOffset")[i].as_py(),
+                                props.get(L.P_PGROUP, ""), props.get(L.P_REAL_TOPIC, ""))
+        return found
+
+    def end_transaction(self, request: S.EndTransactionRequest) -> D.Status:
+        svc = self.core.transactions
+        if svc is None:
+            raise RpcStatusError(Code.UNSUPPORTED, "transactions need the transaction service, which is not installed")
+        tid = request.transaction_id
+        if not tid or len(tid) > 256:
+            raise RpcStatusError(Code.INVALID_TRANSACTION_ID, "transaction id is empty or too long")
+        if request.resolution not in (D.TransactionResolution.COMMIT, D.TransactionResolution.ROLLBACK):
+            raise RpcStatusError(Code.BAD_REQUEST, f"resolution must be COMMIT or ROLLBACK, not {request.resolution}")
+        ref = self._find_half(tid, request.message_id)
+        if ref is None:
+            raise RpcStatusError(Code.INVALID_TRANSACTION_ID, f"no pending transaction {tid!r}")
+        if ref.topic and ref.topic != request.topic.name:
+            raise RpcStatusError(Code.INVALID_TRANSACTION_ID, f"transaction {tid!r} belongs to topic {ref.topic!r}")
+        commit = request.resolution == D.TransactionResolution.COMMIT
+        from_check = request.source == D.TransactionSource.SOURCE_SERVER_CHECK
+        outcome = svc.end_transaction(ref.commitlog_offset, ref.queue_offset, ref.producer_group or None, tid,
+                                      TransactionAction.COMMIT if commit else TransactionAction.ROLLBACK, from_check)
+        code, text = codes.transaction_code(outcome, commit)
+        if code == Code.OK:
+            with self._lock:
+                self._halves.pop(tid, None)
+        return codes.status(code, text)
+
+    # --- recall -----------------------------------------------------------------------------------
+    def _recall_handle(self, out: Outgoing) -> str | None:
+        timer = self.core.timer
+        # the timer hook is deterministic for a message with TIMER_DELIVER_MS and UNIQ_KEY set:
+        # this is the record core.send stored
+        return timer.recall_handle(timer.transform(out.message))
+
+    def recall(self, topic: TopicConfig, handle: str) -> S.RecallMessageResponse:
+        timer = self.core.timer
+        if timer is None:
+            raise RpcStatusError(Code.UNSUPPORTED, "recall needs the timer service, which is not installed")
+        if not topic.accepts("DELAY"):
+            raise RpcStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                                 f"topic {topic.topic_name!r} holds {topic.message_type} messages, not DELAY")
+        if len(handle) > 4096:
+            raise RpcStatusError(Code.BAD_REQUEST, "recall handle is too long")
+        try:
+            message_id = timer.recall(topic.topic_name, handle)
+        except RecallError as e:
+            raise RpcStatusError(codes.recall_code(e.reason), f"recall failed: {e}") from None
+        return S.RecallMessageResponse(status=codes.ok(), message_id=message_id)

@@ -1,0 +1,545 @@
+"""``apache.rocketmq.v2.MessagingService`` over a :class:`rmq_spark.core.BrokerCore`.
+
+Every handler validates its request, checks access when an ACL is loaded, does its work and
+answers with a RocketMQ status; nothing escapes as a gRPC error (a fault becomes a status through
+:mod:`rmq_spark.broker.codes`).  Sending and transactions: :mod:`rmq_spark.broker.producer`;
+receive/ack: :mod:`rmq_spark.broker.pop`; clients and Telemetry: :mod:`rmq_spark.broker.telemetry`.
+
+The offset RPCs (PullMessage, GetOffset, QueryOffset, UpdateOffset), which Apache's proxy does not
+implement, follow the proto: a pull streams ``status``, the messages from ``offset`` and
+``next_offset``; GetOffset/UpdateOffset read and write the group's committed offset
+(``consumerOffset.json``), shared with pop consumption as in RocketMQ.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as D
+from rocketmq.grpc_protocol import service_pb2 as S
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer
+
+from rmq_spark.broker import codes
+from rmq_spark.broker.auth import AccessControl, Perm
+from rmq_spark.broker.codes import Code, RpcStatusError
+from rmq_spark.broker.messages import checked_group, checked_topic, timestamp_ms, to_proto
+from rmq_spark.broker.options import BrokerOptions
+from rmq_spark.broker.pop import WAIT_SLICE_S, PopConfig, PopService
+from rmq_spark.broker.producer import ProducerPath
+from rmq_spark.broker.telemetry import ClientRegistry, SettingsPolicy, serve_telemetry
+from rmq_spark.errors import ConfigError
+from rmq_spark.store.config import TopicConfig
+from rmq_spark.store.filter import make_filter
+from rmq_spark.store.status import GetStatus
+
+__all__ = ["MessagingService", "Activity"]
+
+CLIENT_ID = "x-mq-client-id"
+ALL_TYPES = (D.MessageType.NORMAL, D.MessageType.FIFO, D.MessageType.DELAY, D.MessageType.TRANSACTION)
+_TYPE_OF = {"NORMAL": D.MessageType.NORMAL, "FIFO": D.MessageType.FIFO, "DELAY": D.MessageType.DELAY,
+            "TRANSACTION": D.MessageType.TRANSACTION}
+PULL_MAX_BYTES = 16 * 1024 * 1024
+_DEADLINE_MARGIN_S = 0.3  # answer a long poll this long before the client's deadline
+
+
+class Activity:
+    """Calls in progress (a stream counts while open) and when the last one ended: what
+    ``--idle-exit-s`` watches.  The MessagingService handlers count themselves; other services
+    mounted on the server are counted by :meth:`wrap`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.active = 0
+        self._last_s = time.monotonic()
+
+    def begin(self) -> None:
+        with self._lock:
+            self.active += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self.active -= 1
+            self._last_s = time.monotonic()
+
+    def idle_s(self) -> float:
+        with self._lock:
+            return 0.0 if self.active else time.monotonic() - self._last_s
+
+    def wrap(self, handler: Any) -> Any:
+        """An ``RpcMethodHandler`` whose behaviour is counted."""
+        if handler is None or not hasattr(handler, "_replace"):
+            return handler
+        for kind in ("unary_unary", "stream_unary"):
+            fn = getattr(handler, kind)
+            if fn is not None:
+                return handler._replace(**{kind: self._counted_unary(fn)})
+        for kind in ("unary_stream", "stream_stream"):
+            fn = getattr(handler, kind)
+            if fn is not None:
+                return handler._replace(**{kind: self._counted_stream(fn)})
+        return handler
+
+    def _counted_unary(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(request: Any, context: grpc.ServicerContext) -> Any:
+            self.begin()
+            try:
+                return fn(request, context)
+            finally:
+                self.end()
+
+        return counted
+
+    def _counted_stream(self, fn: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+        def counted(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            self.begin()
+            try:
+                yield from fn(request, context)
+            finally:
+                self.end()
+
+        return counted
+
+
+def _unary(response_cls: type) -> Callable:  # type: ignore[type-arg]
+    def deco(fn: Callable) -> Callable:  # type: ignore[type-arg]
+        @functools.wraps(fn)
+        def handler(self: MessagingService, request: Any, context: grpc.ServicerContext) -> Any:
+            self.activity.begin()
+            try:
+                return fn(self, request, context)
+            except Exception as exc:  # every fault is a status at this seam
+                return response_cls(status=codes.status_of(exc))
+            finally:
+                self.activity.end()
+
+        return handler
+
+    return deco
+
+
+def _streaming(response_cls: type, with_timestamp: bool) -> Callable:  # type: ignore[type-arg]
+    def deco(fn: Callable) -> Callable:  # type: ignore[type-arg]
+        @functools.wraps(fn)
+        def handler(self: MessagingService, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            self.activity.begin()
+            try:
+                yield from fn(self, request, context)
+            except Exception as exc:
+                yield response_cls(status=codes.status_of(exc))
+                if with_timestamp:
+                    yield _now_response(self)
+            finally:
+                self.activity.end()
+
+        return handler
+
+    return deco
+
+
+def _now_response(self: MessagingService) -> S.ReceiveMessageResponse:
+    r = S.ReceiveMessageResponse()
+    r.delivery_timestamp.FromMilliseconds(self.clock.now_ms())
+    return r
+
+
+def _peer_host(context: grpc.ServicerContext) -> str:
+    peer = context.peer() or ""
+    _kind, _, rest = peer.partition(":")
+    host = rest.rpartition(":")[0].strip("[]")
+    return host or "127.0.0.1"
+
+
+class MessagingService(MessagingServiceServicer):
+    def __init__(self, core: Any, options: BrokerOptions, endpoint: tuple[str, int]) -> None:
+        self.core = core
+        self.store = core.store
+        self.clock = core.clock
+        self.options = options
+        self.broker_name = core.config.broker_name
+        self.activity = Activity()
+        self.set_endpoint(*endpoint)
+        self.acl = AccessControl.load(options.acl_path) if options.acl_path else None
+        self.clients = ClientRegistry()
+        self.pop = PopService(
+            self.store,
+            PopConfig(
+                max_delivery_attempts=options.max_delivery_attempts,
+                auto_renew_invisible_ms=options.auto_renew_invisible_ms,
+            ),
+            self.clock,
+            is_client_alive=self.clients.alive,
+        )
+        self.policy = SettingsPolicy(
+            max_body_size=self.store.config.body_max_bytes,
+            max_delivery_attempts=options.max_delivery_attempts,
+            retry_backoff_ms=list(self.store.config.delay_levels_ms),
+            long_polling_timeout_ms=options.long_polling_max_ms,
+        )
+        self.producer = ProducerPath(core, self.clients)
+
+    def set_endpoint(self, host: str, port: int) -> None:
+        """Where clients reach this broker (used when a request does not say)."""
+        ep = D.Endpoints()
+        h = host.strip("[]")
+        if h in ("", "0.0.0.0", "::"):
+            h = "127.0.0.1"
+        ep.scheme = D.AddressScheme.IPv6 if ":" in h else (
+            D.AddressScheme.IPv4 if h.replace(".", "").isdigit() else D.AddressScheme.DOMAIN_NAME
+        )
+        ep.addresses.add(host=h, port=port)
+        self.endpoints = ep
+
+    def start(self) -> None:
+        self.pop.start()
+        self.producer.start()
+
+    def close(self) -> None:
+        """Stop serving streams: long polls return, Telemetry streams end."""
+        self.pop.close()
+        self.clients.close_all()
+
+    def shutdown(self) -> None:
+        self.close()
+        self.producer.shutdown()
+        self.pop.shutdown()
+
+    # --- common checks ----------------------------------------------------------------------------
+    def _meta(self, context: grpc.ServicerContext) -> dict[str, str]:
+        meta = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        if not meta.get(CLIENT_ID):
+            raise RpcStatusError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
+        return meta
+
+    def _allow(self, meta: dict[str, str], *, topic: str | None = None, need: Perm = Perm.DENY,
+               group: str | None = None) -> None:
+        if self.acl is not None:
+            account = self.acl.authenticate(meta)
+            self.acl.authorize(account, topic=topic, need=need, group=group)
+
+    def _topic(self, name: str, create: bool = False) -> TopicConfig:
+        cfg = self.store.topics.get(name)
+        if cfg is None and create:
+            try:
+                cfg = self.store.topics.get_or_create(name)
+            except ConfigError:
+                cfg = None
+        if cfg is None:
+            raise RpcStatusError(
+                Code.TOPIC_NOT_FOUND, f"CODE: 17  DESC: No topic route info in name server for the topic: {name}"
+            )
+        return cfg
+
+    def _queue_of(self, mq: D.MessageQueue) -> tuple[TopicConfig, int]:
+        cfg = self._topic(checked_topic(mq.topic.name))
+        if not 0 <= mq.id < max(cfg.read_queue_nums, cfg.write_queue_nums):
+            raise RpcStatusError(Code.BAD_REQUEST, f"queue {mq.id} does not exist in topic {cfg.topic_name!r}")
+        return cfg, mq.id
+
+    def _endpoints(self, requested: D.Endpoints) -> D.Endpoints:
+        if requested.addresses and requested.scheme != D.AddressScheme.ADDRESS_SCHEME_UNSPECIFIED:
+            return requested
+        return self.endpoints
+
+    def _message_queue(self, cfg: TopicConfig, qid: int, endpoints: D.Endpoints, namespace: str) -> D.MessageQueue:
+        readable = cfg.readable and (qid < cfg.read_queue_nums or qid < 0)
+        writable = cfg.writable and (qid < cfg.write_queue_nums or qid < 0)
+        perm = (D.Permission.READ_WRITE if readable and writable else D.Permission.READ if readable
+                else D.Permission.WRITE if writable else D.Permission.NONE)
+        mq = D.MessageQueue(id=qid, permission=perm)
+        mq.topic.name = cfg.topic_name
+        mq.topic.resource_namespace = namespace
+        mq.broker.name = self.broker_name
+        mq.broker.id = 0
+        mq.broker.endpoints.CopyFrom(endpoints)
+        mq.accept_message_types.extend(ALL_TYPES if cfg.message_type == "MIXED" else (_TYPE_OF[cfg.message_type],))
+        return mq
+
+    def _filter(self, fe: D.FilterExpression) -> object:
+        kind = "SQL92" if fe.type == D.FilterType.SQL else "TAG"
+        return make_filter(kind, fe.expression)
+
+    def _wait_ms(self, requested: Any, has: bool, context: grpc.ServicerContext) -> int:
+        wait = requested.ToMilliseconds() if has else self.options.long_polling_max_ms
+        wait = max(0, min(wait, self.options.long_polling_max_ms))
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait = max(0, min(wait, int((remaining - _DEADLINE_MARGIN_S) * 1000)))
+        return wait
+
+    def is_fifo_group(self, group: str | None, topics: list[str]) -> bool:
+        for t in topics:
+            cfg = self.store.topics.get(t)
+            if cfg is not None and (cfg.message_type == "FIFO" or cfg.order):
+                return True
+        return False
+
+    # --- route and clients ----------------------------------------------------------------------------
+    @_unary(S.QueryRouteResponse)
+    def QueryRoute(self, request: S.QueryRouteRequest, context: grpc.ServicerContext) -> S.QueryRouteResponse:
+        meta = self._meta(context)
+        name = checked_topic(request.topic.name)
+        self._allow(meta, topic=name)
+        cfg = self._topic(name, create=True)
+        eps = self._endpoints(request.endpoints)
+        n = max(cfg.read_queue_nums, cfg.write_queue_nums)
+        queues = [self._message_queue(cfg, q, eps, request.topic.resource_namespace) for q in range(n)]
+        return S.QueryRouteResponse(status=codes.ok(), message_queues=queues)
+
+    @_unary(S.HeartbeatResponse)
+    def Heartbeat(self, request: S.HeartbeatRequest, context: grpc.ServicerContext) -> S.HeartbeatResponse:
+        meta = self._meta(context)
+        group = checked_group(request.group.name) if request.HasField("group") and request.group.name else None
+        self._allow(meta, group=group)
+        self.clients.touch(meta[CLIENT_ID], request.client_type, group)
+        return S.HeartbeatResponse(status=codes.ok())
+
+    def Telemetry(self, request_iterator: Iterator[S.TelemetryCommand], context: grpc.ServicerContext) -> Iterator[S.TelemetryCommand]:
+        self.activity.begin()
+        try:
+            try:
+                meta = self._meta(context)
+                self._allow(meta)
+            except Exception as exc:
+                yield S.TelemetryCommand(status=codes.status_of(exc))
+                return
+            session = self.clients.touch(meta[CLIENT_ID])
+            yield from serve_telemetry(request_iterator, context, session, self.policy, self.is_fifo_group)
+        finally:
+            self.activity.end()
+
+    @_unary(S.NotifyClientTerminationResponse)
+    def NotifyClientTermination(self, request: S.NotifyClientTerminationRequest,
+                                context: grpc.ServicerContext) -> S.NotifyClientTerminationResponse:
+        meta = self._meta(context)
+        self._allow(meta)
+        cid = meta[CLIENT_ID]
+        self.pop.release_client(cid)
+        self.clients.remove(cid)  # its Telemetry stream ends when the client closes its channel
+        return S.NotifyClientTerminationResponse(status=codes.ok())
+
+    # --- producing ------------------------------------------------------------------------------------
+    @_unary(S.SendMessageResponse)
+    def SendMessage(self, request: S.SendMessageRequest, context: grpc.ServicerContext) -> S.SendMessageResponse:
+        meta = self._meta(context)
+        if not request.messages:
+            raise RpcStatusError(Code.BAD_REQUEST, "a SendMessage request needs at least one message")
+        topics = []
+        for pm in request.messages:
+            name = checked_topic(pm.topic.name)
+            self._allow(meta, topic=name, need=Perm.PUB)
+            cfg = self._topic(name, create=True)
+            if not cfg.writable:
+                raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} has no writable queue")
+            topics.append(cfg)
+        return self.producer.send(request, topics, meta[CLIENT_ID], lambda: _peer_host(context))
+
+    @_unary(S.EndTransactionResponse)
+    def EndTransaction(self, request: S.EndTransactionRequest, context: grpc.ServicerContext) -> S.EndTransactionResponse:
+        meta = self._meta(context)
+        name = checked_topic(request.topic.name)
+        self._allow(meta, topic=name, need=Perm.PUB)
+        return S.EndTransactionResponse(status=self.producer.end_transaction(request))
+
+    @_unary(S.RecallMessageResponse)
+    def RecallMessage(self, request: S.RecallMessageRequest, context: grpc.ServicerContext) -> S.RecallMessageResponse:
+        meta = self._meta(context)
+        name = checked_topic(request.topic.name)
+        self._allow(meta, topic=name, need=Perm.PUB)
+        return self.producer.recall(self._topic(name), request.recall_handle)
+
+    # --- pop consumption ---------------------------------------------------------------------------------
+    @_unary(S.QueryAssignmentResponse)
+    def QueryAssignment(self, request: S.QueryAssignmentRequest, context: grpc.ServicerContext) -> S.QueryAssignmentResponse:
+        meta = self._meta(context)
+        group = checked_group(request.group.name)
+        name = checked_topic(request.topic.name)
+        self._allow(meta, topic=name, need=Perm.SUB, group=group)
+        cfg = self._topic(name)
+        if not cfg.readable or cfg.read_queue_nums <= 0:
+            raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} has no readable queue")
+        self.clients.touch(meta[CLIENT_ID], D.ClientType.PUSH_CONSUMER, group)
+        mq = self._message_queue(cfg, -1, self._endpoints(request.endpoints), request.topic.resource_namespace)
+        return S.QueryAssignmentResponse(status=codes.ok(), assignments=[D.Assignment(message_queue=mq)])
+
+    @_streaming(S.ReceiveMessageResponse, with_timestamp=True)
+    def ReceiveMessage(self, request: S.ReceiveMessageRequest, context: grpc.ServicerContext) -> Iterator[S.ReceiveMessageResponse]:
+        meta = self._meta(context)
+        group = checked_group(request.group.name)
+        name = checked_topic(request.message_queue.topic.name)
+        self._allow(meta, topic=name, need=Perm.SUB, group=group)
+        cfg = self._topic(name)
+        if not cfg.readable:
+            raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} is not readable")
+        flt = self._filter(request.filter_expression)
+        if request.batch_size <= 0:
+            raise RpcStatusError(Code.BAD_REQUEST, f"batch size must be positive, not {request.batch_size}")
+        batch = min(request.batch_size, self.options.max_receive_batch)
+        if request.auto_renew:
+            invisible_ms = self.options.auto_renew_invisible_ms
+        elif not request.HasField("invisible_duration"):
+            raise RpcStatusError(Code.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required unless auto_renew is set")
+        else:
+            invisible_ms = request.invisible_duration.ToMilliseconds()
+            self._check_invisible(invisible_ms, self.options.min_invisible_ms)
+        wait_ms = self._wait_ms(request.long_polling_timeout, request.HasField("long_polling_timeout"), context)
+        cid = meta[CLIENT_ID]
+        self.clients.touch(cid, group=group)
+        cancelled = threading.Event()
+        context.add_callback(cancelled.set)
+        got = self.pop.receive(group, name, flt, batch, invisible_ms, client_id=cid,
+                               auto_renew=request.auto_renew, wait_ms=wait_ms, cancelled=cancelled)
+        ns = request.message_queue.topic.resource_namespace
+        if got:
+            yield S.ReceiveMessageResponse(status=codes.ok())
+            for d in got:
+                yield S.ReceiveMessageResponse(message=to_proto(
+                    d.message, topic=d.topic, namespace=ns, receipt_handle=d.handle,
+                    delivery_attempt=d.attempt, invisible_ms=d.invisible_ms))
+        else:
+            yield S.ReceiveMessageResponse(status=codes.status(Code.MESSAGE_NOT_FOUND, "no new message"))
+        yield _now_response(self)
+
+    def _check_invisible(self, ms: int, least_ms: int) -> None:
+        if not least_ms <= ms <= self.options.max_invisible_ms:
+            raise RpcStatusError(
+                Code.ILLEGAL_INVISIBLE_TIME,
+                f"invisible time {ms} ms is outside [{least_ms}, {self.options.max_invisible_ms}] ms",
+            )
+
+    @_unary(S.AckMessageResponse)
+    def AckMessage(self, request: S.AckMessageRequest, context: grpc.ServicerContext) -> S.AckMessageResponse:
+        meta = self._meta(context)
+        group = checked_group(request.group.name)
+        name = checked_topic(request.topic.name)
+        self._allow(meta, topic=name, need=Perm.SUB, group=group)
+        if not request.entries:
+            raise RpcStatusError(Code.BAD_REQUEST, "an AckMessage request needs at least one entry")
+        results = []
+        for e in request.entries:
+            code, text = codes.ack_code(self.pop.ack(group, name, e.receipt_handle))
+            results.append(S.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle,
+                                                   status=codes.status(code, text)))
+        top = codes.combined_code([r.status.code for r in results])
+        text = "OK" if top == Code.OK else next(r.status.message for r in results if r.status.code != Code.OK)
+        return S.AckMessageResponse(status=codes.status(top, text), entries=results)
+
+    @_unary(S.ChangeInvisibleDurationResponse)
+    def ChangeInvisibleDuration(self, request: S.ChangeInvisibleDurationRequest,
+                                context: grpc.ServicerContext) -> S.ChangeInvisibleDurationResponse:
+        meta = self._meta(context)
+        group = checked_group(request.group.name)
+        name = checked_topic(request.topic.name)
+        self._allow(meta, topic=name, need=Perm.SUB, group=group)
+        ms = request.invisible_duration.ToMilliseconds()
+        self._check_invisible(ms, 0)
+        outcome, handle = self.pop.change_invisible(group, name, request.receipt_handle, ms)
+        code, text = codes.ack_code(outcome)
+        return S.ChangeInvisibleDurationResponse(status=codes.status(code, text),
+                                                 receipt_handle=handle or request.receipt_handle)
+
+    @_unary(S.ForwardMessageToDeadLetterQueueResponse)
+    def ForwardMessageToDeadLetterQueue(self, request: S.ForwardMessageToDeadLetterQueueRequest,
+                                        context: grpc.ServicerContext) -> S.ForwardMessageToDeadLetterQueueResponse:
+        meta = self._meta(context)
+        group = checked_group(request.group.name)
+        name = checked_topic(request.topic.name)
+        self._allow(meta, topic=name, need=Perm.SUB, group=group)
+        code, text = codes.ack_code(self.pop.forward_to_dlq(group, name, request.receipt_handle))
+        return S.ForwardMessageToDeadLetterQueueResponse(status=codes.status(code, text))
+
+    # --- offset-based consumption ----------------------------------------------------------------------
+    @_streaming(S.PullMessageResponse, with_timestamp=False)
+    def PullMessage(self, request: S.PullMessageRequest, context: grpc.ServicerContext) -> Iterator[S.PullMessageResponse]:
+        meta = self._meta(context)
+        group = checked_group(request.group.name) if request.group.name else None
+        cfg, qid = self._queue_of(request.message_queue)
+        self._allow(meta, topic=cfg.topic_name, need=Perm.SUB, group=group)
+        offset = request.offset
+        if offset < 0:
+            raise RpcStatusError(Code.ILLEGAL_OFFSET, f"offset {offset} is negative")
+        if request.batch_size <= 0:
+            raise RpcStatusError(Code.BAD_REQUEST, f"batch size must be positive, not {request.batch_size}")
+        batch = min(request.batch_size, self.options.max_pull_batch)
+        flt = self._filter(request.filter_expression)
+        wait_ms = self._wait_ms(request.long_polling_timeout, request.HasField("long_polling_timeout"), context)
+        give_up = time.monotonic() + wait_ms / 1000
+        topic = cfg.topic_name
+        while True:
+            version = self.pop.version
+            res = self.store.get_messages(topic, qid, offset, max_msgs=batch, max_bytes=PULL_MAX_BYTES, message_filter=flt)
+            at_end = res.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE,
+                                    GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset == res.max_offset
+            left = give_up - time.monotonic()
+            if not at_end or left <= 0 or not context.is_active():
+                break
+            self.pop.wait_change(version, min(left, WAIT_SLICE_S))
+        code = codes.get_code(res.status)
+        if res.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset > res.max_offset:
+            code = Code.ILLEGAL_OFFSET
+        if code == Code.ILLEGAL_OFFSET:
+            text = f"offset {offset} is outside [{res.min_offset}, {res.max_offset}] of {topic}/{qid}"
+        elif code == Code.MESSAGE_NOT_FOUND:
+            text = "no new message"
+        else:
+            text = "OK"
+        yield S.PullMessageResponse(status=codes.status(code, text))
+        ns = request.message_queue.topic.resource_namespace
+        for m in res.messages:
+            yield S.PullMessageResponse(message=to_proto(m, namespace=ns))
+        next_offset = res.next_begin_offset if res.status is not GetStatus.NO_MATCHED_LOGIC_QUEUE else offset
+        if code == Code.ILLEGAL_OFFSET:
+            next_offset = res.min_offset if offset < res.min_offset else res.max_offset
+        yield S.PullMessageResponse(next_offset=next_offset)
+
+    @_unary(S.UpdateOffsetResponse)
+    def UpdateOffset(self, request: S.UpdateOffsetRequest, context: grpc.ServicerContext) -> S.UpdateOffsetResponse:
+        meta = self._meta(context)
+        group = checked_group(request.group.name)
+        cfg, qid = self._queue_of(request.message_queue)
+        self._allow(meta, topic=cfg.topic_name, need=Perm.SUB, group=group)
+        lo, hi = self.store.min_offset(cfg.topic_name, qid), self.store.max_offset(cfg.topic_name, qid)
+        if not lo <= request.offset <= hi:
+            raise RpcStatusError(Code.ILLEGAL_OFFSET, f"offset {request.offset} is outside [{lo}, {hi}] of {cfg.topic_name}/{qid}")
+        self.store.offsets.commit(group, cfg.topic_name, qid, request.offset, persist=True)
+        self.pop.reset(group, cfg.topic_name, qid)
+        return S.UpdateOffsetResponse(status=codes.ok())
+
+    @_unary(S.GetOffsetResponse)
+    def GetOffset(self, request: S.GetOffsetRequest, context: grpc.ServicerContext) -> S.GetOffsetResponse:
+        meta = self._meta(context)
+        group = checked_group(request.group.name)
+        cfg, qid = self._queue_of(request.message_queue)
+        self._allow(meta, topic=cfg.topic_name, need=Perm.SUB, group=group)
+        offset = self.store.offsets.query(group, cfg.topic_name, qid)
+        if offset < 0:
+            raise RpcStatusError(Code.OFFSET_NOT_FOUND, f"group {group!r} has no offset for {cfg.topic_name}/{qid}")
+        return S.GetOffsetResponse(status=codes.ok(), offset=offset)
+
+    @_unary(S.QueryOffsetResponse)
+    def QueryOffset(self, request: S.QueryOffsetRequest, context: grpc.ServicerContext) -> S.QueryOffsetResponse:
+        meta = self._meta(context)
+        cfg, qid = self._queue_of(request.message_queue)
+        self._allow(meta, topic=cfg.topic_name, need=Perm.SUB)
+        policy = request.query_offset_policy
+        topic = cfg.topic_name
+        if policy == D.QueryOffsetPolicy.BEGINNING:
+            offset = self.store.min_offset(topic, qid)
+        elif policy == D.QueryOffsetPolicy.END:
+            offset = self.store.max_offset(topic, qid)
+        elif policy == D.QueryOffsetPolicy.TIMESTAMP:
+            if not request.HasField("timestamp"):
+                raise RpcStatusError(Code.BAD_REQUEST, "query_offset_policy TIMESTAMP needs a timestamp")
+            offset = self.store.offset_by_time(topic, qid, timestamp_ms(request.timestamp))
+        else:
+            raise RpcStatusError(Code.BAD_REQUEST, f"unknown query_offset_policy {policy}")
+        return S.QueryOffsetResponse(status=codes.ok(), offset=offset)
+
+    @_unary(S.SyncLiteSubscriptionResponse)
+    def SyncLiteSubscription(self, request: Any, context: grpc.ServicerContext) -> S.SyncLiteSubscriptionResponse:
+        self._meta(context)
+        raise RpcStatusError(Code.NOT_IMPLEMENTED, "lite topics are not supported by this broker")

@@ -1,0 +1,277 @@
+"""Clients and their Telemetry streams: the settings handshake, liveness, and commands the broker
+sends to a client (orphaned-transaction recovery).
+
+Each client (keyed by its ``x-mq-client-id`` header) opens one bidirectional ``Telemetry`` stream
+per broker and writes its ``Settings`` on it.  For every settings command the broker answers with
+``TelemetryCommand{status OK, settings=<merged>}`` — the client's settings plus what the broker
+decides (retry policy, body size limit, FIFO, batch size, long-polling time), the fields the
+official clients need (reference ``grpc_protocol.md`` section 3).  The stream stays open; the
+broker can write a ``RecoverOrphanedTransactionCommand`` on the latest stream of a producer at
+any time, and the producer answers with an ``EndTransaction`` RPC.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as D
+from rocketmq.grpc_protocol import service_pb2 as S
+
+from rmq_spark.broker import codes
+from rmq_spark.broker.codes import Code
+from rmq_spark.broker.messages import MessageType, to_proto
+from rmq_spark.store import layout as L
+from rmq_spark.store.message import MessageExt
+
+__all__ = ["SettingsPolicy", "ClientSession", "ClientRegistry", "TelemetryStream", "StreamTransactionChecker"]
+
+log = logging.getLogger("rmq_spark.broker.telemetry")
+
+HEARTBEAT_TTL_S = 30.0  # a client not heard of for this long (and without a stream) is gone
+FORGET_AFTER_S = 600.0  # ... and its session is dropped after this long
+PRUNE_AT = 1024  # sessions held before gone ones are looked for
+PRODUCER = int(D.ClientType.PRODUCER)
+
+
+@dataclass
+class SettingsPolicy:
+    """What the broker adds to a client's settings."""
+
+    max_body_size: int = L.BODY_MAX_BYTES
+    producer_max_attempts: int = 3
+    max_delivery_attempts: int = 17
+    retry_backoff_ms: list[int] = field(default_factory=lambda: [1000, 5000, 10000, 30000])
+    receive_batch_size: int = 32
+    long_polling_timeout_ms: int = 20_000
+
+    def merge(self, client: D.Settings, fifo: bool) -> D.Settings:
+        out = D.Settings()
+        out.CopyFrom(client)
+        bp = out.backoff_policy
+        if client.HasField("publishing") or client.client_type == D.ClientType.PRODUCER:
+            bp.max_attempts = self.producer_max_attempts
+            bp.exponential_backoff.initial.FromMilliseconds(10)
+            bp.exponential_backoff.max.FromMilliseconds(1000)
+            bp.exponential_backoff.multiplier = 2.0
+            out.publishing.max_body_size = self.max_body_size
+            out.publishing.validate_message_type = True
+        else:
+            bp.max_attempts = self.max_delivery_attempts
+            bp.customized_backoff.ClearField("next")
+            for ms in self.retry_backoff_ms:
+                bp.customized_backoff.next.add().FromMilliseconds(ms)
+            sub = out.subscription
+            sub.fifo = fifo
+            sub.receive_batch_size = self.receive_batch_size
+            if sub.long_polling_timeout.ToMilliseconds() <= 0:
+                sub.long_polling_timeout.FromMilliseconds(self.long_polling_timeout_ms)
+        out.metric.on = False
+        return out
+
+
+class TelemetryStream:
+    """The broker's side of one open Telemetry stream: a queue of commands to write."""
+
+    def __init__(self) -> None:
+        self._outbox: queue.Queue[S.TelemetryCommand | None] = queue.Queue()
+        self.closed = False
+
+    def send(self, cmd: S.TelemetryCommand) -> bool:
+        if self.closed:
+            return False
+        self._outbox.put(cmd)
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._outbox.put(None)
+
+    def __iter__(self) -> Iterator[S.TelemetryCommand]:
+        while True:
+            cmd = self._outbox.get()
+            if cmd is None:
+                return
+            yield cmd
+
+
+@dataclass
+class ClientSession:
+    client_id: str
+    client_type: int = 0
+    group: str | None = None
+    topics: set[str] = field(default_factory=set)  # published to (settings, or seen sending)
+    subscriptions: dict[str, D.FilterExpression] = field(default_factory=dict)
+    settings: D.Settings | None = None
+    stream: TelemetryStream | None = None
+    last_seen_s: float = field(default_factory=time.monotonic)
+
+    @property
+    def connected(self) -> bool:
+        return self.stream is not None and not self.stream.closed
+
+
+class ClientRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[str, ClientSession] = {}
+        self._prune_at = PRUNE_AT
+
+    def touch(self, client_id: str, client_type: int | None = None, group: str | None = None) -> ClientSession:
+        with self._lock:
+            s = self._sessions.get(client_id)
+            if s is None:
+                if len(self._sessions) >= self._prune_at:
+                    self._prune()
+                s = self._sessions[client_id] = ClientSession(client_id)
+            s.last_seen_s = time.monotonic()
+            if client_type:
+                s.client_type = client_type
+            if group:
+                s.group = group
+            return s
+
+    def _prune(self) -> None:
+        """Forget clients gone without a goodbye (called with the lock held)."""
+        now = time.monotonic()
+        for cid in [c for c, s in self._sessions.items() if not s.connected and now - s.last_seen_s > FORGET_AFTER_S]:
+            del self._sessions[cid]
+        self._prune_at = max(PRUNE_AT, 2 * len(self._sessions))
+
+    def get(self, client_id: str) -> ClientSession | None:
+        return self._sessions.get(client_id)
+
+    def remove(self, client_id: str) -> ClientSession | None:
+        with self._lock:
+            return self._sessions.pop(client_id, None)
+
+    def alive(self, client_id: str) -> bool:
+        s = self._sessions.get(client_id)
+        return s is not None and (s.connected or time.monotonic() - s.last_seen_s < HEARTBEAT_TTL_S)
+
+    def note_sent(self, client_id: str, topic: str) -> None:
+        s = self._sessions.get(client_id)
+        if s is None:
+            s = self.touch(client_id, PRODUCER)
+        if topic not in s.topics:
+            with self._lock:
+                s.topics.add(topic)
+
+    def producers_for(self, topic: str) -> list[ClientSession]:
+        """Connected producers, those that publish ``topic`` first, most recently seen first."""
+        with self._lock:
+            live = [s for s in self._sessions.values() if s.connected and s.client_type == PRODUCER]
+        live.sort(key=lambda s: (topic not in s.topics, -s.last_seen_s))
+        return live
+
+    def streams(self) -> list[TelemetryStream]:
+        with self._lock:
+            return [s.stream for s in self._sessions.values() if s.stream is not None]
+
+    def open_streams(self) -> int:
+        with self._lock:
+            return sum(1 for s in self._sessions.values() if s.connected)
+
+    def close_all(self) -> None:
+        for st in self.streams():
+            st.close()
+
+
+def serve_telemetry(
+    request_iterator: Iterator[S.TelemetryCommand],
+    context: grpc.ServicerContext,
+    session: ClientSession,
+    policy: SettingsPolicy,
+    is_fifo: Callable[[str | None, list[str]], bool],
+) -> Iterator[S.TelemetryCommand]:
+    """The response side of a Telemetry call; reads the client's commands on a helper thread."""
+    stream = TelemetryStream()
+    old, session.stream = session.stream, stream
+    if old is not None:
+        old.close()  # the latest stream of a client wins
+    context.add_callback(stream.close)
+
+    def read() -> None:
+        try:
+            for cmd in request_iterator:
+                session.last_seen_s = time.monotonic()
+                reply = _answer(cmd, session, policy, is_fifo)
+                if reply is not None:
+                    stream.send(reply)
+        except grpc.RpcError:
+            pass  # the client went away
+        except Exception:
+            log.exception("telemetry stream of %s failed", session.client_id)
+        finally:
+            stream.close()
+
+    threading.Thread(target=read, name=f"telemetry-{session.client_id[:32]}", daemon=True).start()
+    try:
+        yield from stream
+    finally:
+        stream.close()
+        if session.stream is stream:
+            session.last_seen_s = time.monotonic()
+
+
+def _answer(
+    cmd: S.TelemetryCommand,
+    session: ClientSession,
+    policy: SettingsPolicy,
+    is_fifo: Callable[[str | None, list[str]], bool],
+) -> S.TelemetryCommand | None:
+    kind = cmd.WhichOneof("command")
+    if kind != "settings":
+        return None  # thread stack traces, verify results: nothing to do
+    st = cmd.settings
+    if st.WhichOneof("pub_sub") is None:
+        return S.TelemetryCommand(status=codes.status(Code.BAD_REQUEST, "settings need publishing or subscription"))
+    session.settings = st
+    if st.HasField("client_type"):
+        session.client_type = st.client_type
+    if st.HasField("publishing"):
+        session.topics.update(r.name for r in st.publishing.topics)
+        fifo = False
+    else:
+        sub = st.subscription
+        if sub.HasField("group"):
+            session.group = sub.group.name
+        session.subscriptions = {e.topic.name: e.expression for e in sub.subscriptions}
+        fifo = is_fifo(session.group, list(session.subscriptions))
+    return S.TelemetryCommand(status=codes.ok(), settings=policy.merge(st, fifo))
+
+
+class StreamTransactionChecker:
+    """Asks a live producer of a half message's topic what became of its transaction, over the
+    producer's Telemetry stream (``RecoverOrphanedTransactionCommand``).  ``on_check(transaction_id,
+    half)`` lets the broker remember the half so the producer's EndTransaction finds it."""
+
+    def __init__(self, registry: ClientRegistry, on_check: Callable[[str, MessageExt], None]) -> None:
+        self.registry = registry
+        self.on_check = on_check
+
+    def check(self, producer_group: str, half_msg: MessageExt) -> bool:
+        topic = half_msg.topic
+        if topic == L.TRANS_HALF_TOPIC:
+            topic = half_msg.properties.get(L.P_REAL_TOPIC) or producer_group
+        producers = self.registry.producers_for(topic)
+        if not producers:
+            return False
+        tid = half_msg.properties.get(L.P_TRANSACTION_ID) or half_msg.client_msg_id
+        self.on_check(tid, half_msg)
+        msg = to_proto(half_msg, topic=topic)
+        msg.system_properties.message_type = MessageType.TRANSACTION
+        cmd = S.TelemetryCommand(
+            recover_orphaned_transaction_command=S.RecoverOrphanedTransactionCommand(message=msg, transaction_id=tid)
+        )
+        for session in producers:
+            stream = session.stream
+            if stream is not None and stream.send(cmd):
+                return True
+        return False
