@@ -13,7 +13,8 @@ $(PY):
 	$(PY) -m pip install --upgrade pip wheel setuptools
 
 $(STAMP): $(PY) setup.cfg pyproject.toml
-	$(PY) -m pip install -e '.[test,bench]'
+	# compat: a path entry, so pyspark finds the top-level pyspark_rmq module from any directory
+	$(PY) -m pip install -e '.[test,bench]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -24,8 +25,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -ra
 
+BENCHES := store_bench filter_bench delay_bench txn_bench broker_bench spark_bench
+
 bench: $(STAMP)
-	$(PY) bench/store_bench.py
+	for b in $(BENCHES); do $(PY) bench/$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info

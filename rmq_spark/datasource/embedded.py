@@ -1,0 +1,239 @@
+"""The embedded broker: with only ``path``, a broker process for that store is started on demand.
+
+Every Spark process that needs the broker (the driver's planning worker, executor workers, the
+sink's commit worker) calls :func:`ensure_broker`.  Under an exclusive lock on
+``{path}/embedded.lock`` it reuses the broker named in ``{path}/broker.endpoint`` when that one
+answers, and otherwise starts ``python -m rmq_spark.broker --store PATH --listen 127.0.0.1:0
+--idle-exit-s N`` in its own session, waits for its ready line and records it.  The broker exits
+by itself after N idle seconds, so none is left running once the queries are done.
+
+``broker.endpoint`` (UTF-8 JSON, rewritten atomically)::
+
+    ┌──────────┬──────────────────────┬─────────────┬──────────────────────────┐
+    │ version  │ endpoint             │ pid         │ started_ms               │
+    │ 1        │ "127.0.0.1:PORT"     │ broker pid  │ epoch ms of the start    │
+    └──────────┴──────────────────────┴─────────────┴──────────────────────────┘
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rmq_spark.errors import StoreError
+from rmq_spark.internal.client import BrokerUnavailableError, InternalClient
+
+ENDPOINT_FILE = "broker.endpoint"
+LOCK_FILE = "embedded.lock"
+LOG_FILE = "broker.log"
+RECORD_VERSION = 1
+READY = re.compile(r"rmq-broker listening on (\S+:\d+) store=")
+START_TIMEOUT_S = 60.0
+BROKER_MODULE = "rmq_spark.broker"
+
+_known: dict[str, str] = {}  # path -> endpoint verified by this process
+_known_lock = threading.Lock()
+
+
+class EmbeddedBrokerError(StoreError):
+    """The embedded broker could not be started (the message carries its log's tail)."""
+
+
+@dataclass(frozen=True)
+class BrokerRecord:
+    endpoint: str
+    pid: int
+    started_ms: int
+
+
+def read_record(path: str) -> BrokerRecord | None:
+    try:
+        with open(os.path.join(path, ENDPOINT_FILE), encoding="utf-8") as f:
+            d = json.load(f)
+        return BrokerRecord(str(d["endpoint"]), int(d["pid"]), int(d["started_ms"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_record(path: str, rec: BrokerRecord) -> None:
+    tmp = os.path.join(path, ENDPOINT_FILE + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"version": RECORD_VERSION, "endpoint": rec.endpoint, "pid": rec.pid, "started_ms": rec.started_ms}, f)
+    os.replace(tmp, os.path.join(path, ENDPOINT_FILE))
+
+
+def _answers(endpoint: str, root: str) -> bool:
+    """Does a broker for store ``root`` answer at ``endpoint``?"""
+    client = InternalClient(endpoint, timeout_s=5.0)
+    try:
+        info = client.info()
+        return os.path.realpath(info.get("store_root", "")) == os.path.realpath(root)
+    except (BrokerUnavailableError, StoreError):
+        return False
+    finally:
+        client.close()
+
+
+def ensure_broker(path: str, flags: tuple[tuple[str, str], ...] = (), idle_exit_s: float = 30.0) -> str:
+    """The endpoint of a live broker on store ``path``, starting one if needed."""
+    root = os.path.realpath(path)
+    with _known_lock:
+        ep = _known.get(root)
+    if ep is not None and _answers(ep, root):
+        return ep
+    os.makedirs(root, exist_ok=True)
+    fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        rec = read_record(root)
+        if rec is not None and _answers(rec.endpoint, root):
+            ep = rec.endpoint
+        else:
+            ep = _start(root, flags, idle_exit_s).endpoint
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    with _known_lock:
+        _known[root] = ep
+    return ep
+
+
+def _start(root: str, flags: tuple[tuple[str, str], ...], idle_exit_s: float) -> BrokerRecord:
+    cmd = [sys.executable, "-m", BROKER_MODULE, "--store", root, "--listen", "127.0.0.1:0", "--idle-exit-s", f"{idle_exit_s:g}"]
+    for flag, value in flags:
+        cmd += [f"--{flag}", value]
+    log_path = os.path.join(root, LOG_FILE)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True, cwd=root,
+        )
+    # reap it when it exits while this process lives (no zombie); init adopts it otherwise
+    threading.Thread(target=proc.wait, name=f"rmq-embedded-reaper-{proc.pid}", daemon=True).start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        text = _read_text(log_path)
+        m = READY.search(text)
+        if m:
+            rec = BrokerRecord(m.group(1), proc.pid, int(time.time() * 1000))
+            _write_record(root, rec)
+            return rec
+        if proc.poll() is not None:
+            raise EmbeddedBrokerError(
+                f"the embedded broker for {root} exited with code {proc.returncode}: {_tail(text)}"
+            )
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    raise EmbeddedBrokerError(f"the embedded broker for {root} did not start in {START_TIMEOUT_S:.0f}s: {_tail(_read_text(log_path))}")
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:]) or "(no output)"
+
+
+def stop_broker(path: str, timeout_s: float = 15.0) -> bool:
+    """Stop the embedded broker of ``path`` (SIGTERM, then SIGKILL); True if one was running."""
+    root = os.path.realpath(path)
+    rec = read_record(root)
+    with _known_lock:
+        _known.pop(root, None)
+    if rec is None or not pid_alive(rec.pid) or not _is_broker(rec.pid, root):
+        return False
+    os.kill(rec.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and pid_alive(rec.pid):
+        time.sleep(0.05)
+    if pid_alive(rec.pid):
+        os.kill(rec.pid, signal.SIGKILL)
+    return True
+
+
+def _is_broker(pid: int, root: str) -> bool:
+    """Is ``pid`` the broker of ``root`` (and not another process that got its pid)?"""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().decode("utf-8", errors="replace").split("\0")
+    except OSError:
+        return True  # no /proc: trust the record
+    return BROKER_MODULE in args and root in args
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def endpoint_of(connection) -> str:  # type: ignore[no-untyped-def]
+    """The broker endpoint for a :class:`rmq_spark.datasource.options.Connection`."""
+    if connection.endpoints:
+        return str(connection.endpoints).split(",")[0].strip()
+    return ensure_broker(connection.path, connection.broker_flags, connection.idle_exit_s)
+
+
+def client_for(connection) -> InternalClient:  # type: ignore[no-untyped-def]
+    return InternalClient(endpoint_of(connection))
+
+
+T = TypeVar("T")
+
+
+class BrokerLink:
+    """A lazily opened client for a Connection; picklable (the channel is not).  In embedded
+    mode a broker that went away (it exits when idle) is started again, once per call."""
+
+    def __init__(self, connection) -> None:  # type: ignore[no-untyped-def]
+        self.connection = connection
+        self._client: InternalClient | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"connection": self.connection, "_client": None}
+
+    @property
+    def embedded(self) -> bool:
+        return self.connection.endpoints is None and self.connection.path is not None
+
+    def call(self, fn: Callable[[InternalClient], T]) -> T:
+        for attempt in (0, 1):
+            if self._client is None:
+                self._client = client_for(self.connection)
+            try:
+                return fn(self._client)
+            except BrokerUnavailableError:
+                self.close()
+                if attempt == 1 or not self.embedded:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -1,0 +1,417 @@
+"""Options of format ``rmq``: parsed once, validated up front, with errors that name the option.
+
+Spark hands options over as a case-insensitive map of strings; every name below is matched
+without regard to case.  Each kind of query accepts its own set (a streaming-only option on a
+batch read is an error, as is any name not listed), so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from rmq_spark.errors import ConfigError, MessageIllegalError
+from rmq_spark.store.validation import check_group, check_topic
+
+
+class Mode(Enum):
+    STREAM_READ = "streaming read"
+    BATCH_READ = "batch read"
+    STREAM_WRITE = "streaming write"
+    BATCH_WRITE = "batch write"
+    ANY_READ = "read"  # before Spark says whether it is a stream or a batch
+
+
+class StartKind(Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    JSON = "json"
+    TIMESTAMP = "timestamp"
+
+
+class ReadPath(Enum):
+    AUTO = "auto"  # the store files when this machine can open them, else gRPC PullMessage
+    FILES = "files"  # the store files, or fail
+    PULL = "pull"  # RocketMQ 5 PullMessage over gRPC (any compatible broker)
+    ARROW = "arrow"  # the broker's bulk read, shipped as Arrow IPC over the private service
+
+
+CONNECTION = ("endpoints", "path", "embeddedIdleExitS")
+SOURCE_COMMON = (
+    "topics", "topicPattern", "assign", "startingOffsets", "startingTimestamp", "failOnDataLoss",
+    "tags", "sql", "avroSchema", "readPath", "maxRecordsPerPartition",
+)
+STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "consumerGroup")
+BATCH_ONLY = ("endingOffsets", "endingTimestamp")
+SINK = ("topic", "transactional", "avroSchema")
+# names Spark itself adds to a writer's options
+SPARK_WRITER = ("checkpointLocation", "queryName")
+
+ALLOWED: dict[Mode, tuple[str, ...]] = {
+    Mode.STREAM_READ: CONNECTION + SOURCE_COMMON + STREAM_ONLY,
+    Mode.BATCH_READ: CONNECTION + SOURCE_COMMON + BATCH_ONLY,
+    Mode.STREAM_WRITE: CONNECTION + SINK + SPARK_WRITER,
+    Mode.BATCH_WRITE: CONNECTION + SINK + SPARK_WRITER,
+    Mode.ANY_READ: CONNECTION + SOURCE_COMMON + STREAM_ONLY + BATCH_ONLY,
+}
+BROKER_FLAG_PREFIX = "broker."  # broker.<flag>=value: flags of an embedded broker started here
+DEFAULT_IDLE_EXIT_S = 30.0
+DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+_DURATION = re.compile(
+    r"^\s*(\d+)\s*(ms|milliseconds?|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)?\s*$",
+    re.IGNORECASE,
+)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_CANONICAL = {
+    name.lower(): name
+    for names in ALLOWED.values()
+    for name in names
+}
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the broker is: ``endpoints`` of a running one, and/or the store ``path`` (with only
+    ``path``, an embedded broker is started on demand)."""
+
+    endpoints: str | None = None
+    path: str | None = None
+    broker_flags: tuple[tuple[str, str], ...] = ()
+    idle_exit_s: float = DEFAULT_IDLE_EXIT_S
+
+
+@dataclass(frozen=True)
+class Subscription:
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    assign: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def describe(self) -> str:
+        if self.pattern is not None:
+            return f"topicPattern={self.pattern}"
+        if self.assign:
+            return f"assign={dict(self.assign)}"
+        return f"topics={','.join(self.topics)}"
+
+
+@dataclass(frozen=True)
+class StartSpec:
+    kind: StartKind
+    offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class EndSpec:
+    latest: bool = True
+    offsets: dict[str, dict[str, int]] = field(default_factory=dict)
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    connection: Connection
+    subscription: Subscription
+    starting: StartSpec
+    ending: EndSpec = field(default_factory=EndSpec)
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    fail_on_data_loss: bool = True
+    tags: str | None = None
+    sql: str | None = None
+    consumer_group: str | None = None
+    avro_schema: str | None = None
+    read_path: ReadPath = ReadPath.AUTO
+    max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    connection: Connection
+    topic: str | None = None
+    transactional: bool = True
+    avro_schema: str | None = None
+
+
+def _normalize(options: Mapping[str, str], mode: Mode) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+    """Canonical names -> values; unknown names raise; ``broker.*`` flags split off."""
+    allowed = set(ALLOWED[mode])
+    out: dict[str, str] = {}
+    flags: list[tuple[str, str]] = []
+    for raw_key, value in options.items():
+        key = str(raw_key)
+        if key.lower().startswith(BROKER_FLAG_PREFIX):
+            flag = key[len(BROKER_FLAG_PREFIX) :].lower()
+            if not re.fullmatch(r"[a-z][a-z0-9-]*", flag):
+                raise ConfigError(f"option {key!r}: broker flags are written like broker.delay-levels")
+            flags.append((flag, str(value)))
+            continue
+        name = _CANONICAL.get(key.lower())
+        if name is None or name not in allowed:
+            if name is not None:
+                raise ConfigError(f"option {name!r} does not apply to a {mode.value} of format rmq")
+            raise ConfigError(
+                f"unknown option {key!r} for a {mode.value} of format rmq; "
+                f"known options: {', '.join(sorted(allowed))}"
+            )
+        if name in out:
+            raise ConfigError(f"option {name!r} is given twice")
+        out[name] = "" if value is None else str(value)
+    return out, tuple(sorted(flags))
+
+
+def check_read_names(options: Mapping[str, str]) -> str | None:
+    """Unknown option names fail now; returns ``avroSchema`` (the schema depends on it)."""
+    o, _ = _normalize(options, Mode.ANY_READ)
+    return o.get("avroSchema") or None
+
+
+def parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"option {name!r} must be true or false, not {value!r}")
+
+
+def parse_positive_int(name: str, value: str) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise ConfigError(f"option {name!r} must be a positive integer, not {value!r}") from None
+    if n <= 0:
+        raise ConfigError(f"option {name!r} must be a positive integer, not {value!r}")
+    return n
+
+
+def parse_timestamp_ms(name: str, value: str) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise ConfigError(f"option {name!r} must be epoch milliseconds, not {value!r}") from None
+    if n < 0:
+        raise ConfigError(f"option {name!r} must be epoch milliseconds (>= 0), not {value!r}")
+    return n
+
+
+def parse_duration_ms(name: str, value: str) -> int:
+    """``"15m"``, ``"30 seconds"``, ``"500ms"``; a bare number is milliseconds (as Spark's)."""
+    m = _DURATION.match(value)
+    if not m:
+        raise ConfigError(f"option {name!r} must be a duration such as 30s, 15m or 500ms, not {value!r}")
+    unit = (m.group(2) or "ms").lower()
+    key = "ms" if unit.startswith("ms") or unit.startswith("milli") else unit[0]
+    return int(m.group(1)) * _UNIT_MS[key]
+
+
+def _parse_topic(name: str, topic: str) -> str:
+    try:
+        check_topic(topic)
+    except MessageIllegalError as e:
+        raise ConfigError(f"option {name!r}: {e}") from None
+    return topic
+
+
+def parse_offsets_json(name: str, value: str, allow: tuple[int, ...]) -> dict[str, dict[str, int]]:
+    """``{"topic": {"queueId": offset}}``; negative offsets only among ``allow`` (-2 earliest,
+    -1 latest)."""
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"option {name!r} is not valid JSON: {e.msg} at character {e.pos}") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"option {name!r} must be a JSON object like {{\"topic\": {{\"0\": 42}}}}")
+    out: dict[str, dict[str, int]] = {}
+    for topic, queues in data.items():
+        _parse_topic(name, topic)
+        if not isinstance(queues, dict):
+            raise ConfigError(f"option {name!r}: topic {topic!r} must map queue ids to offsets")
+        qs: dict[str, int] = {}
+        for q, off in queues.items():
+            if not (isinstance(q, str) and q.isdigit()):
+                raise ConfigError(f"option {name!r}: queue id {q!r} of topic {topic!r} is not a number")
+            if isinstance(off, bool) or not isinstance(off, int):
+                raise ConfigError(f"option {name!r}: offset {off!r} of {topic}/{q} is not an integer")
+            if off < 0 and off not in allow:
+                what = " or ".join(str(a) for a in allow) or "no negative value"
+                raise ConfigError(f"option {name!r}: offset {off} of {topic}/{q} is invalid here (allowed: {what})")
+            qs[str(int(q))] = off
+        out[topic] = qs
+    return out
+
+
+def _parse_connection(o: dict[str, str], flags: tuple[tuple[str, str], ...]) -> Connection:
+    endpoints = o.get("endpoints") or None
+    path = o.get("path") or None
+    if endpoints is None and path is None:
+        raise ConfigError("format rmq needs option 'endpoints' (a running broker) or 'path' (a store directory)")
+    if endpoints is not None:
+        for ep in endpoints.split(","):
+            host, _, port = ep.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError(f"option 'endpoints': {ep!r} is not host:port")
+    if flags and path is None:
+        raise ConfigError("broker.* options configure an embedded broker and need option 'path'")
+    idle = DEFAULT_IDLE_EXIT_S
+    if "embeddedIdleExitS" in o:
+        try:
+            idle = float(o["embeddedIdleExitS"])
+        except ValueError:
+            idle = -1.0
+        if idle <= 0:
+            raise ConfigError(f"option 'embeddedIdleExitS' must be a positive number, not {o['embeddedIdleExitS']!r}")
+    return Connection(endpoints, path, flags, idle)
+
+
+def _parse_subscription(o: dict[str, str]) -> Subscription:
+    given = [k for k in ("topics", "topicPattern", "assign") if o.get(k)]
+    if len(given) != 1:
+        if not given:
+            raise ConfigError("format rmq needs exactly one of 'topics', 'topicPattern' or 'assign'")
+        raise ConfigError(f"options {', '.join(repr(g) for g in given)} conflict: give exactly one")
+    if "topics" in given:
+        topics = tuple(t.strip() for t in o["topics"].split(",") if t.strip())
+        if not topics:
+            raise ConfigError("option 'topics' lists no topic")
+        for t in topics:
+            _parse_topic("topics", t)
+        return Subscription(topics=tuple(dict.fromkeys(topics)))
+    if "topicPattern" in given:
+        try:
+            re.compile(o["topicPattern"])
+        except re.error as e:
+            raise ConfigError(f"option 'topicPattern' is not a valid regular expression: {e}") from None
+        return Subscription(pattern=o["topicPattern"])
+    try:
+        data = json.loads(o["assign"])
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"option 'assign' is not valid JSON: {e.msg}") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError("option 'assign' must be a JSON object like {\"topic\": [0, 1]}")
+    pairs = []
+    for topic, qids in sorted(data.items()):
+        _parse_topic("assign", topic)
+        if not isinstance(qids, list) or not qids or not all(
+            isinstance(q, int) and not isinstance(q, bool) and q >= 0 for q in qids
+        ):
+            raise ConfigError(f"option 'assign': topic {topic!r} needs a non-empty list of queue ids")
+        pairs.append((topic, tuple(sorted(set(qids)))))
+    return Subscription(assign=tuple(pairs))
+
+
+def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
+    mode = Mode.STREAM_READ if streaming else Mode.BATCH_READ
+    o, flags = _normalize(options, mode)
+    conn = _parse_connection(o, flags)
+    sub = _parse_subscription(o)
+    if "startingOffsets" in o and "startingTimestamp" in o:
+        raise ConfigError("options 'startingOffsets' and 'startingTimestamp' conflict: give one")
+    if "startingTimestamp" in o:
+        starting = StartSpec(StartKind.TIMESTAMP, timestamp_ms=parse_timestamp_ms("startingTimestamp", o["startingTimestamp"]))
+    else:
+        raw = o.get("startingOffsets", "latest" if streaming else "earliest").strip()
+        if raw.lower() == "earliest":
+            starting = StartSpec(StartKind.EARLIEST)
+        elif raw.lower() == "latest":
+            if not streaming:
+                raise ConfigError("option 'startingOffsets' cannot be 'latest' for a batch read")
+            starting = StartSpec(StartKind.LATEST)
+        else:
+            allow = (-2, -1) if streaming else (-2,)
+            starting = StartSpec(StartKind.JSON, parse_offsets_json("startingOffsets", raw, allow))
+    ending = EndSpec()
+    if "endingOffsets" in o and "endingTimestamp" in o:
+        raise ConfigError("options 'endingOffsets' and 'endingTimestamp' conflict: give one")
+    if "endingTimestamp" in o:
+        ending = EndSpec(False, timestamp_ms=parse_timestamp_ms("endingTimestamp", o["endingTimestamp"]))
+    elif "endingOffsets" in o:
+        raw = o["endingOffsets"].strip()
+        if raw.lower() == "earliest":
+            raise ConfigError("option 'endingOffsets' cannot be 'earliest'")
+        if raw.lower() != "latest":
+            ending = EndSpec(False, parse_offsets_json("endingOffsets", raw, (-1,)))
+    max_rows = parse_positive_int("maxOffsetsPerTrigger", o["maxOffsetsPerTrigger"]) if "maxOffsetsPerTrigger" in o else None
+    min_rows = parse_positive_int("minOffsetsPerTrigger", o["minOffsetsPerTrigger"]) if "minOffsetsPerTrigger" in o else None
+    if max_rows is not None and min_rows is not None and min_rows > max_rows:
+        raise ConfigError(f"option 'minOffsetsPerTrigger' ({min_rows}) is above 'maxOffsetsPerTrigger' ({max_rows})")
+    if "maxTriggerDelay" in o and min_rows is None:
+        raise ConfigError("option 'maxTriggerDelay' only applies with 'minOffsetsPerTrigger'")
+    delay = parse_duration_ms("maxTriggerDelay", o["maxTriggerDelay"]) if "maxTriggerDelay" in o else DEFAULT_MAX_TRIGGER_DELAY_MS
+    group = o.get("consumerGroup") or None
+    if group is not None:
+        try:
+            check_group(group)
+        except MessageIllegalError as e:
+            raise ConfigError(f"option 'consumerGroup': {e}") from None
+    tags = o.get("tags") or None
+    sql = o.get("sql") or None
+    _check_filters(tags, sql)
+    avro = o.get("avroSchema") or None
+    if avro is not None:
+        from rmq_spark.datasource.avro import parse_avro_schema
+
+        parse_avro_schema(avro)
+    try:
+        read_path = ReadPath(o.get("readPath", "auto").strip().lower())
+    except ValueError:
+        raise ConfigError(
+            f"option 'readPath' must be one of {', '.join(p.value for p in ReadPath)}, not {o['readPath']!r}"
+        ) from None
+    if read_path is ReadPath.FILES and conn.path is None and conn.endpoints is None:
+        raise ConfigError("option readPath=files needs 'path' or a broker whose store this machine can open")
+    mrpp = (
+        parse_positive_int("maxRecordsPerPartition", o["maxRecordsPerPartition"])
+        if "maxRecordsPerPartition" in o
+        else DEFAULT_MAX_RECORDS_PER_PARTITION
+    )
+    return SourceOptions(
+        connection=conn,
+        subscription=sub,
+        starting=starting,
+        ending=ending,
+        max_offsets_per_trigger=max_rows,
+        min_offsets_per_trigger=min_rows,
+        max_trigger_delay_ms=delay,
+        fail_on_data_loss=parse_bool("failOnDataLoss", o.get("failOnDataLoss", "true")),
+        tags=tags,
+        sql=sql,
+        consumer_group=group,
+        avro_schema=avro,
+        read_path=read_path,
+        max_records_per_partition=mrpp,
+    )
+
+
+def _check_filters(tags: str | None, sql: str | None) -> None:
+    """Parse the filter expressions now, so a bad one fails the query before it starts."""
+    if tags is None and sql is None:
+        return
+    from rmq_spark.datasource.filters import make_filters
+
+    make_filters(tags, sql)
+
+
+def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptions:
+    mode = Mode.STREAM_WRITE if streaming else Mode.BATCH_WRITE
+    o, flags = _normalize(options, mode)
+    conn = _parse_connection(o, flags)
+    topic = o.get("topic") or None
+    if topic is not None:
+        _parse_topic("topic", topic)
+    avro = o.get("avroSchema") or None
+    if avro is not None:
+        from rmq_spark.datasource.avro import parse_avro_schema
+
+        parse_avro_schema(avro)
+    return SinkOptions(
+        connection=conn,
+        topic=topic,
+        transactional=parse_bool("transactional", o.get("transactional", "true")),
+        avro_schema=avro,
+    )

@@ -1,0 +1,152 @@
+"""The ``rmq`` data source class: the user's manual is its docstring."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from rmq_spark.datasource.options import check_read_names, parse_sink_options, parse_source_options
+from rmq_spark.errors import ConfigError
+
+SOURCE_FIELDS = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("queueId", IntegerType()),
+        StructField("queueOffset", LongType()),
+        StructField("msgId", StringType()),
+        StructField("tags", StringType()),
+        StructField("keys", StringType()),
+        StructField("body", BinaryType()),
+        StructField("properties", MapType(StringType(), StringType())),
+        StructField("bornTimestamp", TimestampType()),
+        StructField("storeTimestamp", TimestampType()),
+        StructField("deliverTimestamp", TimestampType()),
+        StructField("reconsumeTimes", IntegerType()),
+        StructField("transactionId", StringType()),
+        StructField("commitLogOffset", LongType()),
+    ]
+)
+
+
+def source_schema(avro_schema: str | None) -> StructType:
+    """The fixed source schema, plus a struct ``value`` when ``avroSchema`` is set."""
+    if avro_schema is None:
+        return SOURCE_FIELDS
+    from rmq_spark.datasource.avro import parse_avro_schema, spark_type
+
+    value = spark_type(parse_avro_schema(avro_schema))
+    return StructType([*SOURCE_FIELDS.fields, StructField("value", value)])
+
+
+def _check_schema(given: StructType, expected: StructType) -> None:
+    if [(f.name, f.dataType) for f in given.fields] != [(f.name, f.dataType) for f in expected.fields]:
+        raise ConfigError(
+            "format rmq has a fixed schema and does not take a user schema: expected "
+            f"{expected.simpleString()}, got {given.simpleString()}"
+        )
+
+
+class RmqDataSource(DataSource):
+    """RocketMQ topics as a Spark source and sink: ``format("rmq")``.
+
+    Name: ``rmq``
+
+    Reads (``spark.readStream`` / ``spark.read``) give one row per message:
+    ``topic string, queueId int, queueOffset bigint, msgId string, tags string, keys string,
+    body binary, properties map<string,string>, bornTimestamp timestamp, storeTimestamp
+    timestamp, deliverTimestamp timestamp, reconsumeTimes int, transactionId string,
+    commitLogOffset bigint`` (and ``value`` struct with ``avroSchema``).
+
+    Options (names are case-insensitive)
+    ------------------------------------
+    ===========================  ===========  ===========================================================
+    option                       queries      meaning
+    ===========================  ===========  ===========================================================
+    ``endpoints``                all          ``host:port`` of a running broker
+    ``path``                     all          store directory; alone, an embedded broker is started on
+                                              demand and exits when idle
+    ``embeddedIdleExitS``        all          idle seconds before the embedded broker exits (30)
+    ``broker.<flag>``            all          a flag of the embedded broker, e.g. ``broker.delay-levels``
+    ``topics``                   reads        comma list of topics  (exactly one of these three)
+    ``topicPattern``             reads        regular expression matched against whole topic names
+    ``assign``                   reads        JSON ``{"topic": [0, 1]}``
+    ``startingOffsets``          reads        ``earliest`` (batch default), ``latest`` (stream default),
+                                              JSON ``{"topic": {"0": 42}}``, -2 earliest, -1 latest
+    ``startingTimestamp``        reads        epoch ms: each queue from its first message stored then
+    ``endingOffsets``            batch read   ``latest`` (default) or JSON (-1 latest)
+    ``endingTimestamp``          batch read   epoch ms: each queue up to (excluding) that time
+    ``maxOffsetsPerTrigger``     stream read  at most about N messages per micro-batch
+    ``minOffsetsPerTrigger``     stream read  wait for N messages, or ``maxTriggerDelay``
+    ``maxTriggerDelay``          stream read  longest wait with ``minOffsetsPerTrigger`` (15m)
+    ``consumerGroup``            stream read  commit processed offsets to this group (one batch late)
+    ``failOnDataLoss``           reads        fail when planned offsets left the store (true)
+    ``tags``                     reads        RocketMQ tag expression, e.g. ``TagA || TagB``
+    ``sql``                      reads        RocketMQ SQL92 property filter, e.g. ``a > 5``
+    ``avroSchema``               all          Avro schema: ``value`` struct <-> ``body``
+    ``readPath``                 reads        ``auto`` (files if local, else PullMessage), ``files``,
+                                              ``pull``, ``arrow`` (broker bulk read over gRPC)
+    ``maxRecordsPerPartition``   reads        split a queue's range into Spark partitions (2000000)
+    ``topic``                    writes       target topic (wins over the ``topic`` column)
+    ``transactional``            writes       true: exactly-once, batch-atomic; false: at-least-once
+    ===========================  ===========  ===========================================================
+
+    Sink columns: ``body`` (required; binary or string), ``topic``, ``tags``, ``keys``,
+    ``properties``, ``delayLevel``, ``deliverTimestamp``, ``messageGroup``, ``queueId``; with
+    ``avroSchema`` a struct ``value`` instead of ``body``.
+
+    Examples
+    --------
+    >>> q = (spark.readStream.format("rmq").option("path", "/tmp/store").option("topics", "Orders")
+    ...      .load().writeStream.format("console").start())
+    >>> df.write.format("rmq").option("path", "/tmp/store").option("topic", "Out").save()
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "rmq"
+
+    def schema(self) -> StructType:
+        # stream or batch is not known yet: names are checked now, values when reading
+        return source_schema(check_read_names(self.options))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from rmq_spark.datasource.batch_reader import RmqBatchReader, RmqPushdownBatchReader, pushdown_enabled
+
+        opts = parse_source_options(self.options, streaming=False)
+        _check_schema(schema, source_schema(opts.avro_schema))
+        cls = RmqPushdownBatchReader if pushdown_enabled() else RmqBatchReader
+        return cls(opts, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from rmq_spark.datasource.stream_reader import RmqStreamReader
+
+        opts = parse_source_options(self.options, streaming=True)
+        _check_schema(schema, source_schema(opts.avro_schema))
+        return RmqStreamReader(opts, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from rmq_spark.datasource.writer import RmqBatchWriter
+
+        if overwrite:
+            raise ConfigError("format rmq appends messages; save mode 'overwrite' is not supported")
+        return RmqBatchWriter(parse_sink_options(self.options, streaming=False), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from rmq_spark.datasource.writer import RmqStreamWriter
+
+        return RmqStreamWriter(parse_sink_options(self.options, streaming=True), schema)  # type: ignore[return-value]

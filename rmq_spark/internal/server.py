@@ -1,0 +1,226 @@
+"""The private connector service: what the Spark data source asks a broker for.
+
+``make_internal_handler(core)`` returns a ``grpc.GenericRpcHandler`` for service
+``rmq_spark.internal.Connector`` that the broker mounts on its gRPC server next to RocketMQ's
+``MessagingService``.  Requests and responses are JSON or Arrow IPC frames
+(:mod:`rmq_spark.internal.codec`); no ``.proto`` files.
+
+=================  ===================================================  =========================
+method             request                                              response
+=================  ===================================================  =========================
+Ping               {}                                                   {"pid"}
+Info               {}                                                   store root, host, pid ...
+Topics             {}                                                   {"topics": {name: queues}}
+Offsets            {"topics"}                                           {"max", "min"} (one
+                                                                        atomic max snapshot)
+OffsetsForTimes    {"queues": {topic: [q]}, "timestamp_ms"}             {topic: {q: offset}}
+ReadArrow          {"topic", "queue_id", "start", "end", "tags", "sql"} stream of Arrow IPC
+Send               frame: header + Arrow rows                           {"count", "offsets"}
+CommitBatch        {"query_id", "batch_id", "attempt", "offsets"}       {"outcome"}
+AbortBatch         {"query_id", "batch_id", "attempt", "offsets"}       {"rolled_back"}
+CommitOffsets      {"group", "offsets"}                                 {}
+QueryOffsets       {"group", "topics"}                                  {"offsets"}
+SinkStatus         {"query_id"}                                         {"batches"}
+=================  ===================================================  =========================
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from rmq_spark import errors as E
+from rmq_spark.internal import codec
+from rmq_spark.internal.client import SERVICE
+from rmq_spark.internal.sink_service import SinkService
+from rmq_spark.store import layout as L
+
+_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (E.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (E.MessageIllegalError, grpc.StatusCode.INVALID_ARGUMENT),
+    (E.FilterExpressionError, grpc.StatusCode.INVALID_ARGUMENT),
+    (E.CorruptStoreError, grpc.StatusCode.DATA_LOSS),
+    (E.StoreError, grpc.StatusCode.FAILED_PRECONDITION),
+    (E.RmqError, grpc.StatusCode.INTERNAL),
+    (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
+]
+
+
+def _status_of(exc: BaseException) -> grpc.StatusCode:
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    name = type(exc).__name__ if isinstance(exc, E.RmqError) else ""
+    if name:
+        context.set_trailing_metadata(((codec.ERROR_METADATA_KEY, name),))
+    detail = str(exc) if isinstance(exc, (E.RmqError, ValueError)) else "".join(
+        traceback.format_exception_only(type(exc), exc)
+    ).strip()
+    context.abort(_status_of(exc), detail)
+
+
+class ConnectorService:
+    """The methods, on a :class:`rmq_spark.core.BrokerCore`."""
+
+    def __init__(self, core) -> None:  # type: ignore[no-untyped-def]
+        self.core = core
+        self.store = core.store
+        self.sink = SinkService(core)
+
+    # --- metadata -----------------------------------------------------------------------------------------
+    def ping(self, _req: dict) -> dict:
+        return {"pid": os.getpid()}
+
+    def info(self, _req: dict) -> dict:
+        cfg = self.store.config
+        return {
+            "version": 1,
+            "store_root": self.store.root,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "broker_name": getattr(self.core.config, "broker_name", ""),
+            "delay_levels_ms": list(getattr(cfg, "delay_levels_ms", [])),
+            "commitlog_segment_bytes": cfg.commitlog_segment_bytes,
+            "cq_segment_units": cfg.cq_segment_units,
+            "transactions": self.sink.transactions_available,
+        }
+
+    def topics(self, _req: dict) -> dict:
+        out: dict[str, int] = {}
+        for name, cfg in list(self.store.topics.topics.items()):
+            if not _user_topic(name):
+                continue
+            out[name] = max(cfg.read_queue_nums, cfg.write_queue_nums)
+        for t, q in self.store.queue_keys():
+            if _user_topic(t):
+                out[t] = max(out.get(t, 0), q + 1)
+        return {"topics": dict(sorted(out.items()))}
+
+    def offsets(self, req: dict) -> dict:
+        topics = [str(t) for t in req.get("topics", [])]
+        snap = self.store.max_offsets_snapshot(topics)  # one atomic snapshot under publish_lock
+        max_out: dict[str, dict[str, int]] = {}
+        min_out: dict[str, dict[str, int]] = {}
+        for t in topics:
+            qs = snap.get(t, {})
+            max_out[t] = {str(q): int(o) for q, o in sorted(qs.items())}
+            min_out[t] = {str(q): int(self.store.min_offset(t, q)) for q in sorted(qs)}
+        return {"max": max_out, "min": min_out}
+
+    def offsets_for_times(self, req: dict) -> dict:
+        ts = int(req["timestamp_ms"])
+        out: dict[str, dict[str, int]] = {}
+        for t, qs in req.get("queues", {}).items():
+            out[t] = {str(q): int(self.store.offset_by_time(t, int(q), ts)) for q in qs}
+        return out
+
+    # --- reads -----------------------------------------------------------------------------------------------
+    def read_arrow(self, req: dict) -> Iterator[bytes]:
+        from rmq_spark.datasource.filters import make_filters
+
+        topic, qid = str(req["topic"]), int(req["queue_id"])
+        start, end = int(req["start"]), int(req["end"])
+        tag_filter, sql_filter = make_filters(req.get("tags"), req.get("sql"))
+        hi = self.store.max_offset(topic, qid)
+        if end > hi:
+            raise E.StoreError(f"queue {topic}/{qid} holds offsets up to {hi}, asked for {end}")
+        step = 262_144
+        pos = start
+        while pos < end:
+            stop = min(end, pos + step)
+            batch = self.store.read_arrow(topic, qid, pos, stop, tag_filter=tag_filter, sql_filter=sql_filter)
+            if batch.num_rows:
+                yield codec.dump_batch(batch)
+            pos = stop
+
+    # --- consumer offsets ------------------------------------------------------------------------------------
+    def commit_offsets(self, req: dict) -> dict:
+        from rmq_spark.store.validation import check_group
+
+        group = str(req["group"])
+        check_group(group)
+        offsets = {t: {int(q): int(o) for q, o in qs.items()} for t, qs in req.get("offsets", {}).items()}
+        self.store.offsets.commit_many(group, offsets, persist=True)
+        return {}
+
+    def query_offsets(self, req: dict) -> dict:
+        group = str(req["group"])
+        out = {}
+        for t in req.get("topics", []):
+            out[t] = {str(q): o for q, o in sorted(self.store.offsets.query_topic(group, t).items())}
+        return {"offsets": out}
+
+    # --- the sink -----------------------------------------------------------------------------------------------
+    def send(self, frame: codec.Frame) -> dict:
+        return self.sink.send(frame.header, frame.table)
+
+    def commit_batch(self, req: dict) -> dict:
+        return self.sink.commit_batch(str(req["query_id"]), int(req["batch_id"]), str(req["attempt"]), req.get("offsets", []))
+
+    def abort_batch(self, req: dict) -> dict:
+        return self.sink.abort_batch(str(req["query_id"]), int(req["batch_id"]), str(req["attempt"]), req.get("offsets", []))
+
+    def sink_status(self, req: dict) -> dict:
+        return {"batches": {str(b): a for b, a in sorted(self.sink.commits.batches(str(req["query_id"])).items())}}
+
+
+_SYSTEM_PREFIXES = (L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX)
+_TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+
+def _user_topic(name: str) -> bool:
+    return not L.is_system_topic(name) and not name.startswith(_SYSTEM_PREFIXES) and bool(_TOPIC_NAME.match(name))
+
+
+def _unary(fn: Callable[[Any], Any], decode: Callable[[bytes], Any], encode: Callable[[Any], bytes]) -> grpc.RpcMethodHandler:
+    def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            return encode(fn(decode(request)))
+        except Exception as exc:  # translated to a status code at this seam
+            _abort(context, exc)
+            raise  # unreachable: abort raises
+
+    return grpc.unary_unary_rpc_method_handler(handler, request_deserializer=codec.identity, response_serializer=codec.identity)
+
+
+def _stream(fn: Callable[[Any], Iterator[bytes]]) -> grpc.RpcMethodHandler:
+    def handler(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        try:
+            yield from fn(codec.load_json(request))
+        except Exception as exc:
+            _abort(context, exc)
+
+    return grpc.unary_stream_rpc_method_handler(handler, request_deserializer=codec.identity, response_serializer=codec.identity)
+
+
+def make_internal_handler(core) -> grpc.GenericRpcHandler:  # type: ignore[no-untyped-def]
+    """The generic handler the broker adds with ``server.add_generic_rpc_handlers((h,))``."""
+    svc = ConnectorService(core)
+    j, dj = codec.load_json, codec.dump_json
+    methods = {
+        "Ping": _unary(svc.ping, j, dj),
+        "Info": _unary(svc.info, j, dj),
+        "Topics": _unary(svc.topics, j, dj),
+        "Offsets": _unary(svc.offsets, j, dj),
+        "OffsetsForTimes": _unary(svc.offsets_for_times, j, dj),
+        "ReadArrow": _stream(svc.read_arrow),
+        "Send": _unary(svc.send, codec.load_frame, dj),
+        "CommitBatch": _unary(svc.commit_batch, j, dj),
+        "AbortBatch": _unary(svc.abort_batch, j, dj),
+        "CommitOffsets": _unary(svc.commit_offsets, j, dj),
+        "QueryOffsets": _unary(svc.query_offsets, j, dj),
+        "SinkStatus": _unary(svc.sink_status, j, dj),
+    }
+    handler = grpc.method_handlers_generic_handler(SERVICE, methods)
+    handler.connector = svc  # type: ignore[attr-defined]  # tests reach the service through it
+    return handler

@@ -1,0 +1,273 @@
+"""The broker side of the Spark sink: rows in, messages stored; exactly-once commits.
+
+``send`` stores one Arrow table of rows with ONE put (``core.send``), as plain messages
+(at-least-once) or as transactional half messages tagged with the sink key
+``<queryId>|<batchId>|<attempt>`` (exactly-once); it returns the halves' CommitLog offsets.
+
+``commit_batch`` follows ``docs/semantics.md`` section 1, under one lock:
+
+1. a commit record for (query, batch) exists -> this is a replay: roll back this attempt's
+   halves (``ALREADY_COMMITTED``);
+2. this attempt was given up (an abort record exists: rolled back by an abort or by the
+   check-back) -> fail, so Spark replays the batch with a fresh attempt;
+3. otherwise write the commit record durably, then commit every half of the attempt in one
+   atomic group commit (``COMMITTED``).
+
+Only this service ends the sink's halves, and it writes an abort record before it rolls any
+half of an attempt back, so an attempt without one has all its halves pending: step 3 needs no
+per-half check.  Halves whose producer died are decided by the resolver registered with the
+transaction service: commit iff a commit record of the *same attempt* exists; otherwise roll
+back (abort record first) when another attempt committed the batch or the attempt has sent
+nothing for ``ATTEMPT_IDLE_MS``; a live attempt still writing a long batch gets UNKNOWN, so the
+check-back asks again later.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import threading
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rmq_spark.errors import MessageIllegalError, StoreError
+from rmq_spark.internal.sinklog import SinkCommitLog
+from rmq_spark.internal.txn import HalfLedger, Outcome, Resolution
+from rmq_spark.store import layout as L
+from rmq_spark.store.filter import java_string_hash
+from rmq_spark.store.message import Message
+from rmq_spark.store.validation import check_topic
+
+SINK_PRODUCER_GROUP = "rmq-spark-sink"
+P_SINK_KEY = "__RMQ_SPARK_SINK"  # <queryId>|<batchId>|<attempt> on every half of the sink
+ATTEMPT_IDLE_MS = 300_000  # an attempt silent this long, and not committed, is given up
+ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
+
+
+def sink_key(query_id: str, batch_id: int, attempt: str) -> str:
+    return f"{query_id}|{batch_id}|{attempt}"
+
+
+def parse_sink_key(key: str) -> tuple[str, int, str] | None:
+    parts = key.split("|")
+    if len(parts) != 3 or not parts[1].lstrip("-").isdigit():
+        return None
+    return parts[0], int(parts[1]), parts[2]
+
+
+def encode_offsets(offsets: np.ndarray) -> str:
+    return base64.b64encode(np.asarray(offsets, dtype="<i8").tobytes()).decode("ascii")
+
+
+def decode_offsets(parts: list[str]) -> list[int]:
+    arrays = [np.frombuffer(base64.b64decode(p), dtype="<i8") for p in parts if p]
+    return np.concatenate(arrays).tolist() if arrays else []
+
+
+class SinkService:
+    def __init__(self, core) -> None:  # type: ignore[no-untyped-def]
+        self.core = core
+        self.store = core.store
+        self.commits = SinkCommitLog(core.store)
+        self.ledger = HalfLedger(core) if getattr(core, "transactions", None) is not None else None
+        self._lock = threading.RLock()
+        self._last_send_ms: dict[str, int] = {}  # attempt -> (broker clock) time of its last send
+        self._rr = itertools.count()
+        if self.ledger is not None:
+            self.ledger.register_resolver(SINK_PRODUCER_GROUP, self.resolve)
+
+    @property
+    def transactions_available(self) -> bool:
+        return self.ledger is not None
+
+    def _halves(self) -> HalfLedger:
+        if self.ledger is None:
+            raise StoreError("this broker has no transaction service: write with transactional=false")
+        return self.ledger
+
+    # --- send ----------------------------------------------------------------------------------------------
+    def send(self, header: dict[str, Any], table: pa.Table | None) -> dict[str, Any]:
+        if table is None or table.num_rows == 0:
+            return {"count": 0, "offsets": ""}
+        mode = header.get("mode", "normal")
+        if mode not in ("normal", "half"):
+            raise MessageIllegalError(f"send mode must be 'normal' or 'half', not {mode!r}")
+        unknown = set(table.column_names) - set(ROW_COLUMNS)
+        if unknown:
+            raise MessageIllegalError(f"unknown row columns {sorted(unknown)}")
+        table = table.combine_chunks()
+        n = table.num_rows
+        topics = table.column("topic")
+        if topics.null_count:
+            raise MessageIllegalError("a row has no topic: set option 'topic' or the 'topic' column")
+        body = table.column("body")
+        if body.null_count:
+            raise MessageIllegalError("a row has a null body")
+        for t in pc.unique(topics).to_pylist():
+            check_topic(t)
+        qids = self._queues(table)
+        if mode == "normal" and self._plain(table):
+            return self._send_plain(table, qids)
+        key = None
+        if mode == "half":
+            key = sink_key(str(header["query_id"]), int(header["batch_id"]), str(header["attempt"]))
+            with self._lock:
+                if self.commits.aborted(str(header["attempt"])):
+                    raise StoreError(f"sink attempt {header['attempt']} was rolled back; the batch will be replayed")
+                self._last_send_ms[str(header["attempt"])] = self.core.clock.now_ms()
+        msgs = self._messages(table, qids, key)
+        if mode == "half":
+            result = self._halves().put_halves(msgs, SINK_PRODUCER_GROUP)
+        else:
+            result = self.core.send(msgs)
+        if not result.ok or result.append is None:
+            raise StoreError(f"storing {n} rows failed: {result.status.value}")
+        offsets = encode_offsets(result.append.phys_offsets) if mode == "half" else ""
+        return {"count": n, "offsets": offsets}
+
+    @staticmethod
+    def _plain(table: pa.Table) -> bool:
+        """Only bodies for topics/queues: the columnar put path applies."""
+        for name in table.column_names:
+            if name in ("topic", "body", "queueId"):
+                continue
+            if table.column(name).null_count != table.num_rows:
+                return False
+        return True
+
+    def _send_plain(self, table: pa.Table, qids: np.ndarray) -> dict[str, Any]:
+        topics = table.column("topic").to_numpy(zero_copy_only=False)
+        bodies = table.column("body").to_pylist()
+        n = 0
+        keys = np.char.add(topics.astype(str), np.char.add("\x00", qids.astype(str))) if len(set(topics.tolist())) > 1 else None
+        groups: dict[tuple[str, int], np.ndarray] = {}
+        if keys is None:
+            for q in np.unique(qids).tolist():
+                groups[(str(topics[0]), int(q))] = np.flatnonzero(qids == q)
+        else:
+            for k in np.unique(keys).tolist():
+                t, q = k.split("\x00")
+                groups[(t, int(q))] = np.flatnonzero(keys == k)
+        for (t, q), idx in groups.items():
+            part = [bodies[i] for i in idx.tolist()]
+            result = self.store.put_bodies(t, q, part)
+            if not result.ok:
+                raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
+            n += len(part)
+        return {"count": n, "offsets": ""}
+
+    def _queues(self, table: pa.Table) -> np.ndarray:
+        """Queue of every row: ``queueId`` if set, else a hash of ``messageGroup`` (same group ->
+        same queue, in order), else round robin."""
+        n = table.num_rows
+        topics = table.column("topic").to_pylist()
+        distinct = list(dict.fromkeys(topics))
+        nq = {t: max(1, self.store.topics.get_or_create(t).write_queue_nums) for t in distinct}
+        if len(distinct) == 1:
+            nqs = np.full(n, nq[distinct[0]], dtype=np.int64)
+        else:
+            nqs = np.array([nq[t] for t in topics], dtype=np.int64)
+        base = next(self._rr) * 7919  # round robin, a new starting queue per call
+        out = (base + np.arange(n, dtype=np.int64)) % nqs
+        if "messageGroup" in table.column_names:
+            groups = table.column("messageGroup").to_pylist()
+            for i, g in enumerate(groups):
+                if g is not None:
+                    out[i] = abs(java_string_hash(g)) % nqs[i]
+        if "queueId" in table.column_names:
+            col = table.column("queueId")
+            if col.null_count < n:
+                given = col.to_numpy(zero_copy_only=False)
+                mask = ~pc.is_null(col).to_numpy(zero_copy_only=False)
+                vals = np.where(mask, np.nan_to_num(given.astype(float), nan=0).astype(np.int64), 0)
+                bad = mask & ((vals < 0) | (vals >= nqs))
+                if bad.any():
+                    i = int(np.flatnonzero(bad)[0])
+                    raise MessageIllegalError(
+                        f"queueId {int(vals[i])} is out of range for topic {topics[i]!r} ({int(nqs[i])} queues)"
+                    )
+                out = np.where(mask, vals, out)
+        return out
+
+    def _messages(self, table: pa.Table, qids: np.ndarray, key: str | None) -> list[Message]:
+        n = table.num_rows
+        names = set(table.column_names)
+
+        def col(name: str) -> list[Any]:
+            return table.column(name).to_pylist() if name in names else [None] * n
+
+        topics, bodies = col("topic"), col("body")
+        tags, keys, props = col("tags"), col("keys"), col("properties")
+        delays, deliver, groups = col("delayLevel"), col("deliverTimeMs"), col("messageGroup")
+        qlist = qids.tolist()
+        out = []
+        for i in range(n):
+            p: dict[str, str] = {}
+            if props[i]:
+                p.update((k, v) for k, v in props[i] if v is not None)
+                p.pop(P_SINK_KEY, None)
+            if tags[i]:
+                p[L.P_TAGS] = tags[i]
+            if keys[i]:
+                p[L.P_KEYS] = keys[i]
+            if delays[i] is not None and delays[i] > 0:
+                p[L.P_DELAY] = str(delays[i])
+            if deliver[i] is not None:
+                p[L.P_TIMER_DELIVER_MS] = str(deliver[i])
+            if groups[i] is not None:
+                p[L.P_SHARDING_KEY] = groups[i]
+            if key is not None:
+                p[P_SINK_KEY] = key
+            out.append(Message(topics[i], bodies[i], p, queue_id=qlist[i]))
+        return out
+
+    # --- commit / abort --------------------------------------------------------------------------------------
+    def commit_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> dict[str, Any]:
+        halves = decode_offsets(offsets)
+        with self._lock:
+            committed = self.commits.lookup(query_id, batch_id)
+            if committed is not None:
+                if halves and committed != attempt:
+                    self._halves().rollback(halves)
+                return {"outcome": Outcome.ALREADY_COMMITTED.value, "attempt": committed}
+            if self.commits.aborted(attempt):
+                raise StoreError(
+                    f"sink attempt {attempt} of batch {batch_id} was rolled back before its commit; "
+                    "restart the query to replay the batch"
+                )
+            self.commits.record(query_id, batch_id, attempt, self.core.clock.now_ms())
+            if halves:
+                self._halves().commit_group(halves)
+            self._last_send_ms.pop(attempt, None)
+        return {"outcome": Outcome.COMMITTED.value, "attempt": attempt}
+
+    def abort_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> dict[str, Any]:
+        halves = decode_offsets(offsets)
+        with self._lock:
+            if self.commits.lookup(query_id, batch_id) == attempt:
+                raise StoreError(f"sink attempt {attempt} of batch {batch_id} is committed; it cannot be aborted")
+            self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())
+            self._last_send_ms.pop(attempt, None)
+            if halves:
+                self._halves().rollback(halves)
+        return {"rolled_back": len(halves)}
+
+    def resolve(self, properties: dict[str, str]) -> Resolution:
+        """The check-back's answer for an orphaned half of the sink."""
+        parsed = parse_sink_key(properties.get(P_SINK_KEY, ""))
+        if parsed is None:
+            return Resolution.ROLLBACK
+        query_id, batch_id, attempt = parsed
+        with self._lock:
+            committed = self.commits.lookup(query_id, batch_id)
+            if committed == attempt:
+                return Resolution.COMMIT
+            last = self._last_send_ms.get(attempt)
+            if committed is None and last is not None and self.core.clock.now_ms() - last < ATTEMPT_IDLE_MS:
+                return Resolution.UNKNOWN
+            self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())
+            self._last_send_ms.pop(attempt, None)
+            return Resolution.ROLLBACK

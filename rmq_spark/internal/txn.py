@@ -1,0 +1,95 @@
+"""Half messages for the sink, on the broker's transaction service (``core.transactions``).
+
+:class:`HalfLedger` is the seam: store rows as halves of the sink's producer group (one put),
+commit a batch's halves in one atomic group commit (op message and all real messages in ONE
+CommitLog append, published together), roll halves back, and register the resolver that decides
+the sink's orphaned halves during the check-back.  Group results that are not successes become
+:class:`~rmq_spark.errors.StoreError`, except a retried commit (``ALREADY_COMMITTED``).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Sequence
+
+from rmq_spark.errors import StoreError
+from rmq_spark.store.message import Message
+from rmq_spark.store.store import PutResult
+
+log = logging.getLogger(__name__)
+
+# the transaction service's op message lists the group's half queue offsets in one body (at most
+# 4 MiB, about 8 bytes each): bigger batches are committed in groups of this size
+MAX_GROUP_HALVES = 300_000
+
+
+class Outcome(enum.Enum):
+    COMMITTED = "COMMITTED"
+    ALREADY_COMMITTED = "ALREADY_COMMITTED"
+
+
+class Resolution(enum.Enum):
+    """A resolver's answer (the transaction service reads it by name)."""
+
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    UNKNOWN = "UNKNOWN"
+
+
+class HalfLedger:
+    def __init__(self, core) -> None:  # type: ignore[no-untyped-def]
+        svc = getattr(core, "transactions", None)
+        if svc is None or not hasattr(svc, "commit_group"):
+            raise StoreError("this broker has no transaction service: the exactly-once sink needs one")
+        self._svc = svc
+        if getattr(svc, "real_message_hook", None) is None:
+            # a committed half that asks for a delay level or a delivery time goes through the
+            # delay and timer put hooks as its real message is written (the broker core may
+            # wire this itself; then it is left as it is)
+            hooks = [s.transform for s in (getattr(core, "schedule", None), getattr(core, "timer", None)) if s is not None]
+            if hooks:
+                svc.real_message_hook = lambda m: _chain(hooks, m)
+
+    def put_halves(self, msgs: Sequence[Message], producer_group: str) -> PutResult:
+        """Store ``msgs`` as halves of ``producer_group`` in one write (no other put hooks: a
+        delayed or timed message is delayed when its real message is written at commit)."""
+        return self._svc.prepare(msgs, producer_group)
+
+    def register_resolver(self, prefix: str, fn: Callable[[dict[str, str]], Resolution]) -> None:
+        self._svc.register_resolver(prefix, lambda half: fn(dict(half.properties)))
+
+    def commit_group(self, offsets: Sequence[int]) -> None:
+        if len(offsets) > MAX_GROUP_HALVES:
+            log.warning(
+                "a sink batch of %d messages is committed in groups of %d: readers may see it in parts",
+                len(offsets), MAX_GROUP_HALVES,
+            )
+        for i in range(0, len(offsets), MAX_GROUP_HALVES):
+            r = self._svc.commit_group(offsets[i : i + MAX_GROUP_HALVES])
+            if not r.ok and r.status.value != "ALREADY_COMMITTED":
+                raise StoreError(f"committing {len(offsets)} half messages failed: {r.status.value} {_first(r)}")
+
+    def rollback(self, offsets: Sequence[int]) -> None:
+        r = self._svc.rollback_group(list(offsets))
+        if r.ok:
+            return
+        bad = {o: s.value for o, s in r.rejected.items() if s.value not in ("ALREADY_ROLLED_BACK", "ALREADY_RESOLVED")}
+        if bad:
+            raise StoreError(f"rolling back {len(offsets)} half messages failed: {r.status.value} {_first(r)}")
+
+
+def _chain(hooks: list[Callable[[Message], Message]], msg: Message) -> Message:
+    for hook in hooks:
+        msg = hook(msg)
+    return msg
+
+
+def _first(result) -> str:  # type: ignore[no-untyped-def]
+    if not result.rejected:
+        return ""
+    off, status = next(iter(result.rejected.items()))
+    return f"(first: offset {off} {status.value})"
+
+
+__all__ = ["HalfLedger", "MAX_GROUP_HALVES", "Outcome", "Resolution"]

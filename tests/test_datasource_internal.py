@@ -1,0 +1,277 @@
+"""The private connector service over real gRPC, around an in-process BrokerCore: sends, the
+exactly-once commit protocol (replays, aborts, orphans), atomic snapshots, errors.  No Spark."""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rmq_spark.core import BrokerCore
+from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
+from rmq_spark.internal.client import CHANNEL_OPTIONS, BrokerUnavailableError, InternalClient
+from rmq_spark.internal.server import make_internal_handler
+from rmq_spark.internal.sink_service import ATTEMPT_IDLE_MS, P_SINK_KEY, sink_key
+from rmq_spark.internal.sinklog import SinkCommitLog
+from rmq_spark.internal.txn import Resolution
+from rmq_spark.store import layout as L
+from rmq_spark.store.clock import FakeClock
+
+
+class Broker:
+    def __init__(self, root: str, clock: FakeClock | None = None) -> None:
+        self.root = root
+        self.core = BrokerCore(root, clock=clock) if clock is not None else BrokerCore(root)
+        self.server = grpc.server(futures.ThreadPoolExecutor(8), options=CHANNEL_OPTIONS)
+        self.handler = make_internal_handler(self.core)
+        self.server.add_generic_rpc_handlers((self.handler,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.client = InternalClient(f"127.0.0.1:{self.port}", timeout_s=30)
+
+    @property
+    def service(self):  # type: ignore[no-untyped-def]
+        return self.handler.connector
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop(0).wait()
+        self.core.shutdown()
+
+
+@pytest.fixture
+def broker(store_dir):
+    b = Broker(store_dir)
+    yield b
+    b.close()
+
+
+def rows(topic: str, n: int, prefix: str = "m", **cols) -> pa.Table:
+    data = {"topic": [topic] * n, "body": [f"{prefix}{i}".encode() for i in range(n)]}
+    data.update(cols)
+    return pa.table(data)
+
+
+def visible(client: InternalClient, topic: str) -> list[bytes]:
+    hi, _ = client.offsets([topic])
+    out: list[bytes] = []
+    for q, end in hi.get(topic, {}).items():
+        for b in client.read_arrow(topic, int(q), 0, end):
+            out += b.column("body").to_pylist()
+    return sorted(out)
+
+
+def half(client: InternalClient, table: pa.Table, query: str, batch: int, attempt: str) -> str:
+    r = client.send(table, {"mode": "half", "query_id": query, "batch_id": batch, "attempt": attempt})
+    assert r["count"] == table.num_rows
+    return r["offsets"]
+
+
+def test_info_topics_and_plain_sends(broker):
+    c = broker.client
+    info = c.info()
+    assert info["store_root"] == broker.core.store.root and info["pid"] > 0
+    assert c.send(rows("A", 10), {"mode": "normal"}) == {"count": 10, "offsets": ""}
+    assert visible(c, "A") == sorted(f"m{i}".encode() for i in range(10))
+    hi, lo = c.offsets(["A", "Missing"])
+    assert sum(hi["A"].values()) == 10 and hi["Missing"] == {} and set(lo["A"].values()) == {0}
+    half(c, rows("B", 2), "q", 0, "a1")
+    c.commit_batch("q", 0, "a1", [])  # a commit record lands in the system topic
+    assert set(c.topics()) == {"A", "B"}  # no system topics
+
+
+def test_columns_are_honoured(broker):
+    c = broker.client
+    t = rows(
+        "C", 4,
+        tags=["x", None, "y", "x"],
+        keys=["k1 k2", None, None, "k3"],
+        properties=pa.array([[("color", "red")], None, [("n", "1")], []], pa.map_(pa.string(), pa.string())),
+        messageGroup=[None, "g", "g", None],
+        queueId=pa.array([2, None, None, 0], pa.int32()),
+    )
+    c.send(t, {"mode": "normal"})
+    hi, _ = c.offsets(["C"])
+    got = {}
+    for q, end in hi["C"].items():
+        for b in c.read_arrow("C", int(q), 0, end):
+            for r in b.to_pylist():
+                got[r["body"]] = r
+    assert got[b"m0"]["queueId"] == 2 and got[b"m3"]["queueId"] == 0
+    assert got[b"m1"]["queueId"] == got[b"m2"]["queueId"]  # same group, same queue
+    assert got[b"m0"]["tags"] == "x" and got[b"m0"]["keys"] == "k1 k2"
+    assert dict(got[b"m0"]["properties"])["color"] == "red"
+    assert dict(got[b"m1"]["properties"])[L.P_SHARDING_KEY] == "g"
+
+
+def test_commit_makes_halves_visible_at_once_and_replays_roll_back(broker):
+    c = broker.client
+    offs = half(c, rows("T", 20), "q1", 0, "att-1")
+    assert visible(c, "T") == []  # halves are never read
+    assert c.commit_batch("q1", 0, "att-1", [offs]) == {"outcome": "COMMITTED", "attempt": "att-1"}
+    assert len(visible(c, "T")) == 20
+    # the same batch written again by a replayed attempt: its halves are rolled back
+    offs2 = half(c, rows("T", 20, prefix="r"), "q1", 0, "att-2")
+    assert c.commit_batch("q1", 0, "att-2", [offs2])["outcome"] == "ALREADY_COMMITTED"
+    assert c.commit_batch("q1", 0, "att-1", [offs])["outcome"] == "ALREADY_COMMITTED"  # idempotent
+    assert len(visible(c, "T")) == 20 and all(b.startswith(b"m") for b in visible(c, "T"))
+    assert c.sink_status("q1") == {"batches": {"0": "att-1"}}
+
+
+def test_abort_rolls_back_and_the_attempt_cannot_commit_later(broker):
+    c = broker.client
+    offs = half(c, rows("T", 5), "q", 3, "dead")
+    assert c.abort_batch("q", 3, "dead", [offs]) == {"rolled_back": 5}
+    with pytest.raises(StoreError, match="rolled back"):
+        c.commit_batch("q", 3, "dead", [offs])
+    with pytest.raises(StoreError, match="rolled back"):
+        half(c, rows("T", 1), "q", 3, "dead")
+    offs2 = half(c, rows("T", 5, prefix="n"), "q", 3, "alive")
+    c.commit_batch("q", 3, "alive", [offs2])
+    assert visible(c, "T") == sorted(f"n{i}".encode() for i in range(5))
+
+
+def test_resolver_decides_orphans_by_the_same_attempt(broker):
+    sink = broker.service.sink
+    c = broker.client
+    offs = half(c, rows("T", 2), "q", 7, "winner")
+    c.commit_batch("q", 7, "winner", [offs])
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 7, "winner")}) is Resolution.COMMIT
+    # a dead attempt of the same batch (its driver was killed before commit): never committed
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 7, "loser")}) is Resolution.ROLLBACK
+    # a live attempt still writing a long batch: ask again later
+    half(c, rows("T", 1), "q", 8, "writing")
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 8, "writing")}) is Resolution.UNKNOWN
+    # ... until it has been silent too long: rolled back, and it cannot commit after that
+    sink._last_send_ms["writing"] -= ATTEMPT_IDLE_MS + 1
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 8, "writing")}) is Resolution.ROLLBACK
+    with pytest.raises(StoreError, match="rolled back before its commit"):
+        c.commit_batch("q", 8, "writing", [])
+    # an attempt this broker never saw (it restarted since): rolled back
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 9, "unknown")}) is Resolution.ROLLBACK
+    assert sink.resolve({}) is Resolution.ROLLBACK
+
+
+def test_check_back_decides_orphans_by_the_commit_record_of_the_same_attempt(store_dir):
+    """The trap of semantics.md: a dead attempt of batch N must vanish even though a later
+    attempt of batch N committed; a recorded attempt whose group commit never ran must appear."""
+    clock = FakeClock()
+    b = Broker(store_dir, clock)
+    try:
+        c, txn = b.client, b.core.transactions
+        half(c, rows("X", 6, prefix="dead"), "q", 5, "A")  # the driver died before commit
+        offs_b = half(c, rows("X", 6, prefix="replay"), "q", 5, "B")
+        assert c.commit_batch("q", 5, "B", [offs_b])["outcome"] == "COMMITTED"
+        half(c, rows("X", 4, prefix="torn"), "q", 6, "C")
+        b.service.sink.commits.record("q", 6, "C", clock.now_ms())  # the broker died right here
+        half(c, rows("X", 3, prefix="live"), "q", 7, "D")  # still being written
+        clock.advance(int(b.core.config.transaction_timeout_s * 1000) + 1000)
+        txn.check_once()
+        got = visible(c, "X")
+        assert got == sorted([f"replay{i}".encode() for i in range(6)] + [f"torn{i}".encode() for i in range(4)])
+        clock.advance(ATTEMPT_IDLE_MS + 1000)  # D went silent: given up
+        txn.check_once()
+        assert visible(c, "X") == got
+        with pytest.raises(StoreError, match="rolled back"):
+            c.commit_batch("q", 7, "D", [])
+    finally:
+        b.close()
+
+
+def test_commit_records_survive_a_restart(store_dir):
+    b = Broker(store_dir)
+    offs = half(b.client, rows("T", 3), "q", 0, "a")
+    b.client.commit_batch("q", 0, "a", [offs])
+    gone = half(b.client, rows("T", 2, prefix="x"), "q", 1, "given-up")
+    b.client.abort_batch("q", 1, "given-up", [gone])
+    b.close()
+    b = Broker(store_dir)
+    try:
+        assert b.client.commit_batch("q", 0, "other", [])["outcome"] == "ALREADY_COMMITTED"
+        assert SinkCommitLog(b.core.store).lookup("q", 0) == "a"
+        with pytest.raises(StoreError, match="rolled back"):  # an abort is durable too
+            b.client.commit_batch("q", 1, "given-up", [gone])
+        assert len(visible(b.client, "T")) == 3
+    finally:
+        b.close()
+
+
+def test_snapshots_never_split_a_group_commit(broker):
+    """Every max-offsets snapshot holds all of a committed batch or none of it."""
+    c = broker.client
+    batch_rows = 37  # spread over the 4 queues of the topic
+    stop = threading.Event()
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def poll() -> None:
+        reader = InternalClient(c.endpoint)
+        try:
+            while not stop.is_set():
+                hi, _ = reader.offsets(["G"])
+                seen.append(sum(hi["G"].values()))
+        except BaseException as e:  # reported below
+            errors.append(e)
+        finally:
+            reader.close()
+
+    th = threading.Thread(target=poll)
+    th.start()
+    try:
+        for i in range(25):
+            offs = half(c, rows("G", batch_rows, prefix=f"b{i}-"), "atomic", i, f"a{i}")
+            c.commit_batch("atomic", i, f"a{i}", [offs])
+    finally:
+        stop.set()
+        th.join()
+    assert not errors
+    assert seen and all(n % batch_rows == 0 for n in seen)
+    assert len(visible(c, "G")) == 25 * batch_rows
+
+
+def test_errors_cross_the_wire_as_their_classes(broker):
+    c = broker.client
+    with pytest.raises(MessageIllegalError, match="characters outside"):
+        c.send(rows("bad/topic", 1), {"mode": "normal"})
+    with pytest.raises(MessageIllegalError, match="system topic"):
+        c.send(rows(L.TRANS_HALF_TOPIC, 1), {"mode": "normal"})
+    with pytest.raises(MessageIllegalError, match="limit is"):
+        c.send(pa.table({"topic": ["T"], "body": [b"x" * (4 * 1024 * 1024 + 1)], "tags": ["t"]}), {"mode": "normal"})
+    with pytest.raises(MessageIllegalError, match="out of range"):
+        c.send(rows("T", 1, queueId=pa.array([9], pa.int32())), {"mode": "normal"})
+    with pytest.raises(MessageIllegalError, match="null body"):
+        c.send(pa.table({"topic": ["T"], "body": pa.array([None], pa.binary())}), {"mode": "normal"})
+    with pytest.raises(MessageIllegalError, match="no topic"):
+        c.send(pa.table({"topic": pa.array([None], pa.string()), "body": [b"x"]}), {"mode": "normal"})
+    with pytest.raises(ConfigError, match="option 'sql'"):
+        list(c.read_arrow("T", 0, 0, 0, sql="a >"))
+    with pytest.raises(StoreError, match="holds offsets up to"):
+        list(c.read_arrow("T", 0, 0, 1000))
+    dead = InternalClient("127.0.0.1:1", timeout_s=2)
+    with pytest.raises(BrokerUnavailableError):
+        dead.ping(timeout_s=1)
+
+
+def test_consumer_offsets_and_times(broker):
+    c = broker.client
+    c.send(rows("O", 8), {"mode": "normal"})
+    c.commit_offsets("g1", {"O": {"0": 2, "1": 1}})
+    assert c.query_offsets("g1", ["O"]) == {"O": {"0": 2, "1": 1}}
+    assert broker.core.store.offsets.query("g1", "O", 0) == 2
+    far = c.offsets_for_times({"O": [0, 1]}, 2**62)
+    hi, _ = c.offsets(["O"])
+    assert far == {"O": {"0": hi["O"]["0"], "1": hi["O"]["1"]}}
+    assert c.offsets_for_times({"O": [0]}, 0) == {"O": {"0": 0}}
+
+
+def test_many_rows_go_through_one_put(broker):
+    c = broker.client
+    n = 50_000
+    bodies = np.arange(n).astype(str).tolist()
+    c.send(pa.table({"topic": ["Big"] * n, "body": pa.array(bodies).cast(pa.binary())}), {"mode": "normal"})
+    hi, _ = c.offsets(["Big"])
+    assert sum(hi["Big"].values()) == n
