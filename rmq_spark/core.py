@@ -73,9 +73,13 @@ class BrokerCore:
                 svc.start()
 
     def transform(self, msg: Message) -> Message:
-        for svc in self.services:
-            msg = svc.transform(msg)
-        return msg
+        """Run the put hooks.  A message that became a half stops there: its delay or delivery
+        time applies to the real message written when it is committed (``_delivery_hooks``)."""
+        if self.transactions is not None:
+            half = self.transactions.transform(msg)
+            if half is not msg:
+                return half
+        return self._delivery_hooks(msg)
 
     def _delivery_hooks(self, msg: Message) -> Message:
         """The put hooks after the transaction one: applied to a committed half's real message."""
