@@ -300,6 +300,109 @@ def test_commit_group_is_one_append_with_one_batched_op(env):
     assert len(env.real("T")) == 6
 
 
+def _mixed_batch(n: int) -> list[Message]:
+    """Messages of two topics and four queues; some carry their own UNIQ_KEY, PGROUP or the
+    half-only properties, some an IPv6 born host, a flag or a reconsume count."""
+    out = []
+    for i in range(n):
+        props = {"TAGS": f"t{i % 3}", "KEYS": f"k{i} k{i}b", "order": str(i)}
+        if i % 5 == 0:
+            props[L.P_UNIQ_KEY] = f"CLIENT-{i}"
+        if i % 7 == 0:
+            props.update({L.P_TRAN_MSG: "true", L.P_REAL_TOPIC: "Elsewhere", L.P_PGROUP: "other"})
+        out.append(
+            Message(
+                "T" if i % 2 else "U",
+                b"body-%d" % i,
+                props,
+                queue_id=i % 4,
+                flag=i % 3,
+                born_timestamp_ms=1000 + i,
+                born_host="::1" if i % 11 == 0 else "10.0.0.%d" % (i % 3),
+                born_port=i,
+                reconsume_times=i % 2,
+            )
+        )
+    return out
+
+
+def _expected_real(m: Message, uniq: str) -> dict[str, str]:
+    drop = {L.P_TRAN_MSG, L.P_REAL_TOPIC, L.P_REAL_QID}
+    props = {k: v for k, v in m.properties.items() if k not in drop}
+    props.update({L.P_UNIQ_KEY: uniq, L.P_TRANSACTION_ID: uniq, L.P_PGROUP: PG})
+    return props
+
+
+@pytest.mark.parametrize("from_disk", [False, True])
+def test_a_big_group_commit_stores_each_half_as_its_real_message(env, from_disk):
+    """The bulk prepare / commit (properties encoded once, at prepare) against the record-level
+    rules, both for halves still in memory and for halves read back after a restart."""
+    msgs = _mixed_batch(300)
+    r = env.svc.prepare(msgs, PG)
+    assert r.ok and len(r.uniq_keys) == 300
+    own = [u for i, u in enumerate(r.uniq_keys) if i % 5 == 0]
+    assert own == [f"CLIENT-{i}" for i in range(0, 300, 5)]
+    halves = env.queue(HALF)
+    assert [h.commitlog_offset for h in halves] == r.append.phys_offsets.tolist()
+    for m, h, u in zip(msgs, halves, r.uniq_keys):
+        assert h.properties == {
+            **_expected_real(m, u),
+            L.P_REAL_TOPIC: m.topic,
+            L.P_REAL_QID: str(m.queue_id),
+            L.P_TRAN_MSG: "true",
+        }
+        assert (h.body, h.flag, h.born_host, h.born_port) == (
+            m.body, m.flag, m.born_host, m.born_port
+        )
+    if from_disk:
+        env.restart()
+    g = env.svc.commit_group(r.append.phys_offsets.tolist())
+    assert g.ok and sorted(g.transaction_ids) == sorted(r.uniq_keys)
+    real = {m.prepared_transaction_offset: m for m in env.real("T") + env.real("U")}
+    assert len(real) == 300
+    for m, p, u in zip(msgs, r.append.phys_offsets.tolist(), r.uniq_keys):
+        got = real[p]
+        assert (got.topic, got.queue_id, got.body, got.flag, got.reconsume_times) == (
+            m.topic, m.queue_id, m.body, m.flag, m.reconsume_times
+        )
+        assert (got.born_timestamp_ms, got.born_host, got.born_port) == (
+            m.born_timestamp_ms, m.born_host, m.born_port
+        )
+        assert got.properties == _expected_real(m, u)
+        assert got.transaction_type == L.TRANSACTION_COMMIT_TYPE
+    tags = env.store.read_arrow("T", 1, 0, 100).column("tags").to_pylist()
+    assert tags == [f"t{i % 3}" for i in range(1, 300, 4)]  # tagsCode and tag agree
+
+
+def test_fast_property_encoding_equals_the_store_one():
+    from rmq_spark.store.message import encode_properties
+    from rmq_spark.store.transaction import _encode_props
+
+    cases = [
+        {},
+        {"a": "1", "KEYS": "k1 k2", "u": "\u00e9\u4e2d"},
+        {"a": None, "b": "2"},  # None is dropped
+        {"n": 5, "b": "x"},  # a non-string value is str()-ed
+        {L.TRANSIENT_PREFIX + "x": "1", "b": "2"},  # a transient key is not stored
+        {"b": "v" + L.TRANSIENT_PREFIX},  # ... but a value may contain the prefix
+    ]
+    for props in cases:
+        assert _encode_props(props) == encode_properties(props)  # type: ignore[arg-type]
+
+
+def test_prepare_validates_like_put_messages(env):
+    with pytest.raises(MessageIllegalError, match="body"):
+        env.svc.prepare([Message("T", b"ok"), Message("T", None)], PG)  # type: ignore[arg-type]
+    with pytest.raises(MessageIllegalError, match="properties"):
+        env.svc.prepare([Message("T", b"x", {"big": "v" * 40_000})], PG)
+    with pytest.raises(MessageIllegalError, match="system topic"):
+        env.svc.prepare([Message(HALF, b"x")], PG)
+    assert env.store.commitlog.max_offset == 0  # nothing was written
+    r = env.svc.prepare([Message("T", bytearray(b"view"))], PG)
+    assert env.svc.commit_group(r.append.phys_offsets.tolist()).ok
+    assert [m.body for m in env.real()] == [b"view"]
+
+
 def test_commit_group_writes_nothing_unless_every_half_is_pending(env):
     hs = env.prepare(4)
     assert env.end(hs[1], A.ROLLBACK) is EndTxStatus.SUCCESS
@@ -623,28 +726,33 @@ class _Model:
 
     def _install(self) -> None:
         env = self.env
-        put, commit_many = env.store.put_messages, env.store.offsets.commit_many
+        commit_many = env.store.offsets.commit_many
 
-        def crashing_put(msgs, allow_system=True):  # type: ignore[no-untyped-def]
-            mode = self.rng.random()
-            if mode < self.crash_rate / 3:
-                raise _Crash()
-            if mode < self.crash_rate:
-                r = put(msgs, allow_system)
-                if mode < self.crash_rate * 2 / 3 and r.append.wrote_bytes > 1:
-                    self.tear = (
-                        r.append.wrote_offset + self.rng.randrange(1, r.append.wrote_bytes),
-                        r.append.end_offset,
-                    )
-                raise _Crash()
-            return put(msgs, allow_system)
+        def crashing(put):  # type: ignore[no-untyped-def]
+            def crashing_put(*args, **kw):  # type: ignore[no-untyped-def]
+                mode = self.rng.random()
+                if mode < self.crash_rate / 3:
+                    raise _Crash()
+                if mode < self.crash_rate:
+                    r = put(*args, **kw)
+                    if mode < self.crash_rate * 2 / 3 and r.append.wrote_bytes > 1:
+                        self.tear = (
+                            r.append.wrote_offset + self.rng.randrange(1, r.append.wrote_bytes),
+                            r.append.end_offset,
+                        )
+                    raise _Crash()
+                return put(*args, **kw)
+
+            return crashing_put
 
         def crashing_commit(*a, **k):  # type: ignore[no-untyped-def]
             if self.rng.random() < self.crash_rate:
                 raise _Crash()
             return commit_many(*a, **k)
 
-        env.store.put_messages = crashing_put  # type: ignore[method-assign]
+        # the service writes through put_encoded (prepare, end), the check through put_messages
+        env.store.put_messages = crashing(env.store.put_messages)  # type: ignore[method-assign]
+        env.store.put_encoded = crashing(env.store.put_encoded)  # type: ignore[method-assign]
         env.store.offsets.commit_many = crashing_commit  # type: ignore[method-assign]
         env.svc.register_resolver(PG, self.resolve)
         self.tear = None
