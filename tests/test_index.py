@@ -23,6 +23,7 @@ from rmq_spark.store.index import (
     HEADER,
     IndexFile,
     IndexService,
+    index_hash,
     index_hashes,
     java_string_hashes,
 )
@@ -78,6 +79,10 @@ def test_java_hash_known_values():
 @given(st.lists(st.text(max_size=40), max_size=30))
 def test_vectorized_hash_equals_scalar_java_hash(strings):
     assert java_string_hashes(strings).tolist() == [java_string_hash(s) for s in strings]
+    # the scalar keyHash (a few keys) equals the vectorized one (many keys)
+    vectorized = np.abs(java_string_hashes(strings).astype(np.int64))
+    vectorized[vectorized > 2**31 - 1] = 0
+    assert [index_hash(s) for s in strings] == vectorized.tolist()
 
 
 # --- IndexFile ------------------------------------------------------------------------------

@@ -79,14 +79,47 @@ def encode_example(n: int = 1):
     )
 
 
-def test_reference_example_is_158_bytes_golden():
-    b = encode_example(10)
-    phys = np.arange(10, dtype=np.int64) * 158
-    b.finalize(phys, np.arange(10), 1_700_000_000_999)
-    assert len(b.buf) == 1580  # ReputMessageServiceTest: 10 messages -> max phy offset 1580
-    for i in range(10):
+@pytest.mark.parametrize("n", [10, 40])  # a few records are encoded with struct, more with numpy
+def test_reference_example_is_158_bytes_golden(n):
+    b = encode_example(n)
+    phys = np.arange(n, dtype=np.int64) * 158
+    b.finalize(phys, np.arange(n), 1_700_000_000_999)
+    assert len(b.buf) == 158 * n  # ReputMessageServiceTest: 10 messages -> max phy offset 1580
+    for i in range(n):
         assert bytes(b.buf[i * 158 : (i + 1) * 158]) == golden_record(i * 158, i, 1_700_000_000_999)
     assert record_length(0, 32, 6, 29) == 158
+
+
+def test_few_and_many_record_encoders_write_the_same_bytes():
+    rng = np.random.default_rng(5)
+    n = 40
+    topics = [("T%d" % (i % 3)) if i % 7 else "%RETRY%" + "g" * 150 for i in range(n)]
+    bodies = [rng.bytes(int(k)) for k in rng.integers(0, 300, n)]
+    props = [{"TAGS": "tag%d" % (i % 4), "KEYS": "k%d" % i, "UNIQ_KEY": "%032X" % i} for i in range(n)]
+    hosts = [bytes(15) + b"\x01" if i % 5 == 0 else bytes([10, 0, 0, i]) for i in range(n)]
+    cols = dict(
+        flags=rng.integers(0, 9, n), sys_flags=rng.integers(0, 2, n) * L.TRANSACTION_COMMIT_TYPE,
+        born_timestamps=rng.integers(1, 2**40, n), born_ports=rng.integers(0, 65535, n),
+        reconsume_times=rng.integers(0, 16, n), prepared_offsets=rng.integers(0, 2**40, n),
+    )  # fmt: skip
+    enc = [encode_properties(p) for p in props]
+    qids = rng.integers(0, 8, n)
+    many = encode_batch(topics, qids, bodies, props, enc, born_hosts=hosts, store_host=bytes([1, 2, 3, 4]),
+                        store_port=9, prop_crc=True, **cols)  # fmt: skip
+    few_bufs = []
+    for a in range(0, n, 4):
+        part = {k: v[a : a + 4] for k, v in cols.items()}
+        few = encode_batch(topics[a : a + 4], qids[a : a + 4], bodies[a : a + 4], props[a : a + 4],
+                           enc[a : a + 4], born_hosts=hosts[a : a + 4], store_host=bytes([1, 2, 3, 4]),
+                           store_port=9, prop_crc=True, **part)  # fmt: skip
+        np.testing.assert_array_equal(few.sizes, many.sizes[a : a + 4])
+        np.testing.assert_array_equal(few.sys_flags, many.sys_flags[a : a + 4])
+        np.testing.assert_array_equal(few.tags_codes, many.tags_codes[a : a + 4])
+        np.testing.assert_array_equal(few.store_ts_pos, many.store_ts_pos[a : a + 4])
+        few.finalize(many.rel_pos[a : a + 4] + 1000, np.arange(a, a + 4), 77)
+        few_bufs.append(bytes(few.buf))
+    many.finalize(many.rel_pos + 1000, np.arange(n), 77)
+    assert b"".join(few_bufs) == bytes(many.buf)
 
 
 def test_decode_round_trip_and_check():

@@ -19,6 +19,7 @@ from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import MessageExt, offset_msg_ids
 from rmq_spark.store.record import (
     POS_STORE_TIMESTAMP_V4,
+    SMALL_BATCH,
     RecordCheck,
     EncodedBatch,
     blank_record,
@@ -80,6 +81,10 @@ class CommitLog:
         segment continues in the next one (split at record boundaries, a BLANK record between);
         it is still published as one unit."""
         n = len(batch)
+        if 0 < n <= SMALL_BATCH:
+            fast = self._append_small(batch)
+            if fast is not None:
+                return fast
         sizes = batch.sizes.astype(np.int64)
         if n and int(sizes.max()) + L.END_FILE_MIN_BLANK_BYTES > self.segment_bytes:
             raise StoreError(
@@ -136,6 +141,44 @@ class CommitLog:
             b = int(batch.rel_pos[j - 1]) + int(sizes[j - 1])
             assert mf.from_offset + mf.wrote_position == at
             mf.write(memoryview(batch.buf)[a:b])
+        last_end = int(phys[-1]) + int(sizes[-1]) if n else base
+        return self._results(batch, phys, qoffs, now, base, last_end, n)
+
+    def _append_small(self, batch: EncodedBatch) -> tuple[AppendResult, DispatchBatch] | None:
+        """:meth:`append` for a few records that fit the current segment, in plain Python (numpy's
+        per-call cost dominates there); None when the batch needs the general path."""
+        mf = self.mfq.last_file()
+        if mf is None:
+            return None
+        sizes = batch.sizes.tolist()
+        total = sum(sizes)
+        if mf.wrote_position + total + L.END_FILE_MIN_BLANK_BYTES > self.segment_bytes:
+            return None
+        base = mf.from_offset + mf.wrote_position
+        phys_list = [base + r for r in batch.rel_pos.tolist()]
+        qoff_list = []
+        table = self.queue_table
+        for topic, qid, sf in zip(batch.topics, batch.queue_ids.tolist(), batch.sys_flags.tolist()):
+            tran = sf & L.TRANSACTION_MASK
+            if tran == L.TRANSACTION_NOT_TYPE or tran == L.TRANSACTION_COMMIT_TYPE:
+                key = (topic, qid)
+                q = table.get(key, 0)
+                table[key] = q + 1
+                qoff_list.append(q)
+            else:
+                qoff_list.append(0)
+        now = max(self._now_ms(), self.last_store_timestamp_ms)
+        self.last_store_timestamp_ms = now
+        phys = np.array(phys_list, dtype=np.int64)
+        qoffs = np.array(qoff_list, dtype=np.int64)
+        batch.finalize(phys_list, qoff_list, now)
+        mf.write(memoryview(batch.buf)[: total])
+        n = len(sizes)
+        return self._results(batch, phys, qoffs, now, base, base + total, n)
+
+    def _results(
+        self, batch: EncodedBatch, phys: np.ndarray, qoffs: np.ndarray, now: int, base: int, end: int, n: int
+    ) -> tuple[AppendResult, DispatchBatch]:
         tags = batch.tags_codes
         if self._tags_code_for is not None and L.SCHEDULE_TOPIC in batch.topics:
             tags = tags.copy()
@@ -143,10 +186,9 @@ class CommitLog:
                 code = self._tags_code_for(t, p, now)
                 if code is not None:
                     tags[i] = code
-        last_end = int(phys[-1]) + int(sizes[-1]) if n else base
         result = AppendResult(
             wrote_offset=base,
-            wrote_bytes=last_end - base,
+            wrote_bytes=end - base,
             phys_offsets=phys,
             queue_offsets=qoffs,
             store_timestamp_ms=now,

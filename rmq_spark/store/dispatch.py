@@ -75,6 +75,10 @@ class Dispatcher(Protocol):
     def dispatch(self, batch: DispatchBatch) -> None: ...
 
 
+# batches up to this many records are dispatched record by record
+SMALL_DISPATCH = 4
+
+
 class ConsumeQueueDispatcher:
     """Builds ConsumeQueue units; half (PREPARED) and ROLLBACK records get none."""
 
@@ -82,6 +86,9 @@ class ConsumeQueueDispatcher:
         self._store = store
 
     def dispatch(self, batch: DispatchBatch) -> None:
+        if len(batch.phys) <= SMALL_DISPATCH:
+            self._dispatch_small(batch)
+            return
         mask = batch.consumable()
         if mask.all():
             idx_groups = batch.groups()
@@ -97,3 +104,14 @@ class ConsumeQueueDispatcher:
                 batch.sizes[idx],
                 batch.tags_codes[idx],
             )
+
+    def _dispatch_small(self, batch: DispatchBatch) -> None:
+        """A few records, unit by unit (numpy's per-call cost dominates there)."""
+        phys, sizes, tags = batch.phys, batch.sizes, batch.tags_codes
+        qoffs = batch.queue_offsets.tolist()
+        for i, (topic, qid, sf) in enumerate(zip(batch.topics, batch.queue_ids.tolist(), batch.sys_flags.tolist())):
+            tran = sf & L.TRANSACTION_MASK
+            if tran != L.TRANSACTION_NOT_TYPE and tran != L.TRANSACTION_COMMIT_TYPE:
+                continue
+            cq = self._store.consume_queue(topic, qid, create=True)
+            cq.put_units(qoffs[i], phys[i : i + 1], sizes[i : i + 1], tags[i : i + 1])

@@ -73,6 +73,8 @@ INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
 _NAME = re.compile(r"^\d{17}$")
 _SCAN_BATCH_RECORDS = 4096
+SMALL_KEYS = 8  # up to this many keys are hashed and linked one by one, in plain Python
+_SLOT = struct.Struct(">i")
 assert HEADER_BYTES == 40 and ENTRY_BYTES == 20 == ENTRY_STRUCT.size
 
 _POW31: np.ndarray = np.ones(1, dtype=np.uint64)
@@ -116,8 +118,19 @@ def java_string_hashes(strings: Sequence[str]) -> np.ndarray:
     return (out & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
 
 
+def index_hash(key: str) -> int:
+    """The IndexFile keyHash of one key (plain Python: cheaper than numpy for a single key)."""
+    h = 0
+    for unit in struct.unpack(f"<{len(b := key.encode('utf-16-le', 'surrogatepass')) // 2}H", b):
+        h = (31 * h + unit) & 0xFFFFFFFF
+    h = h - 0x100000000 if h & 0x80000000 else h
+    return 0 if h == -(2**31) else abs(h)
+
+
 def index_hashes(keys: Sequence[str]) -> np.ndarray:
     """The IndexFile keyHash of each key: ``abs(hashCode)``, with ``Integer.MIN_VALUE`` -> 0."""
+    if len(keys) <= SMALL_KEYS:
+        return np.array([index_hash(k) for k in keys], dtype=np.int32)
     h = np.abs(java_string_hashes(keys).astype(np.int64))
     h[h > INT_MAX] = 0
     return h.astype(np.int32)
@@ -200,6 +213,8 @@ class IndexFile:
         k = min(self.index_num - first, len(hashes))
         if k <= 0:
             return 0
+        if k <= SMALL_KEYS:
+            return self._put_few(list(hashes[:k]), list(phys[:k]), list(store_ts[:k]))
         h = np.asarray(hashes[:k], dtype=np.int64)
         phy = np.asarray(phys[:k], dtype=np.int64)
         ts = np.asarray(store_ts[:k], dtype=np.int64)
@@ -236,6 +251,39 @@ class IndexFile:
         self._write_header()
         self.dirty = True
         return k
+
+    def _put_few(self, hashes: list[int], phys: list[int], store_ts: list[int]) -> int:
+        """:meth:`put_hashes` for a few keys, entry by entry (same result)."""
+        mm = self._mm
+        assert mm is not None
+        first = self.index_count
+        k = min(self.index_num - first, len(hashes))
+        if k <= 0:
+            return 0
+        hashes, phys, store_ts = [int(x) for x in hashes[:k]], [int(x) for x in phys[:k]], [int(x) for x in store_ts[:k]]
+        if first <= 1:
+            self.begin_phy, self.begin_ts = phys[0], store_ts[0]
+        linked: dict[int, int] = {}  # slot -> entry written by this call
+        idx = first
+        for h, phy, ts in zip(hashes, phys, store_ts):
+            slot = h % self.slot_num
+            slot_pos = HEADER_BYTES + slot * SLOT_BYTES
+            prev = linked.get(slot)
+            if prev is None:
+                prev = _SLOT.unpack_from(mm, slot_pos)[0]
+                if prev <= 0 or prev >= first:
+                    prev = 0
+                    self.hash_slot_count += 1
+            diff = min(max((ts - self.begin_ts) // 1000, 0), INT_MAX) if self.begin_ts > 0 else 0
+            ENTRY_STRUCT.pack_into(mm, self._entries_pos + idx * ENTRY_BYTES, h, phy, diff, prev)
+            _SLOT.pack_into(mm, slot_pos, idx)
+            linked[slot] = idx
+            idx += 1
+        self.index_count = idx
+        self.end_phy, self.end_ts = phys[-1], store_ts[-1]
+        self._write_header()
+        self.dirty = True
+        return idx - first
 
     def put_key(self, key: str, phy: int, store_ts: int) -> bool:
         """``IndexFile.putKey``: False when the file is full."""
@@ -389,9 +437,13 @@ class IndexService:
     ) -> int:
         """Index records (skipping ROLLBACK ones and those already indexed); returns how many
         records were new."""
-        keep = (np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE
-        keep &= np.asarray(phys) > self._last_phy
-        sel = np.flatnonzero(keep).tolist()
+        last = self._last_phy
+        phys_list = phys.tolist() if isinstance(phys, np.ndarray) else list(phys)
+        sflags = sys_flags.tolist() if isinstance(sys_flags, np.ndarray) else list(sys_flags)
+        sel = [
+            i for i, (p, f) in enumerate(zip(phys_list, sflags))
+            if p > last and (f & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE
+        ]  # fmt: skip
         if not sel:
             return 0
         one_topic = topics.count(topics[0]) == len(topics)
@@ -418,6 +470,17 @@ class IndexService:
             strs.extend(t + w for w in parts)
             rec.extend([i] * len(parts))
         if not strs:
+            return len(sel)
+        if len(strs) <= SMALL_KEYS:
+            order = sorted(range(len(rec)), key=rec.__getitem__)  # stable: by record
+            ts_list = store_ts.tolist() if isinstance(store_ts, np.ndarray) else list(store_ts)
+            hs = [index_hash(strs[j]) for j in order]
+            kp = [phys_list[rec[j]] for j in order]
+            kt = [ts_list[rec[j]] for j in order]
+            done = 0
+            while done < len(hs):
+                done += self._writable_file()._put_few(hs[done:], kp[done:], kt[done:])
+            self._last_phy = kp[-1]
             return len(sel)
         rec_arr = np.asarray(rec, dtype=np.int64)
         hashes = index_hashes(strs)

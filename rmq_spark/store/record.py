@@ -229,6 +229,12 @@ def encode_batch(
     when every record's properties have the same length (the columnar fast path).  IPv6 hosts
     set their sysflag bits automatically."""
     n = len(bodies)
+    if 0 < n <= SMALL_BATCH and not isinstance(encoded_properties, np.ndarray):
+        return _encode_few(
+            topics, queue_ids, bodies, properties, encoded_properties, flags, sys_flags,
+            born_timestamps, born_hosts, born_ports, reconsume_times, prepared_offsets,
+            store_host, store_port, prop_crc, tags_codes,
+        )  # fmt: skip
     shared_topic = isinstance(topics, str)
     topic_list = [topics] * n if shared_topic else list(topics)  # type: ignore[list-item]
     sflags = _col(sys_flags, n, np.int32) & ~(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6)
@@ -374,6 +380,78 @@ def encode_batch(
         properties=list(properties),
         prop_crc=prop_crc,
     )
+
+
+def _encode_few(  # type: ignore[no-untyped-def]
+    topics, queue_ids, bodies, properties, encoded_properties, flags, sys_flags, born_timestamps,
+    born_hosts, born_ports, reconsume_times, prepared_offsets, store_host, store_port, prop_crc, tags_codes,
+) -> EncodedBatch:
+    """:func:`encode_batch` of a few records in plain Python with struct (the same bytes: numpy's
+    per-call cost dominates at this size)."""
+    n = len(bodies)
+    if properties is None or len(properties) != n:
+        raise ValueError("properties must give one dict per record")
+    topic_list = [topics] * n if isinstance(topics, str) else list(topics)
+    qids, flg, sfl = _lst(queue_ids, n), _lst(flags, n), _lst(sys_flags, n)
+    bts, bports = _lst(born_timestamps, n), _lst(born_ports, n)
+    rts, prep = _lst(reconsume_times, n), _lst(prepared_offsets, n)
+    hosts = [bytes(born_hosts)] * n if isinstance(born_hosts, (bytes, bytearray)) else list(born_hosts)
+    store_v6 = len(store_host) == 16
+    store_field = store_host + _INT.pack(store_port)
+    codes = tags_codes.tolist() if tags_codes is not None else [tags_code(p.get(L.P_TAGS)) for p in properties]
+    chunks, sizes, ts_pos, flags_out, rel, at = [], [], [], [], [], 0
+    for i in range(n):
+        tb = topic_list[i].encode("utf-8")
+        pb = bytes(encoded_properties[i])
+        if prop_crc:
+            pb += PROP_CRC_PLACEHOLDER
+        if len(tb) > 127:
+            magic, tfield = L.MAGIC_V2, _SHORT.pack(len(tb)) + tb
+        else:
+            magic, tfield = L.MAGIC_V1, bytes((len(tb),)) + tb
+        host = hosts[i]
+        sf = int(sfl[i]) & ~(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6)
+        if len(host) == 16:
+            sf |= L.FLAG_BORNHOST_V6
+        if store_v6:
+            sf |= L.FLAG_STOREHOST_V6
+        body = bodies[i]
+        size = FIXED_V4_BYTES + 4 + len(body) + len(tfield) + 2 + len(pb)
+        size += (12 if len(host) == 16 else 0) + (12 if store_v6 else 0)
+        chunks.append(
+            _HEAD1.pack(size, magic, crc32(body) & 0x7FFFFFFF, int(qids[i]), int(flg[i]), 0, 0, sf, int(bts[i]))
+            + host + _INT.pack(int(bports[i])) + _TS.pack(0) + store_field
+            + _MID.pack(int(rts[i]), int(prep[i]), len(body))
+            + body + tfield + _SHORT.pack(len(pb)) + pb
+        )  # fmt: skip
+        sizes.append(size)
+        ts_pos.append(POS_BORN_HOST + len(host) + 4)
+        flags_out.append(sf)
+        rel.append(at)
+        at += size
+    return EncodedBatch(
+        buf=bytearray(b"".join(chunks)),
+        rel_pos=np.array(rel, dtype=np.int64),
+        sizes=np.array(sizes, dtype=np.int32),
+        store_ts_pos=np.array(ts_pos, dtype=np.int64),
+        queue_ids=np.array(qids, dtype=np.int32),
+        topics=topic_list,
+        tags_codes=np.array(codes, dtype=np.int64),
+        sys_flags=np.array(flags_out, dtype=np.int32),
+        keys=[p.get(L.P_KEYS) for p in properties],
+        uniq_keys=[p.get(L.P_UNIQ_KEY) for p in properties],
+        properties=list(properties),
+        prop_crc=prop_crc,
+    )
+
+
+def _lst(value, n: int) -> list:  # type: ignore[no-untyped-def]
+    if isinstance(value, (int, np.integer)):
+        return [int(value)] * n
+    out = value.tolist() if isinstance(value, np.ndarray) else list(value)
+    if len(out) != n:
+        raise ValueError(f"expected {n} values, got {len(out)}")
+    return out
 
 
 def _col(value, n: int, dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
