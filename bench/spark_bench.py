@@ -36,11 +36,14 @@ SEGMENT = 1024 * 1024 * 1024
 
 
 def fill_store(root: str, n: int) -> None:
-    from rmq_spark.store.store import MessageStore, StoreConfig
+    from rmq_spark.core import BrokerConfig, BrokerCore
+    from rmq_spark.store.store import StoreConfig
 
     distinct = [os.urandom(BODY_BYTES) for _ in range(64)]
     chunk = 100_000
-    with MessageStore(root, StoreConfig(commitlog_segment_bytes=SEGMENT)) as s:
+    # written as a broker writes it (index included), so the embedded broker opens it at once
+    with BrokerCore(root, BrokerConfig(store=StoreConfig(commitlog_segment_bytes=SEGMENT))) as core:
+        s = core.store
         done = 0
         while done < n:
             k = min(chunk, n - done)

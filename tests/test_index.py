@@ -331,3 +331,25 @@ def test_checkpoint_records_index_time(store_dir):
         assert s.checkpoint.index_msg_timestamp == index_of(s).files[-1].end_ts > 0
     raw = Path(store_dir, L.CHECKPOINT_FILE).read_bytes()[:24]
     assert struct.unpack(">q", raw[16:24])[0] == clock.now_ms() - 1300
+
+
+def test_catch_up_reads_the_same_fields_as_a_full_decode(store_dir):
+    from rmq_spark.store.index import _index_fields
+    from rmq_spark.store.record import decode_record
+
+    with MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=1 << 20)) as s:
+        msgs = [
+            Message("T", b"a", {"KEYS": "k1 k2", "TAGS": "x"}),
+            Message("%RETRY%" + "g" * 150, b"bb", {"KEYS": "long"}),
+            Message("T", b"c" * 300, {}, born_host="::1"),
+            Message("T", b"", {"KEYS": "only"}, sys_flag=L.TRANSACTION_COMMIT_TYPE),
+        ]
+        s.put_messages(msgs)
+        cl = s.commitlog
+        for m in cl.iter_records(0):
+            mf = cl.mfq.find(m.commitlog_offset)
+            pos = m.commitlog_offset - mf.from_offset
+            full = decode_record(mf.mm, pos, read_body=False)
+            assert _index_fields(mf.mm, pos) == (
+                full.topic, full.sys_flag, full.store_timestamp_ms, full.keys, full.uniq_key
+            )

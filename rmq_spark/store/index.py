@@ -50,7 +50,7 @@ import numpy as np
 from rmq_spark.errors import ConfigError, CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import DispatchBatch
-from rmq_spark.store.record import RecordCheck, check_record, decode_record
+from rmq_spark.store.record import RecordCheck, check_record
 
 __all__ = [
     "DEFAULT_INDEX_ENTRIES",
@@ -138,6 +138,39 @@ def index_hashes(keys: Sequence[str]) -> np.ndarray:
 
 def file_bytes(slot_num: int, index_num: int) -> int:
     return HEADER_BYTES + slot_num * SLOT_BYTES + index_num * ENTRY_BYTES
+
+
+_SYS_FLAG = struct.Struct(">i")
+_LONG = struct.Struct(">q")
+_KEYS_PREFIX = L.P_KEYS + L.NAME_VALUE_SEPARATOR
+_UNIQ_PREFIX = L.P_UNIQ_KEY + L.NAME_VALUE_SEPARATOR
+
+
+def _index_fields(buf, pos: int) -> tuple[str, int, int, str | None, str | None]:  # type: ignore[no-untyped-def]
+    """What the index needs of the (valid) record at ``pos``: topic, sysflag, store time, KEYS and
+    UNIQ_KEY — read straight from the bytes, without decoding the whole record (the catch-up
+    after a crash scans the CommitLog with it)."""
+    sys_flag = _SYS_FLAG.unpack_from(buf, pos + 36)[0]
+    at = pos + 48 + (20 if sys_flag & L.FLAG_BORNHOST_V6 else 8)  # past the born host and port
+    store_ts = _LONG.unpack_from(buf, at)[0]
+    at += 8 + (20 if sys_flag & L.FLAG_STOREHOST_V6 else 8) + 4 + 8  # store host, reconsume, prepared
+    at += 4 + _SYS_FLAG.unpack_from(buf, at)[0]  # body
+    if _SYS_FLAG.unpack_from(buf, pos + 4)[0] & 0xFFFFFFFF == L.MAGIC_V2:
+        tlen = (buf[at] << 8) | buf[at + 1]
+        at += 2
+    else:
+        tlen = buf[at]
+        at += 1
+    topic = bytes(buf[at : at + tlen]).decode("utf-8")
+    at += tlen
+    plen = (buf[at] << 8) | buf[at + 1]
+    keys = uniq = None
+    for seg in bytes(buf[at + 2 : at + 2 + plen]).decode("utf-8", "replace").split(L.PROPERTY_SEPARATOR):
+        if seg.startswith(_KEYS_PREFIX):
+            keys = seg[len(_KEYS_PREFIX) :] or None
+        elif seg.startswith(_UNIQ_PREFIX):
+            uniq = seg[len(_UNIQ_PREFIX) :] or None
+    return topic, sys_flag, store_ts, keys, uniq
 
 
 class IndexFile:
@@ -539,13 +572,13 @@ class IndexService:
                 continue
             if kind != RecordCheck.VALID:
                 break
-            m = decode_record(mf.mm, pos, read_body=False)
+            topic, sys_flag, store_ts, keys, uniq = _index_fields(mf.mm, pos)
             scanned.phys.append(offset)
-            scanned.topics.append(m.topic)
-            scanned.sys_flags.append(m.sys_flag)
-            scanned.store_ts.append(m.store_timestamp_ms)
-            scanned.keys.append(m.keys)
-            scanned.uniq_keys.append(m.uniq_key)
+            scanned.topics.append(topic)
+            scanned.sys_flags.append(sys_flag)
+            scanned.store_ts.append(store_ts)
+            scanned.keys.append(keys)
+            scanned.uniq_keys.append(uniq)
             offset += size
             if len(scanned.phys) >= _SCAN_BATCH_RECORDS:
                 self._index_scanned(scanned)
