@@ -468,12 +468,50 @@ class ScheduleStats:
     per_level: dict[int, int] = field(default_factory=dict)
 
 
-class ScheduleService:
+class DeliveryLifecycle:
+    """Start, stop and checkpoint of a delivery service (delay levels, timer): a delivery thread
+    woken when a message of ``TOPIC`` is stored, and a staged checkpoint on its own thread."""
+
+    TOPIC: str = ""
+    CHECKPOINT_THREAD = ""
+    _thread: ServiceThread
+    _checkpoint: StagedCheckpoint
+    store: MessageStore
+
+    def start(self) -> None:
+        self._thread.start()
+        self._checkpoint.start(self.CHECKPOINT_THREAD)
+
+    def shutdown(self) -> None:
+        """Stop the threads and save progress (a final checkpoint)."""
+        self._thread.stop()
+        self._checkpoint.stop()
+        if not self.store.closed:
+            self._checkpoint.write_now()
+
+    def crash(self) -> None:
+        """Tests: stop as kill -9 would (no final checkpoint)."""
+        self._thread.stop()
+        self._checkpoint.stop()
+
+    def checkpoint(self) -> None:
+        """Save progress now."""
+        self._checkpoint.write_now()
+
+    def _on_dispatch(self, batch: DispatchBatch) -> None:
+        if self.TOPIC in batch.topics:
+            self._thread.wake()
+
+
+class ScheduleService(DeliveryLifecycle):
     """Delay levels (see the module docstring).  ``run_once`` delivers what is due at
     ``clock.now_ms()``; ``start`` runs it on a thread woken by new schedule messages.
 
     ``batch_max_msgs``: messages per CommitLog write; ``checkpoint_interval_ms``: how often
     progress is saved; ``round_gap_ms``: least time between the thread's rounds."""
+
+    TOPIC = L.SCHEDULE_TOPIC
+    CHECKPOINT_THREAD = "rmq-schedule-checkpoint"
 
     def __init__(
         self,
@@ -538,31 +576,6 @@ class ScheduleService:
         props[L.P_REAL_TOPIC] = msg.topic
         props[L.P_REAL_QID] = str(msg.queue_id)
         return replace(msg, topic=L.SCHEDULE_TOPIC, queue_id=level - 1, properties=props)
-
-    # --- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-        self._checkpoint.start("rmq-schedule-checkpoint")
-
-    def shutdown(self) -> None:
-        """Stop the threads and save progress (a final checkpoint)."""
-        self._thread.stop()
-        self._checkpoint.stop()
-        if not self.store.closed:
-            self._checkpoint.write_now()
-
-    def crash(self) -> None:
-        """Tests: stop as kill -9 would (no final checkpoint)."""
-        self._thread.stop()
-        self._checkpoint.stop()
-
-    def checkpoint(self) -> None:
-        """Save progress now."""
-        self._checkpoint.write_now()
-
-    def _on_dispatch(self, batch: DispatchBatch) -> None:
-        if L.SCHEDULE_TOPIC in batch.topics:
-            self._thread.wake()
 
     # --- state ------------------------------------------------------------------------------------
     def _load(self, data: dict[str, Any]) -> None:

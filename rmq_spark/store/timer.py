@@ -56,12 +56,12 @@ import pyarrow.compute as pc
 from rmq_spark.errors import MessageIllegalError, RmqError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
-from rmq_spark.store.dispatch import DispatchBatch
 from rmq_spark.store.jsonfile import read_json
 from rmq_spark.store.message import Message, new_uniq_id, tags_code
 from rmq_spark.store.reader import read_units_arrow
 from rmq_spark.store.schedule import (
     DROPPED_ON_DELIVERY,
+    DeliveryLifecycle,
     ServiceThread,
     StagedCheckpoint,
     StoredRecords,
@@ -262,11 +262,14 @@ class TimerStats:
     busy_s: float = 0.0  # CPU time (this thread) of rounds that delivered something
 
 
-class TimerService:
+class TimerService(DeliveryLifecycle):
     """Timer messages (see the module docstring).  ``run_once`` delivers what is due at
     ``clock.now_ms()``; ``start`` runs it on a thread woken when a timer message arrives.
     Options as :class:`~rmq_spark.store.schedule.ScheduleService`.  Pending messages are held
     in memory (about 30 bytes each), rebuilt from the timer queue at start."""
+
+    TOPIC = L.TIMER_TOPIC
+    CHECKPOINT_THREAD = "rmq-timer-checkpoint"
 
     def __init__(
         self,
@@ -439,31 +442,6 @@ class TimerService:
         for phys, key in keys.items():
             self._delete_keys[phys] = key
             self._cancelled.setdefault(key, set()).add(phys)
-
-    # --- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-        self._checkpoint.start("rmq-timer-checkpoint")
-
-    def shutdown(self) -> None:
-        """Stop the threads and save the checkpoint."""
-        self._thread.stop()
-        self._checkpoint.stop()
-        if not self.store.closed:
-            self._checkpoint.write_now()
-
-    def crash(self) -> None:
-        """Tests: stop as kill -9 would (no final checkpoint)."""
-        self._thread.stop()
-        self._checkpoint.stop()
-
-    def checkpoint(self) -> None:
-        """Save the checkpoint now."""
-        self._checkpoint.write_now()
-
-    def _on_dispatch(self, batch: DispatchBatch) -> None:
-        if L.TIMER_TOPIC in batch.topics:
-            self._thread.wake()
 
     @property
     def pending_count(self) -> int:
