@@ -4,8 +4,9 @@ in the same run.
     python bench/store_bench.py [--quick]
 
 Peers: a raw sequential write of the same bytes (the disk's limit), the Python durable queues
-persist-queue and litequeue doing the same puts, one write+fdatasync per message (sync flush
-without group commit), and pyarrow reading the same bodies from a Parquet file.
+persist-queue and litequeue doing the same puts (single puts: the CPU time of litequeue puts of
+the same messages), one write+fdatasync per message (sync flush without group commit), and
+pyarrow reading the same bodies from a Parquet file.
 """
 
 from __future__ import annotations
@@ -88,6 +89,37 @@ def bench_litequeue(d: str, bodies: list[bytes], batch: int) -> float:
     return t.seconds
 
 
+def put_section(quick: bool) -> None:
+    print("\n== Single puts of producer messages (async flush): CPU per put ==")
+    n = 3000 if quick else 20_000
+    body = os.urandom(500)
+    props = {"TAGS": "TagA", "KEYS": "order-1234"}
+    with scratch_dir("lq1") as d:
+        import litequeue
+
+        q = litequeue.LiteQueue(os.path.join(d, "lq.sqlite3"))
+        text = body.decode("latin-1")
+        for _ in range(200):
+            q.put(text)
+        t0 = time.thread_time()
+        for _ in range(n):
+            q.put(text)
+        peer_us = (time.thread_time() - t0) / n * 1e6
+        q.close()
+    print(f"{'case':34} {'ours us/put':>12} {'litequeue us/put':>17} {'vs peer':>8}")
+    for per_put in (1, 4):
+        with scratch_dir("put") as d, MessageStore(d, StoreConfig(commitlog_segment_bytes=SEGMENT)) as s:
+            batches = [[Message("Put", body, dict(props), queue_id=k % 4) for k in range(per_put)] for _ in range(n + 200)]
+            for msgs in batches[:200]:
+                s.put_messages(msgs)
+            t0 = time.thread_time()
+            for msgs in batches[200:]:
+                s.put_messages(msgs)
+            ours_us = (time.thread_time() - t0) / n * 1e6
+        label = f"put of {per_put} x 500 B (TAGS, KEYS)"
+        print(f"{label:34} {ours_us:12.1f} {peer_us * per_put:17.1f} {peer_us * per_put / ours_us:7.2f}x")
+
+
 def append_section(quick: bool) -> None:
     print("\n== Appends (async flush, flushed at the end) ==")
     print(f"{'case':34} {'ours msgs/s':>14} {'ours MB/s':>10} {'raw MB/s':>10} {'vs raw':>7} "
@@ -126,7 +158,7 @@ def sync_section(quick: bool) -> None:
         os.close(fd)
         per_msg_fsync = n / t.seconds
     print(f"peer: one write+fdatasync per message: {per_msg_fsync:,.0f} msgs/s")
-    print(f"{'producers':>10} {'msgs/s':>12} {'vs peer':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'producers':>10} {'msgs/s':>12} {'vs peer':>8} {'p50 ms':>8} {'p99 ms':>8} {'puts/fsync':>10}")
     seconds = 1.5 if quick else 3.0
     for producers in (1, 8, 64):
         with scratch_dir("sync") as d, MessageStore(
@@ -156,10 +188,15 @@ def sync_section(quick: bool) -> None:
             for th in threads:
                 th.join()
             rate = count[0] / (time.perf_counter() - t0)
+            # group commit: how many puts one fdatasync round made durable
+            rounds, served = s.group_commit_stats()
             lat.sort()
             p50 = statistics.median(lat) * 1000
             p99 = lat[int(len(lat) * 0.99) - 1] * 1000
-            print(f"{producers:>10} {rate:12,.0f} {rate / per_msg_fsync:7.1f}x {p50:8.2f} {p99:8.2f}")
+            print(
+                f"{producers:>10} {rate:12,.0f} {rate / per_msg_fsync:7.1f}x {p50:8.2f} {p99:8.2f} "
+                f"{served / max(1, rounds):10.1f}"
+            )
 
 
 def read_section(quick: bool) -> None:
@@ -196,9 +233,9 @@ def read_section(quick: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
-    ap.add_argument("--only", choices=["append", "sync", "read"], help="run one section")
+    ap.add_argument("--only", choices=["put", "append", "sync", "read"], help="run one section")
     args = ap.parse_args()
-    sections = {"append": append_section, "sync": sync_section, "read": read_section}
+    sections = {"put": put_section, "append": append_section, "sync": sync_section, "read": read_section}
     for name, fn in sections.items():
         if args.only in (None, name):
             fn(args.quick)

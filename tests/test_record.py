@@ -19,6 +19,7 @@ from rmq_spark.store.message import (
     tags_code,
 )
 from rmq_spark.store.record import (
+    SMALL_BATCH,
     RecordCheck,
     blank_record,
     check_record,
@@ -79,7 +80,7 @@ def encode_example(n: int = 1):
     )
 
 
-@pytest.mark.parametrize("n", [10, 40])  # a few records are encoded with struct, more with numpy
+@pytest.mark.parametrize("n", [10, SMALL_BATCH + 72])  # a few records are encoded with struct, more with numpy
 def test_reference_example_is_158_bytes_golden(n):
     b = encode_example(n)
     phys = np.arange(n, dtype=np.int64) * 158
@@ -92,7 +93,7 @@ def test_reference_example_is_158_bytes_golden(n):
 
 def test_few_and_many_record_encoders_write_the_same_bytes():
     rng = np.random.default_rng(5)
-    n = 40
+    n = SMALL_BATCH + 40
     topics = [("T%d" % (i % 3)) if i % 7 else "%RETRY%" + "g" * 150 for i in range(n)]
     bodies = [rng.bytes(int(k)) for k in rng.integers(0, 300, n)]
     props = [{"TAGS": "tag%d" % (i % 4), "KEYS": "k%d" % i, "UNIQ_KEY": "%032X" % i} for i in range(n)]
@@ -120,6 +121,63 @@ def test_few_and_many_record_encoders_write_the_same_bytes():
         few_bufs.append(bytes(few.buf))
     many.finalize(many.rel_pos + 1000, np.arange(n), 77)
     assert b"".join(few_bufs) == bytes(many.buf)
+
+
+def _few_chunks(topic, bodies, props, enc, store_host, phys, prop_crc):
+    """The same records through the struct encoder, 4 at a time."""
+    out = []
+    for a in range(0, len(bodies), 4):
+        few = encode_batch(topic, 1, bodies[a : a + 4], props[a : a + 4], enc[a : a + 4],
+                           born_timestamps=5, store_host=store_host, store_port=9, prop_crc=prop_crc)  # fmt: skip
+        few.finalize(phys[a : a + 4], np.arange(a, a + 4), 77)
+        out.append(bytes(few.buf))
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("body_sizes", [(100, 101), (0, 300), (1500, 3000)])
+def test_columnar_encoder_with_record_crc_matches_the_struct_encoder(body_sizes):
+    """IPv4 records through the numpy path: one size (strided 2-D assembly and finalize), mixed
+    small sizes (Arrow join) or mixed large ones (one copy per body); every record CRC checks."""
+    rng = np.random.default_rng(11)
+    n = SMALL_BATCH + 30
+    bodies = [rng.bytes(int(k)) for k in rng.integers(*body_sizes, n)]
+    props = [{"TAGS": "t", "UNIQ_KEY": "%032X" % i} for i in range(n)]
+    enc = [encode_properties(p) for p in props]
+    many = encode_batch("Topic", 1, bodies, props, enc, born_timestamps=5, store_host=bytes([1, 2, 3, 4]),
+                        store_port=9, prop_crc=True)  # fmt: skip
+    phys = many.rel_pos + 4096
+    want = _few_chunks("Topic", bodies, props, enc, bytes([1, 2, 3, 4]), phys, True)
+    many.finalize(phys, np.arange(n), 77)
+    assert bytes(many.buf) == want
+    pos = 0
+    for i in range(n):
+        kind, size, reason = check_record(many.buf, pos, len(many.buf), force_prop_crc=True)
+        assert (kind, reason) == (RecordCheck.VALID, "")
+        m = decode_record(many.buf, pos)
+        assert (m.body, m.queue_offset, m.commitlog_offset) == (bodies[i], i, int(phys[i]))
+        pos += size
+
+
+def test_fixed_width_properties_path_matches_the_struct_encoder():
+    """``put_bodies``' form: properties as one 2-D array of equal-length rows."""
+    n = SMALL_BATCH + 8
+    bodies = [bytes([i % 251]) * 64 for i in range(n)]
+    props = [{"TAGS": "x", "UNIQ_KEY": "%032X" % i} for i in range(n)]
+    enc = [encode_properties(p) for p in props]
+    rows = np.frombuffer(b"".join(enc), dtype=np.uint8).reshape(n, len(enc[0]))
+    many = encode_batch("Topic", 1, bodies, props, rows, born_timestamps=5, store_host=bytes([1, 2, 3, 4]),
+                        store_port=9, prop_crc=True)  # fmt: skip
+    phys = many.rel_pos + 100
+    want = _few_chunks("Topic", bodies, props, enc, bytes([1, 2, 3, 4]), phys, True)
+    many.finalize(phys, np.arange(n), 77)
+    assert bytes(many.buf) == want
+
+
+def test_small_batch_columns_are_lists_until_read():
+    b = encode_example(3)
+    assert b.sizes.dtype == np.int32 and b.tags_codes.dtype == np.int64
+    np.testing.assert_array_equal(b.rel_pos, [0, 158, 316])
+    assert b.queue_ids.tolist() == [3, 3, 3]
 
 
 def test_decode_round_trip_and_check():

@@ -251,3 +251,142 @@ def test_producer_batch_rules():
         check_batch(["T", "T"], [{}, {}], [5, 6], body_max_bytes=10)
     with pytest.raises(MessageIllegalError, match="at least one"):
         check_batch([], [], [])
+
+
+def test_group_commit_one_flush_serves_all_gathered_waiters():
+    from rmq_spark.store.flush import GroupCommitService
+
+    gate, entered = threading.Event(), threading.Event()
+    durable = [0]
+
+    def flush():
+        entered.set()
+        gate.wait(5)  # hold the first round while the other waiters gather
+        return durable[0]
+
+    gc = GroupCommitService(flush, timeout_ms=5000)
+    gc.start()
+    results: dict[int, bool] = {}
+    first = threading.Thread(target=lambda: results.__setitem__(0, gc.wait_durable(10)))
+    first.start()
+    assert entered.wait(5)
+    others = [
+        threading.Thread(target=lambda k=k: results.__setitem__(k, gc.wait_durable(10 * k)))
+        for k in range(1, 9)
+    ]
+    for t in others:
+        t.start()
+    durable[0] = 90  # the next round covers every waiter
+    gate.set()
+    for t in [first, *others]:
+        t.join(10)
+    gc.shutdown()
+    assert results == {k: True for k in range(9)}
+    assert gc.flushes <= 3  # the first round, then one (or two) for the eight gathered meanwhile
+
+
+def test_group_commit_hands_a_flush_error_to_the_waiter():
+    from rmq_spark.store.flush import GroupCommitService
+
+    def flush():
+        raise OSError("disk gone")
+
+    gc = GroupCommitService(flush, timeout_ms=5000)
+    gc.start()
+    with pytest.raises(OSError, match="disk gone"):
+        gc.wait_durable(1)
+    gc.shutdown()
+
+
+def test_group_commit_after_shutdown_does_not_block():
+    from rmq_spark.store.flush import GroupCommitService
+
+    gc = GroupCommitService(lambda: 5, timeout_ms=5000)
+    gc.start()
+    assert gc.wait_durable(5)
+    gc.shutdown()
+    assert gc.wait_durable(5)  # already durable
+    assert not gc.wait_durable(6)  # nothing flushes any more: refused at once
+
+
+@pytest.mark.parametrize("n", [1, 3, 300])  # list columns (a few records) and numpy ones
+def test_put_results_and_dispatch_batches_have_numpy_columns(store_dir, n):
+    seen = []
+    with open_store(store_dir, commitlog_segment_bytes=1 << 20) as s:
+        s.add_listener(seen.append)
+        r = s.put_messages([Message("Cols", b"x" * 10, {"TAGS": "a"}, queue_id=i % 2) for i in range(n)])
+        (batch,) = seen
+        for col, dtype in (("phys", np.int64), ("sizes", np.int32), ("queue_ids", np.int32),
+                           ("queue_offsets", np.int64), ("tags_codes", np.int64), ("sys_flags", np.int32),
+                           ("store_timestamps", np.int64)):  # fmt: skip
+            arr = getattr(batch, col)
+            assert isinstance(arr, np.ndarray) and arr.dtype == dtype and len(arr) == n, col
+        assert isinstance(r.append.phys_offsets, np.ndarray) and r.append.phys_offsets.dtype == np.int64
+        np.testing.assert_array_equal(r.append.phys_offsets, batch.phys)
+        np.testing.assert_array_equal(r.append.queue_offsets, [i // 2 for i in range(n)])
+        assert (batch.tags_codes == tags_code("a")).all()
+        assert batch.end_offset == r.append.end_offset == s.commitlog.max_offset
+        assert len(r.append.msg_ids) == n and len(set(r.uniq_keys)) == n
+        assert s.max_offset("Cols", 0) == (n + 1) // 2
+
+
+def test_topic_check_cache_keeps_each_rule(store_dir):
+    with open_store(store_dir) as s:
+        s.put_messages([Message(L.SCHEDULE_TOPIC, b"x", {"DELAY": "1"})], allow_system=True)
+        with pytest.raises(MessageIllegalError, match="system topic"):
+            s.put_messages([Message(L.SCHEDULE_TOPIC, b"x", {"DELAY": "1"})], allow_system=False)
+        s.put_message(Message("Fine", b"x"))
+        with pytest.raises(MessageIllegalError, match="characters outside"):
+            s.put_message(Message("Fine!", b"x"))
+        with pytest.raises(MessageIllegalError, match="queueId 9"):
+            s.put_message(Message("Fine", b"x", queue_id=9))
+        with pytest.raises(MessageIllegalError, match="must be bytes"):
+            s.put_message(Message("Fine", "text"))  # type: ignore[arg-type]
+
+
+def test_small_puts_are_written_through_the_mapping_and_survive_a_crash(store_dir):
+    with open_store(store_dir) as s:
+        for i in range(30):
+            s.put_message(Message("Crash", b"%d" % i, queue_id=i % 3))
+        s.crash()
+    with open_store(store_dir) as s:
+        assert [s.max_offset("Crash", q) for q in range(3)] == [10, 10, 10]
+        got = s.get_messages("Crash", 1, 0, max_msgs=32)
+        assert [m.body for m in got.messages] == [b"%d" % i for i in range(1, 30, 3)]
+
+
+def test_group_commit_leader_flushes_in_its_own_thread_and_hands_over():
+    """An uncontended put flushes itself; a put written after a round began leads the next."""
+    from rmq_spark.store.flush import GroupCommitService
+
+    gate, entered = threading.Event(), threading.Event()
+    flushers: list[int] = []
+
+    def flush():
+        flushers.append(threading.get_ident())
+        if len(flushers) == 1:
+            entered.set()
+            gate.wait(5)
+            return 10  # the first round covers the first put only
+        return 20
+
+    gc = GroupCommitService(flush, timeout_ms=5000)
+    gc.start()
+    results: dict[str, bool] = {}
+    first = threading.Thread(target=lambda: results.__setitem__("a", gc.wait_durable(10)))
+    second = threading.Thread(target=lambda: results.__setitem__("b", gc.wait_durable(20)))
+    first.start()
+    assert entered.wait(5)
+    second.start()
+    for _ in range(500):  # bounded: until the second put waits behind the first round
+        if gc.waiting == 1:
+            break
+        threading.Event().wait(0.01)
+    assert gc.waiting == 1
+    gate.set()
+    first.join(10)
+    second.join(10)
+    gc.shutdown()
+    assert results == {"a": True, "b": True}
+    assert flushers == [first.ident, second.ident]
+    assert (gc.flushes, gc.served) == (2, 2)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
 from rmq_spark.errors import CorruptStoreError, StoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.dispatch import DispatchBatch, group_by_queue
+from rmq_spark.store.dispatch import Column, DispatchBatch, as_list, group_by_queue
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import MessageExt, offset_msg_ids
 from rmq_spark.store.record import (
@@ -33,15 +32,37 @@ _TS = struct.Struct(">q")
 _INT = struct.Struct(">i")
 
 
-@dataclass
 class AppendResult:
-    wrote_offset: int  # CommitLog offset of the first record
-    wrote_bytes: int
-    phys_offsets: np.ndarray  # int64
-    queue_offsets: np.ndarray  # int64
-    store_timestamp_ms: int
-    store_host: bytes
-    store_port: int
+    """Where a batch went.  ``phys_offsets`` and ``queue_offsets`` are int64 arrays (kept as lists
+    until read for a batch of a few records)."""
+
+    __slots__ = (
+        "wrote_offset", "wrote_bytes", "_phys_offsets", "_queue_offsets", "store_timestamp_ms",
+        "store_host", "store_port",
+    )  # fmt: skip
+    phys_offsets = Column(np.int64)
+    queue_offsets = Column(np.int64)
+
+    def __init__(
+        self,
+        wrote_offset: int,  # CommitLog offset of the first record
+        wrote_bytes: int,
+        phys_offsets: np.ndarray | list[int],
+        queue_offsets: np.ndarray | list[int],
+        store_timestamp_ms: int,
+        store_host: bytes,
+        store_port: int,
+    ) -> None:
+        self.wrote_offset = wrote_offset
+        self.wrote_bytes = wrote_bytes
+        self._phys_offsets = phys_offsets
+        self._queue_offsets = queue_offsets
+        self.store_timestamp_ms = store_timestamp_ms
+        self.store_host = store_host
+        self.store_port = store_port
+
+    def __repr__(self) -> str:
+        return f"AppendResult(wrote_offset={self.wrote_offset}, wrote_bytes={self.wrote_bytes})"
 
     @property
     def end_offset(self) -> int:
@@ -147,66 +168,59 @@ class CommitLog:
     def _append_small(self, batch: EncodedBatch) -> tuple[AppendResult, DispatchBatch] | None:
         """:meth:`append` for a few records that fit the current segment, in plain Python (numpy's
         per-call cost dominates there); None when the batch needs the general path."""
-        mf = self.mfq.last_file()
-        if mf is None:
+        files = self.mfq.files
+        if not files:
             return None
-        sizes = batch.sizes.tolist()
-        total = sum(sizes)
+        mf = files[-1]
+        total = len(batch.buf)
         if mf.wrote_position + total + L.END_FILE_MIN_BLANK_BYTES > self.segment_bytes:
             return None
         base = mf.from_offset + mf.wrote_position
-        phys_list = [base + r for r in batch.rel_pos.tolist()]
-        qoff_list = []
+        phys = [base + r for r in as_list(batch._rel_pos)]  # noqa: SLF001 - list columns
+        qoffs = []
         table = self.queue_table
-        for topic, qid, sf in zip(batch.topics, batch.queue_ids.tolist(), batch.sys_flags.tolist()):
+        for topic, qid, sf in zip(batch.topics, as_list(batch._queue_ids), as_list(batch._sys_flags)):  # noqa: SLF001
             tran = sf & L.TRANSACTION_MASK
             if tran == L.TRANSACTION_NOT_TYPE or tran == L.TRANSACTION_COMMIT_TYPE:
                 key = (topic, qid)
                 q = table.get(key, 0)
                 table[key] = q + 1
-                qoff_list.append(q)
+                qoffs.append(q)
             else:
-                qoff_list.append(0)
-        now = max(self._now_ms(), self.last_store_timestamp_ms)
+                qoffs.append(0)
+        now = self._now_ms()
+        if now < self.last_store_timestamp_ms:
+            now = self.last_store_timestamp_ms
         self.last_store_timestamp_ms = now
-        phys = np.array(phys_list, dtype=np.int64)
-        qoffs = np.array(qoff_list, dtype=np.int64)
-        batch.finalize(phys_list, qoff_list, now)
-        mf.write(memoryview(batch.buf)[: total])
-        n = len(sizes)
-        return self._results(batch, phys, qoffs, now, base, base + total, n)
+        batch.finalize(phys, qoffs, now)
+        mf.write(batch.buf)
+        return self._results(batch, phys, qoffs, now, base, base + total, len(phys))
 
-    def _results(
-        self, batch: EncodedBatch, phys: np.ndarray, qoffs: np.ndarray, now: int, base: int, end: int, n: int
+    def _results(  # type: ignore[no-untyped-def]
+        self, batch: EncodedBatch, phys, qoffs, now: int, base: int, end: int, n: int
     ) -> tuple[AppendResult, DispatchBatch]:
-        tags = batch.tags_codes
+        tags = batch._tags_codes  # noqa: SLF001 - a list for a small batch
         if self._tags_code_for is not None and L.SCHEDULE_TOPIC in batch.topics:
-            tags = tags.copy()
+            tags = list(as_list(tags))
             for i, (t, p) in enumerate(zip(batch.topics, batch.properties)):
                 code = self._tags_code_for(t, p, now)
                 if code is not None:
                     tags[i] = code
-        result = AppendResult(
-            wrote_offset=base,
-            wrote_bytes=end - base,
-            phys_offsets=phys,
-            queue_offsets=qoffs,
-            store_timestamp_ms=now,
-            store_host=self.store_host,
-            store_port=self.store_port,
-        )
+            if n > SMALL_BATCH:
+                tags = np.array(tags, dtype=np.int64)
+        result = AppendResult(base, end - base, phys, qoffs, now, self.store_host, self.store_port)
         dispatch = DispatchBatch(
-            phys=phys,
-            sizes=batch.sizes,
-            topics=batch.topics,
-            queue_ids=batch.queue_ids,
-            queue_offsets=qoffs,
-            tags_codes=tags,
-            sys_flags=batch.sys_flags,
-            store_timestamps=np.full(n, now, dtype=np.int64),
-            keys=batch.keys,
-            uniq_keys=batch.uniq_keys,
-            properties=batch.properties,
+            phys,
+            batch._sizes,  # noqa: SLF001
+            batch.topics,
+            batch._queue_ids,  # noqa: SLF001
+            qoffs,
+            tags,
+            batch._sys_flags,  # noqa: SLF001
+            [now] * n if n <= SMALL_BATCH else np.full(n, now, dtype=np.int64),
+            batch.keys,
+            batch.uniq_keys,
+            batch.properties,
         )
         return result, dispatch
 

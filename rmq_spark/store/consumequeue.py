@@ -54,6 +54,23 @@ class ConsumeQueue:
         return self.mfq.max_offset // U
 
     # --- write side ------------------------------------------------------------------------------------
+    def put_unit(self, queue_offset: int, phys: int, size: int, tags_code: int) -> None:
+        """:meth:`put_units` for one unit, stored through the mapping (no syscall, no numpy)."""
+        files = self.mfq.files
+        if files:
+            mf = files[-1]
+            pos = mf.wrote_position
+            if mf.from_offset + pos == queue_offset * U and pos + U <= mf.size_bytes:
+                # the unit's bytes are zero (fresh or truncated): offset and tagsCode first, then
+                # the size that makes the unit visible
+                _UNIT_NO_SIZE.pack_into(mf.mm, pos, phys, 0, tags_code)
+                _SIZE.pack_into(mf.mm, pos + 8, size)
+                mf.wrote_position = pos + U
+                self.max_phys_end = phys + size
+                return
+        one = np.array([phys, size, tags_code], dtype=np.int64)
+        self.put_units(queue_offset, one[0:1], one[1:2], one[2:3])
+
     def put_units(
         self, first_queue_offset: int, phys: np.ndarray, sizes: np.ndarray, tags_codes: np.ndarray
     ) -> None:

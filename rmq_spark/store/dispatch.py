@@ -7,7 +7,6 @@ put path straight from the encoder (no re-parse) and by recovery from a scan of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -15,26 +14,92 @@ import numpy as np
 from rmq_spark.store import layout as L
 
 
-@dataclass
+class Column:
+    """A numpy column of a batch that may be given as a plain list (a put of a few records: numpy's
+    per-call cost would dominate there); it becomes an array of ``dtype`` on first read.  Stored in
+    the owner's ``_<name>`` slot."""
+
+    __slots__ = ("slot", "dtype")
+
+    def __init__(self, dtype: type) -> None:
+        self.dtype = dtype
+        self.slot = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj: object, owner: type | None = None):  # type: ignore[no-untyped-def]
+        if obj is None:
+            return self
+        value = getattr(obj, self.slot)
+        if value.__class__ is not np.ndarray and not isinstance(value, np.ndarray):
+            value = np.array(value, dtype=self.dtype)
+            setattr(obj, self.slot, value)
+        return value
+
+    def __set__(self, obj: object, value: object) -> None:
+        setattr(obj, self.slot, value)
+
+
+def as_list(value) -> list:  # type: ignore[no-untyped-def]
+    """A column's values as a list of Python ints (no copy when it is still a list)."""
+    if value.__class__ is list:
+        return value
+    return value.tolist() if isinstance(value, np.ndarray) else list(value)
+
+
 class DispatchBatch:
-    phys: np.ndarray  # int64 CommitLog offsets
-    sizes: np.ndarray  # int32 record sizes
-    topics: list[str]
-    queue_ids: np.ndarray  # int32
-    queue_offsets: np.ndarray  # int64
-    tags_codes: np.ndarray  # int64
-    sys_flags: np.ndarray  # int32
-    store_timestamps: np.ndarray  # int64 ms
-    keys: list[str | None] = field(default_factory=list)
-    uniq_keys: list[str | None] = field(default_factory=list)
-    properties: list[dict[str, str]] = field(default_factory=list)
+    """Columns of appended records, in CommitLog order (numpy columns; lists are accepted and
+    converted when first read)."""
+
+    __slots__ = (
+        "_phys", "_sizes", "topics", "_queue_ids", "_queue_offsets", "_tags_codes", "_sys_flags",
+        "_store_timestamps", "keys", "uniq_keys", "properties",
+    )  # fmt: skip
+    phys = Column(np.int64)  # CommitLog offsets
+    sizes = Column(np.int32)  # record sizes
+    queue_ids = Column(np.int32)
+    queue_offsets = Column(np.int64)
+    tags_codes = Column(np.int64)
+    sys_flags = Column(np.int32)
+    store_timestamps = Column(np.int64)  # ms
+
+    def __init__(
+        self,
+        phys: np.ndarray | list[int],
+        sizes: np.ndarray | list[int],
+        topics: list[str],
+        queue_ids: np.ndarray | list[int],
+        queue_offsets: np.ndarray | list[int],
+        tags_codes: np.ndarray | list[int],
+        sys_flags: np.ndarray | list[int],
+        store_timestamps: np.ndarray | list[int],
+        keys: list[str | None] | None = None,
+        uniq_keys: list[str | None] | None = None,
+        properties: list[dict[str, str]] | None = None,
+    ) -> None:
+        self._phys = phys
+        self._sizes = sizes
+        self.topics = topics
+        self._queue_ids = queue_ids
+        self._queue_offsets = queue_offsets
+        self._tags_codes = tags_codes
+        self._sys_flags = sys_flags
+        self._store_timestamps = store_timestamps
+        self.keys = [] if keys is None else keys
+        self.uniq_keys = [] if uniq_keys is None else uniq_keys
+        self.properties = [] if properties is None else properties
 
     def __len__(self) -> int:
-        return len(self.phys)
+        return len(self._phys)
+
+    def __repr__(self) -> str:
+        return f"DispatchBatch({len(self)} records, {self.topics[:3]}...)"
 
     @property
     def end_offset(self) -> int:
-        return int(self.phys[-1]) + int(self.sizes[-1]) if len(self.phys) else 0
+        phys, sizes = self._phys, self._sizes
+        return int(phys[-1]) + int(sizes[-1]) if len(phys) else 0
 
     def consumable(self) -> np.ndarray:
         """Mask of records that get a ConsumeQueue unit (not PREPARED / ROLLBACK)."""
@@ -44,6 +109,19 @@ class DispatchBatch:
     def groups(self) -> dict[tuple[str, int], np.ndarray]:
         """Record indexes per (topic, queueId), in CommitLog order."""
         return group_by_queue(self.topics, self.queue_ids)
+
+    def column_list(self, name: str) -> list:
+        """One numpy column (``"phys"``, ``"store_timestamps"``, ...) as a list of Python ints,
+        without building the array when the batch still holds a list."""
+        return as_list(getattr(self, "_" + name))
+
+    def lists(self) -> tuple[list, list, list, list, list, list]:
+        """(phys, sizes, tags_codes, queue_offsets, queue_ids, sys_flags) as lists of Python ints
+        (no numpy round trip for a batch built from lists)."""
+        return (
+            as_list(self._phys), as_list(self._sizes), as_list(self._tags_codes),
+            as_list(self._queue_offsets), as_list(self._queue_ids), as_list(self._sys_flags),
+        )  # fmt: skip
 
 
 def group_by_queue(topics: list[str], queue_ids: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
@@ -76,7 +154,7 @@ class Dispatcher(Protocol):
 
 
 # batches up to this many records are dispatched record by record
-SMALL_DISPATCH = 4
+SMALL_DISPATCH = 128
 
 
 class ConsumeQueueDispatcher:
@@ -86,7 +164,7 @@ class ConsumeQueueDispatcher:
         self._store = store
 
     def dispatch(self, batch: DispatchBatch) -> None:
-        if len(batch.phys) <= SMALL_DISPATCH:
+        if len(batch) <= SMALL_DISPATCH:
             self._dispatch_small(batch)
             return
         mask = batch.consumable()
@@ -107,11 +185,12 @@ class ConsumeQueueDispatcher:
 
     def _dispatch_small(self, batch: DispatchBatch) -> None:
         """A few records, unit by unit (numpy's per-call cost dominates there)."""
-        phys, sizes, tags = batch.phys, batch.sizes, batch.tags_codes
-        qoffs = batch.queue_offsets.tolist()
-        for i, (topic, qid, sf) in enumerate(zip(batch.topics, batch.queue_ids.tolist(), batch.sys_flags.tolist())):
-            tran = sf & L.TRANSACTION_MASK
+        store = self._store
+        cqs = store._cqs  # noqa: SLF001 - the dispatcher is the store's own
+        phys, sizes, tags, qoffs, qids, sflags = batch.lists()
+        for i, topic in enumerate(batch.topics):
+            tran = sflags[i] & L.TRANSACTION_MASK
             if tran != L.TRANSACTION_NOT_TYPE and tran != L.TRANSACTION_COMMIT_TYPE:
                 continue
-            cq = self._store.consume_queue(topic, qid, create=True)
-            cq.put_units(qoffs[i], phys[i : i + 1], sizes[i : i + 1], tags[i : i + 1])
+            cq = cqs.get((topic, qids[i])) or store.consume_queue(topic, qids[i], create=True)
+            cq.put_unit(qoffs[i], phys[i], sizes[i], tags[i])

@@ -43,57 +43,109 @@ class AsyncFlushService(threading.Thread):
             self.join()
 
 
-class GroupCommitService(threading.Thread):
-    """Waiters register the CommitLog offset they need durable; one fdatasync serves all the
-    requests gathered while the previous one ran."""
+class _Waiter:
+    __slots__ = ("offset", "lock", "lead")
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.lead = False  # set when handed the next flush
+
+
+class GroupCommitService:
+    """Puts wait until the CommitLog offset they wrote is durable; one fdatasync serves every put
+    that arrived while the previous one ran.
+
+    Leader/follower: a put that finds no flush running flushes itself (no hand-off to another
+    thread and back: an uncontended sync put costs one fdatasync, like a plain write+fdatasync);
+    puts arriving meanwhile wait, each on a lock of its own.  The leader releases those its flush
+    covered and hands the next flush to the oldest of the rest."""
 
     def __init__(self, flush: Callable[[], int], timeout_ms: int = 5000) -> None:
-        super().__init__(name="rmq-group-commit", daemon=True)
         self._flush = flush
         self.timeout_ms = timeout_ms
-        self._cond = threading.Condition()
-        self._wanted = 0
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a flush round ends
+        self._waiters: list[_Waiter] = []
+        self._flushing = False
         self._flushed = 0
         self._stopped = False
         self._error: BaseException | None = None
+        self.flushes = 0  # statistics: fdatasync rounds and the puts they made durable
+        self.served = 0
+
+    def start(self) -> None:
+        """Nothing to start: flushes run in the waiting threads."""
+
+    @property
+    def waiting(self) -> int:
+        """Puts waiting for a flush round other than their own."""
+        return len(self._waiters)
 
     def wait_durable(self, offset: int) -> bool:
-        """Block until ``offset`` is durable; False on timeout."""
-        deadline = time.monotonic() + self.timeout_ms / 1000
-        with self._cond:
-            if offset > self._wanted:
-                self._wanted = offset
-                self._cond.notify_all()
-            while self._flushed < offset:
-                if self._error is not None:
-                    raise self._error
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stopped:
+        """Block until ``offset`` is durable; False on timeout (or after shutdown)."""
+        if self._flushed >= offset:
+            return True
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._flushed >= offset:
+                return True
+            if self._stopped and not self._flushing:
+                return False
+            waiter = None
+            if self._flushing:
+                waiter = _Waiter(offset)
+                self._waiters.append(waiter)
+            else:
+                self._flushing = True
+        if waiter is not None:
+            released = waiter.lock.acquire(timeout=self.timeout_ms / 1000)
+            with self._lock:
+                if not waiter.lead:
+                    if not released and waiter in self._waiters:
+                        self._waiters.remove(waiter)
+                    if self._error is not None:
+                        raise self._error
                     return self._flushed >= offset
-                self._cond.wait(left)
-        return True
+        return self._lead(offset)
 
-    def run(self) -> None:
-        while True:
-            with self._cond:
-                while self._wanted <= self._flushed and not self._stopped:
-                    self._cond.wait(0.01)
-                if self._stopped and self._wanted <= self._flushed:
-                    return
-            try:
-                flushed = self._flush()
-            except BaseException as e:  # noqa: BLE001 - handed to the waiters
-                with self._cond:
-                    self._error = e
-                    self._cond.notify_all()
-                return
-            with self._cond:
-                self._flushed = max(self._flushed, flushed)
-                self._cond.notify_all()
+    def _lead(self, offset: int) -> bool:
+        try:
+            flushed = self._flush()
+        except BaseException as e:
+            with self._lock:
+                self._error = e
+                self._flushing = False
+                ready, self._waiters = self._waiters, []
+                self._idle.notify_all()
+            for w in ready:
+                w.lock.release()
+            raise
+        with self._lock:
+            self.flushes += 1
+            if flushed > self._flushed:
+                self._flushed = flushed
+            done = self._flushed
+            ready = [w for w in self._waiters if w.offset <= done]
+            rest = [w for w in self._waiters if w.offset > done]
+            self.served += 1 + len(ready)
+            if rest:  # written after this flush began: the oldest leads the next round
+                nxt = rest.pop(0)
+                nxt.lead = True
+                ready.append(nxt)
+            else:
+                self._flushing = False
+                self._idle.notify_all()
+            self._waiters = rest
+        for w in ready:
+            w.lock.release()
+        return done >= offset
 
     def shutdown(self) -> None:
-        with self._cond:
+        """Refuse new waits; return once the flush round in progress (if any) has ended."""
+        with self._lock:
             self._stopped = True
-            self._cond.notify_all()
-        if self.is_alive():
-            self.join()
+            while self._flushing:
+                self._idle.wait(0.1)

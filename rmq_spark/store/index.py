@@ -450,21 +450,21 @@ class IndexService:
         with self._lock:
             if self._closed:
                 return
-            first = int(batch.phys[0])
-            if self._covered is None or self._covered < first:
-                self._catch_up(first)
+            phys = batch.column_list("phys")
+            if self._covered is None or self._covered < phys[0]:
+                self._catch_up(phys[0])
             self._index(
-                batch.phys, batch.topics, batch.sys_flags, batch.store_timestamps,
-                batch.keys, batch.uniq_keys,
+                phys, batch.topics, batch.column_list("sys_flags"),
+                batch.column_list("store_timestamps"), batch.keys, batch.uniq_keys,
             )  # fmt: skip
             self._covered = max(self._covered or 0, batch.end_offset)
 
     def _index(
         self,
-        phys: np.ndarray,
+        phys: np.ndarray | list[int],
         topics: list[str],
-        sys_flags: np.ndarray,
-        store_ts: np.ndarray,
+        sys_flags: np.ndarray | list[int],
+        store_ts: np.ndarray | list[int],
         keys: list[str | None],
         uniq_keys: list[str | None],
     ) -> int:

@@ -19,6 +19,11 @@ from rmq_spark.store import layout as L
 
 _NAME = re.compile(r"^\d{20}$")
 
+# writes up to this size are copied into the mapping; larger ones go through pwrite (measured: a
+# 600-byte copy ~1 us against ~6 us for the system call; at 256 KiB the page faults make the copy
+# 3x slower than pwrite)
+MMAP_WRITE_MAX_BYTES = 16 * 1024
+
 
 def zero_range(mm: mmap.mmap, start: int, end: int, chunk_bytes: int = 8 << 20) -> None:
     """Zero ``[start, end)`` of a mapping, skipping chunks that are already zero (sparse tails)."""
@@ -69,12 +74,16 @@ class MappedFile:
         end = pos + len(data)
         if end > self.size_bytes:
             raise StoreError(f"{self.path}: write of {len(data)} bytes at {pos} past the end")
-        # pwrite fills the page cache directly (no zero-fill fault per fresh page as a store
-        # through the mapping would take); mapped readers see the same pages
-        view = memoryview(data)
-        done = 0
-        while done < len(view):
-            done += os.pwrite(self._fd, view[done:], pos + done)
+        if end - pos <= MMAP_WRITE_MAX_BYTES:
+            # a small write: a copy into the mapping costs far less than a system call
+            self.mm[pos:end] = data
+        else:
+            # pwrite fills the page cache directly (no zero-fill fault per fresh page as a store
+            # through the mapping would take); mapped readers see the same pages
+            view = memoryview(data)
+            done = 0
+            while done < len(view):
+                done += os.pwrite(self._fd, view[done:], pos + done)
         if end > self.wrote_position:
             self.wrote_position = end
 

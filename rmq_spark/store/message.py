@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
+import re
 import socket
 import struct
 import threading
@@ -129,13 +130,23 @@ def offset_msg_ids(store_host: bytes, store_port: int, offsets: np.ndarray) -> n
     return hex_rows(raw)
 
 
+# byte -> its two upper-case hex digits as a little-endian uint16 (high nibble first in memory)
+_HEX_PAIRS = (_HEX[np.arange(256) >> 4].astype("<u2") | (_HEX[np.arange(256) & 0x0F].astype("<u2") << 8)).astype("<u2")
+
+
 def hex_rows(raw: np.ndarray) -> np.ndarray:
-    """Upper-case hex of each row of a 2-D uint8 array, as a fixed-width bytes array."""
+    """Upper-case hex of each row of a 2-D uint8 array, as a fixed-width bytes array (one
+    lookup per byte)."""
     n, w = raw.shape
-    out = np.empty((n, w * 2), dtype=np.uint8)
-    out[:, 0::2] = _HEX[raw >> 4]
-    out[:, 1::2] = _HEX[raw & 0x0F]
-    return out.view(f"S{w * 2}").reshape(n)
+    return np.ascontiguousarray(_HEX_PAIRS[raw]).view(f"S{w * 2}").reshape(n)
+
+
+_ID32 = re.compile(".{32}", re.S)
+
+
+def split_ids(ids: np.ndarray) -> list[str]:
+    """An (n, 32) array of ASCII hex digits as ``n`` strings."""
+    return _ID32.findall(ids.tobytes().decode("ascii"))
 
 
 class UniqIdGenerator:
@@ -169,7 +180,7 @@ class UniqIdGenerator:
                 self._counter = (first + n) & 0xFFFF
             head = self._prefix.hex().upper() + f"{elapsed:08X}"
             return [f"{head}{(first + k) & 0xFFFF:04X}" for k in range(n)]
-        return self.next_ids_array(n, now_ms).view("S32").reshape(n).astype("U32").tolist()
+        return split_ids(self.next_ids_array(n, now_ms))
 
     def next_ids_array(self, n: int, now_ms: int | None = None) -> np.ndarray:
         """``n`` new ids as an (n, 32) array of ASCII hex digits."""

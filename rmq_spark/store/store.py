@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rmq_spark.errors import ConfigError, StoreError, StoreLockedError
+from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError, StoreLockedError
 from rmq_spark.store import layout as L
 from rmq_spark.store.checkpoint import StoreCheckpoint
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
@@ -31,12 +31,19 @@ from rmq_spark.store.message import (
     host_bytes,
     new_uniq_ids,
     new_uniq_ids_array,
+    split_ids,
     tags_code,
 )
 from rmq_spark.store.offsets import ConsumerOffsetManager
-from rmq_spark.store.record import PROP_CRC_PLACEHOLDER, EncodedBatch, encode_batch
+from rmq_spark.store.record import (
+    PROP_CRC_PLACEHOLDER,
+    SMALL_BATCH,
+    EncodedBatch,
+    encode_batch,
+    encode_messages,
+)
 from rmq_spark.store.status import GetStatus, PutStatus
-from rmq_spark.store.validation import check_body, check_properties_size, check_topic
+from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -336,46 +343,57 @@ class MessageStore:
         different topics and queues.  Invalid input raises MessageIllegalError."""
         if not msgs:
             raise StoreError("put_messages needs at least one message")
-        props_enc = []
-        for m in msgs:
-            check_topic(m.topic, allow_system=allow_system)
-            check_body(m.body, self.config.body_max_bytes)
-            cfg = self.topics.get_or_create(m.topic)
-            if not 0 <= m.queue_id < max(cfg.write_queue_nums, cfg.read_queue_nums):
-                from rmq_spark.errors import MessageIllegalError
+        self._check_messages(msgs, allow_system)
+        missing = [m.properties for m in msgs if L.P_UNIQ_KEY not in m.properties]
+        if missing:
+            for props, uid in zip(missing, new_uniq_ids(len(missing))):
+                props[L.P_UNIQ_KEY] = uid
+        props_enc = [encode_properties(m.properties) for m in msgs]
+        limit = L.PROPERTY_MAX_BYTES - len(self._crc_reserve)
+        for enc in props_enc:
+            if len(enc) > limit:
+                check_properties_size(enc + self._crc_reserve)
+        now = self.clock.now_ms()
+        cfg = self.config
+        if len(msgs) <= SMALL_BATCH:
+            batch = encode_messages(msgs, props_enc, now, self._store_host, cfg.store_port, cfg.append_prop_crc)
+        else:
+            topics = [m.topic for m in msgs]
+            batch = encode_batch(
+                topics[0] if topics.count(topics[0]) == len(topics) else topics,
+                [m.queue_id for m in msgs],
+                [m.body if m.body.__class__ is bytes else bytes(m.body) for m in msgs],
+                [m.properties for m in msgs],
+                props_enc,
+                flags=[m.flag for m in msgs],
+                sys_flags=[m.sys_flag for m in msgs],
+                born_timestamps=[m.born_timestamp_ms or now for m in msgs],
+                born_hosts=[host_bytes(m.born_host) for m in msgs],
+                born_ports=[m.born_port for m in msgs],
+                reconsume_times=[m.reconsume_times for m in msgs],
+                prepared_offsets=[m.prepared_transaction_offset for m in msgs],
+                store_host=self._store_host,
+                store_port=cfg.store_port,
+                prop_crc=cfg.append_prop_crc,
+            )
+        return self._put_encoded(batch, [m.properties[L.P_UNIQ_KEY] for m in msgs])
 
+    def _check_messages(self, msgs: Sequence[Message], allow_system: bool) -> None:
+        """Topic names, bodies and queue ids (before anything is changed or written)."""
+        configs = self.topics.topics
+        body_max = self.config.body_max_bytes
+        for m in msgs:
+            topic = m.topic
+            check_topic_cached(topic, allow_system)
+            body = m.body
+            if body.__class__ is not bytes or len(body) > body_max:
+                check_body(body, body_max)
+            cfg = configs.get(topic) or self.topics.get_or_create(topic)
+            if not 0 <= m.queue_id < max(cfg.write_queue_nums, cfg.read_queue_nums):
                 raise MessageIllegalError(
-                    f"queueId {m.queue_id} is out of range for topic {m.topic!r} "
+                    f"queueId {m.queue_id} is out of range for topic {topic!r} "
                     f"({cfg.write_queue_nums} queues)"
                 )
-        missing = [i for i, m in enumerate(msgs) if L.P_UNIQ_KEY not in m.properties]
-        if missing:
-            ids = new_uniq_ids(len(missing))
-            for i, uid in zip(missing, ids):
-                msgs[i].properties[L.P_UNIQ_KEY] = uid
-        for m in msgs:
-            enc = encode_properties(m.properties)
-            check_properties_size(enc + self._crc_reserve)
-            props_enc.append(enc)
-        now = self.clock.now_ms()
-        batch = encode_batch(
-            [m.topic for m in msgs],
-            [m.queue_id for m in msgs],
-            [bytes(m.body) for m in msgs],
-            [m.properties for m in msgs],
-            props_enc,
-            flags=[m.flag for m in msgs],
-            sys_flags=[m.sys_flag for m in msgs],
-            born_timestamps=[m.born_timestamp_ms or now for m in msgs],
-            born_hosts=[host_bytes(m.born_host) for m in msgs],
-            born_ports=[m.born_port for m in msgs],
-            reconsume_times=[m.reconsume_times for m in msgs],
-            prepared_offsets=[m.prepared_transaction_offset for m in msgs],
-            store_host=self._store_host,
-            store_port=self.config.store_port,
-            prop_crc=self.config.append_prop_crc,
-        )
-        return self._put_encoded(batch, [m.properties[L.P_UNIQ_KEY] for m in msgs])
 
     def put_bodies(
         self,
@@ -389,28 +407,40 @@ class MessageStore:
         """Fast path: many bodies for one queue sharing ``properties`` (each gets its own UNIQ_KEY)."""
         if not bodies:
             raise StoreError("put_bodies needs at least one body")
-        check_topic(topic, allow_system=True)
+        check_topic_cached(topic, allow_system=True)
         cfg = self.topics.get_or_create(topic)
         if not 0 <= queue_id < max(cfg.write_queue_nums, cfg.read_queue_nums):
-            from rmq_spark.errors import MessageIllegalError
-
             raise MessageIllegalError(f"queueId {queue_id} is out of range for topic {topic!r}")
         limit = self.config.body_max_bytes
-        lens = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
-        if len(lens) and int(lens.max()) > limit:
-            i = int(np.argmax(lens))
-            check_body(bodies[i], limit)
         n = len(bodies)
-        uniq2d = new_uniq_ids_array(n)
+        if max(map(len, bodies)) > limit:
+            check_body(max(bodies, key=len), limit)
         base = dict(properties or {})
         base.pop(L.P_UNIQ_KEY, None)
         prefix = encode_properties(base) + b"UNIQ_KEY\x01"
         check_properties_size(prefix + bytes(33) + self._crc_reserve)
+        if n <= SMALL_BATCH:  # record by record (numpy's per-call cost dominates at this size)
+            uniq = new_uniq_ids(n)
+            batch = encode_batch(
+                topic,
+                queue_id,
+                bodies,
+                [base] * n,
+                [prefix + u.encode() + b"\x02" for u in uniq],
+                born_timestamps=born_timestamp_ms or self.clock.now_ms(),
+                store_host=self._store_host,
+                store_port=self.config.store_port,
+                prop_crc=self.config.append_prop_crc,
+                tags_codes=[tags_code(base.get(L.P_TAGS))] * n,
+            )
+            batch.uniq_keys = uniq
+            return self._put_encoded(batch, uniq)
+        uniq2d = new_uniq_ids_array(n)
         props2d = np.empty((n, len(prefix) + 33), dtype=np.uint8)
         props2d[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
         props2d[:, len(prefix) : len(prefix) + 32] = uniq2d
         props2d[:, -1] = 2
-        uniq = uniq2d.view("S32").reshape(n).astype("U32").tolist()
+        uniq = split_ids(uniq2d)
         batch = encode_batch(
             topic,
             queue_id,
@@ -472,6 +502,11 @@ class MessageStore:
             self._publish(b)
 
     # --- flush ------------------------------------------------------------------------------------------
+    def group_commit_stats(self) -> tuple[int, int]:
+        """Sync flush: (fdatasync rounds, puts they made durable) so far; (0, 0) with async flush."""
+        gc = self._group_commit
+        return (gc.flushes, gc.served) if gc is not None else (0, 0)
+
     def _sync_flush(self) -> int:
         flushed = self.commitlog.flush()
         self._dispatch_pending(flushed)

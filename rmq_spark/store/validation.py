@@ -28,6 +28,18 @@ def check_topic(topic: str, allow_system: bool = False) -> None:
         raise MessageIllegalError(f"topic {topic!r} is a system topic; producers cannot send to it")
 
 
+_CHECKED_TOPICS: set[tuple[str, bool]] = set()
+
+
+def check_topic_cached(topic: str, allow_system: bool = False) -> None:
+    """:func:`check_topic`, remembering names that passed (a put checks the same few topics)."""
+    if (topic, allow_system) in _CHECKED_TOPICS:
+        return
+    check_topic(topic, allow_system)
+    if len(_CHECKED_TOPICS) < 65536:
+        _CHECKED_TOPICS.add((topic, allow_system))
+
+
 def check_group(group: str) -> None:
     if not isinstance(group, str) or not group:
         raise MessageIllegalError("group is empty")
