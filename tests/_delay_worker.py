@@ -25,6 +25,47 @@ from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
 from rmq_spark.store.timer import TimerService  # noqa: E402
 
 
+# --- helpers for the tests: varied messages, and what a delivery wrote ----------------------------
+_ODD_KEYS = ("REAL_TOPICX", "DELAYX", "TIMER_DELIVER_MS2", "UNIQ_KEYS", "A" * 16, "__CRC32", "k")
+
+
+def varied_messages(rng, n: int, topics: list[str]) -> list:  # type: ignore[no-untyped-def]
+    """``n`` messages with properties in varied order and keys that resemble the ones a delivery
+    drops (the byte-patching path must tell them apart), bodies holding the separators."""
+    from rmq_spark.store import layout as L
+    from rmq_spark.store.message import Message
+
+    out = []
+    for i in range(n):
+        props: dict[str, str] = {}
+        keys = list(_ODD_KEYS) + [L.P_TAGS, L.P_KEYS, "x"]
+        rng.shuffle(keys)
+        for k in keys[: rng.randint(0, len(keys))]:
+            props[k] = rng.choice(["v", "é€ß", "a b\x03c", str(rng.randint(-5, 10**12))])
+        props[L.P_UNIQ_KEY] = f"U{i:08d}"  # the same in both stores
+        body = bytes(rng.choice(b"\x00\x01\x02ab") for _ in range(rng.randint(0, 40)))
+        out.append(Message(rng.choice(topics), body, props, queue_id=rng.randint(0, 9), flag=i))
+    return out
+
+
+def delivered_view(store, topics: list[str]) -> dict:  # type: ignore[no-untyped-def]
+    """Every delivered message of ``topics``: queue -> [(fields, tags code), ...] in order."""
+    view = {}
+    for topic in topics:
+        for q in range(16):
+            msgs = store.get_messages(topic, q, 0, max_msgs=100_000).messages
+            cq = store.consume_queue(topic, q)
+            if not msgs or cq is None:
+                continue
+            codes = cq.units(0, len(msgs))["tags_code"].tolist()
+            view[(topic, q)] = [
+                (m.body, m.properties, m.flag, m.sys_flag, m.born_timestamp_ms, m.born_host,
+                 m.reconsume_times, m.store_host, m.store_size, code)  # fmt: skip
+                for m, code in zip(msgs, codes)
+            ]
+    return view
+
+
 def broker_config(conf: dict) -> BrokerConfig:
     return BrokerConfig(
         store=StoreConfig(

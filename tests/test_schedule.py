@@ -9,7 +9,13 @@ import random
 import time
 
 import pytest
-from _delay_worker import broker_config, delivered_ids, run_and_kill
+from _delay_worker import (
+    broker_config,
+    delivered_ids,
+    delivered_view,
+    run_and_kill,
+    varied_messages,
+)
 
 from rmq_spark.core import BrokerConfig
 from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
@@ -409,3 +415,46 @@ def test_sigkilled_broker_delivers_exactly_once(tmp_path):
         f"reconciled at the last restart: {svc.stats.reconciled}"
     )
     store.shutdown()
+
+
+@pytest.mark.parametrize("crc", [False, True])
+def test_patched_delivery_writes_what_the_general_path_writes(tmp_path, crc):
+    """Re-writing records by patching their bytes yields the messages that decoding and
+    encoding them yields (properties, routing, tags codes, headers), record CRC on or off."""
+    views, patched = [], []
+    for fast in (True, False):
+        clock = FakeClock(T0)
+        store, svc = open_service(str(tmp_path / str(fast)), clock, batch=64, append_prop_crc=crc)
+        svc.patch_min_msgs = 1 if fast else 10**9  # every round patched, or none
+        rng = random.Random(11)
+        msgs = varied_messages(rng, 300, ["Orders", "Pay"])
+        for m in msgs:
+            m.properties[L.P_DELAY] = str(rng.randint(1, 3))
+        send(store, svc, msgs)
+        clock.advance(10_000)
+        assert svc.run_once() == 300
+        views.append(delivered_view(store, ["Orders", "Pay"]))
+        patched.append(svc.stats.patched)
+        store.shutdown()
+    assert sum(map(len, views[0].values())) == 300
+    assert views[0] == views[1]
+    assert patched == [300, 0]
+
+
+def test_gather_runs_concatenates_the_runs():
+    """The in-place run gather of the patched path equals slicing and joining, empty runs, a
+    reused per-thread index that is larger than needed, and a gather bigger than it included."""
+    import numpy as np
+
+    from rmq_spark.store.schedule import gather_runs
+
+    rng = np.random.default_rng(5)
+    for size in [3000, 5, 40_000, 200, 1]:  # shrinking after growing reuses a longer index
+        pool = rng.integers(0, 256, size).astype(np.uint8)
+        k = int(rng.integers(1, 80))
+        starts = rng.integers(0, size, k)
+        lens = np.minimum(rng.integers(0, 700, k), size - starts)
+        lens[0] = 0
+        want = b"".join(pool[s : s + n].tobytes() for s, n in zip(starts, lens))
+        assert bytes(gather_runs(pool, starts, lens, int(lens.sum()))) == want
+    assert gather_runs(np.zeros(4, np.uint8), np.array([1]), np.array([0]), 0) == bytearray()

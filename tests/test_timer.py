@@ -12,7 +12,13 @@ import time
 
 import numpy as np
 import pytest
-from _delay_worker import broker_config, delivered_ids, run_and_kill
+from _delay_worker import (
+    broker_config,
+    delivered_ids,
+    delivered_view,
+    run_and_kill,
+    varied_messages,
+)
 
 from rmq_spark.core import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, StoreError
@@ -557,3 +563,27 @@ def test_broker_core_send_recall_and_deliver(store_dir):
         assert bodies(core.store, "Orders") == [b"now", b"level", b"timer"]
     finally:
         core.shutdown()
+
+
+@pytest.mark.parametrize("crc", [False, True])
+def test_patched_delivery_writes_what_the_general_path_writes(tmp_path, crc):
+    """Re-writing records by patching their bytes yields the messages that decoding and
+    encoding them yields (properties, routing, tags codes, headers), record CRC on or off."""
+    views, patched = [], []
+    for fast in (True, False):
+        clock = FakeClock(T0)
+        store, svc = open_service(str(tmp_path / str(fast)), clock, batch=64, append_prop_crc=crc)
+        svc.patch_min_msgs = 1 if fast else 10**9  # every round patched, or none
+        rng = random.Random(12)
+        msgs = varied_messages(rng, 300, ["Orders", "Pay"])
+        for m in msgs:
+            m.properties[L.P_TIMER_DELAY_MS] = str(rng.randint(1, 5000))
+        send(store, svc, msgs)
+        clock.advance(10_000)
+        assert svc.run_once() == 300
+        views.append(delivered_view(store, ["Orders", "Pay"]))
+        patched.append(svc.stats.patched)
+        store.shutdown()
+    assert sum(map(len, views[0].values())) == 300
+    assert views[0] == views[1]
+    assert patched == [300, 0]

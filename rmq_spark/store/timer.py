@@ -59,16 +59,22 @@ from rmq_spark.store.clock import Clock
 from rmq_spark.store.jsonfile import read_json
 from rmq_spark.store.message import Message, new_uniq_id, tags_code
 from rmq_spark.store.reader import read_units_arrow
+from rmq_spark.store.record import EncodedBatch
 from rmq_spark.store.schedule import (
+    DELIVERY_DROP,
+    DELIVERY_KEYS,
     DROPPED_ON_DELIVERY,
+    PATCH_MIN_MSGS,
     DeliveryLifecycle,
     ServiceThread,
     StagedCheckpoint,
-    StoredRecords,
     backoff_ms,
-    put_redelivered,
+    encode_redelivered,
+    encode_redelivery,
+    parse_records,
     read_records,
     resolve_queue,
+    resolve_queues,
     scan_sources,
 )
 
@@ -105,6 +111,9 @@ ENTRY = np.dtype(
 )
 KIND_MESSAGE = 0
 KIND_DELETE = 1  # a recall's delete record
+_KEYS = DELIVERY_KEYS + (P_TIMER_SOURCE,)
+_DROP = DELIVERY_DROP + (P_TIMER_SOURCE,)
+_EXTRA = f"{P_TIMER_SOURCE}\x01%d\x02".encode()
 
 
 # --- recall handles -------------------------------------------------------------------------------
@@ -258,6 +267,7 @@ class TimerStats:
     failed_puts: int = 0
     reconciled: int = 0  # pending records found already delivered (restart or failed put)
     held: int = 0  # entries put aside after a failure, to retry
+    patched: int = 0  # delivered through the byte-patching path (the rest: decoded, encoded)
     rounds: int = 0
     busy_s: float = 0.0  # CPU time (this thread) of rounds that delivered something
 
@@ -287,6 +297,7 @@ class TimerService(DeliveryLifecycle):
         self.max_delay_ms = int(config.timer_max_delay_s) * 1000
         self.broker_name = config.broker_name
         self.batch_max_msgs = batch_max_msgs
+        self.patch_min_msgs = PATCH_MIN_MSGS
         self.wait_max_ms = max(1, int(config.timer_precision_ms))
         self.stats = TimerStats()
         self.last_error: BaseException | None = None
@@ -606,6 +617,50 @@ class TimerService(DeliveryLifecycle):
 
     def _deliver(self, chunk: np.ndarray, now: int) -> tuple[int, bool]:
         """Deliver ``chunk`` as one write.  Returns (delivered, everything done)."""
+        phys_list = chunk["phys"].tolist()
+        rows: list[int] = []
+        held: list[int] = []
+        batch = None if self._cancelled else self._fast_batch(chunk, phys_list)
+        if batch is not None:
+            rows = list(range(len(chunk)))
+            fast = len(rows)
+        else:
+            fast = 0
+            rows, held, general = self._general(chunk, phys_list)
+        if rows:
+            before = self.store.commitlog.max_offset
+            try:
+                if batch is None:
+                    batch = encode_redelivered(self.store, *general)
+                self._put(batch)
+            except Exception as e:  # noqa: BLE001 - held and retried, never skipped
+                self.last_error = e
+                self.stats.failed_puts += 1
+                landed = {
+                    int(v) for v in scan_sources(self.store, before, P_TIMER_SOURCE) if v.isdigit()
+                }
+                self.stats.reconciled += len(landed & {phys_list[i] for i in rows})
+                rest = [i for i in rows if phys_list[i] not in landed]
+                self._settle(chunk, held + rest, now)
+                logger.warning(
+                    "timer delivery failed (%s); %d messages retried later",
+                    e,
+                    len(held) + len(rest),
+                )
+                self.stats.delivered += len(rows) - len(rest)
+                return len(rows) - len(rest), False
+        self._settle(chunk, held, now)
+        self.stats.patched += fast
+        if held:
+            logger.warning("timer delivery: %d messages held back (%s)", len(held), self.last_error)
+        self.stats.delivered += len(rows)
+        return len(rows), not held
+
+    def _general(
+        self, chunk: np.ndarray, phys_list: list[int]
+    ) -> tuple[list[int], list[int], tuple[Any, ...]]:
+        """Rows to deliver, rows held back, and the arguments of :func:`encode_redelivered`:
+        the general path (recalls, discarded records, topics that cannot take a message)."""
         src = read_records(self.store, chunk["phys"], chunk["size"])
         rows: list[int] = []
         topics: list[str] = []
@@ -613,7 +668,6 @@ class TimerService(DeliveryLifecycle):
         props: list[dict[str, str]] = []
         held: list[int] = []
         cache: dict[str, int] = {}
-        phys_list = chunk["phys"].tolist()
         for i, p in enumerate(src.properties):
             real = p.get(L.P_REAL_TOPIC)
             if real is None or real == L.TRANS_HALF_TOPIC:
@@ -635,41 +689,32 @@ class TimerService(DeliveryLifecycle):
             topics.append(real)
             qids.append(qid)
             props.append(out)
-        if rows:
-            before = self.store.commitlog.max_offset
-            try:
-                self._put(src, rows, topics, qids, props)
-            except Exception as e:  # noqa: BLE001 - held and retried, never skipped
-                self.last_error = e
-                self.stats.failed_puts += 1
-                landed = {
-                    int(v) for v in scan_sources(self.store, before, P_TIMER_SOURCE) if v.isdigit()
-                }
-                self.stats.reconciled += len(landed & {phys_list[i] for i in rows})
-                rest = [i for i in rows if phys_list[i] not in landed]
-                self._settle(chunk, held + rest, now)
-                logger.warning(
-                    "timer delivery failed (%s); %d messages retried later",
-                    e,
-                    len(held) + len(rest),
-                )
-                self.stats.delivered += len(rows) - len(rest)
-                return len(rows) - len(rest), False
-        self._settle(chunk, held, now)
-        if held:
-            logger.warning("timer delivery: %d messages held back (%s)", len(held), self.last_error)
-        self.stats.delivered += len(rows)
-        return len(rows), not held
+        return rows, held, (src, rows, topics, qids, props)
 
-    def _put(
-        self,
-        src: StoredRecords,
-        rows: list[int],
-        topics: list[str],
-        qids: list[int],
-        props: list[dict[str, str]],
-    ) -> None:
-        put_redelivered(self.store, src, rows, topics, qids, props)
+    def _fast_batch(self, chunk: np.ndarray, phys_list: list[int]) -> EncodedBatch | None:
+        """``chunk`` re-written by patching its bytes, or None when the general path must."""
+        if len(chunk) < self.patch_min_msgs:
+            return None
+        rec = parse_records(self.store, chunk["phys"], chunk["size"], _KEYS)
+        if rec is None:
+            return None
+        real, raw_qids, uniq = (rec.values(k) for k in (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_UNIQ_KEY))
+        tags, keys = rec.values(L.P_TAGS), rec.values(L.P_KEYS)
+        if real is None or raw_qids is None or uniq is None or tags is None or keys is None:
+            return None
+        if None in real or L.TRANS_HALF_TOPIC in real or None in uniq:
+            return None
+        try:
+            qids = resolve_queues(self.store, real, raw_qids, {})  # type: ignore[arg-type]
+        except RmqError:
+            return None
+        extra = [_EXTRA % p for p in phys_list]
+        return encode_redelivery(
+            self.store, rec, _DROP, real, qids, extra, tags, keys, uniq  # type: ignore[arg-type]
+        )
+
+    def _put(self, batch: EncodedBatch) -> None:
+        self.store.put_encoded(batch)
 
     def _settle(self, chunk: np.ndarray, not_done: list[int], now: int) -> None:
         """Rows ``not_done`` of ``chunk`` wait for a retry; the others are done."""
