@@ -1,6 +1,6 @@
 """Spark benchmark of format rmq, each figure next to Spark's Parquet file source/sink in the same run.
 
-    python bench/spark_bench.py [--messages N] [--sink-rows N] [--runs R]
+    python bench/spark_bench.py [--messages N] [--sink-rows N] [--runs R] [--only read|sink]
 
 1. Streaming read: N messages (default 5 000 000) with 100-byte bodies, in 4 queues, read with
    ``spark.readStream.format("rmq")`` (Trigger.AvailableNow) into the ``noop`` sink, against
@@ -224,6 +224,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=5_000_000)
     ap.add_argument("--sink-rows", type=int, default=400_000)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--only", choices=["read", "sink"], help="run one section")
     args = ap.parse_args()
     from rmq_spark.datasource.embedded import stop_broker
 
@@ -238,17 +239,19 @@ def main() -> None:
         print(f"parquet peer: the same {n:,} rows (14 columns) written in {t.seconds:.1f}s")
         spark = session()
         try:
-            print("streaming read to the noop sink (rows/s, best run):")
-            ours, peer, ceiling = bench_read(spark, store, parquet, work, args.runs)
-            print(f"  rmq source              {ours:>12,.0f} rows/s")
-            print(f"  parquet source          {peer:>12,.0f} rows/s")
-            print(f"  ready batches (ceiling) {ceiling:>12,.0f} rows/s  ({ceiling / peer:.2f}x parquet)")
-            print(f"  ratio rmq / parquet = {ours / peer:.2f}x (goal >= 1.0x); rmq / ceiling = {ours / ceiling:.2f}x")
-            print(f"streaming sink, {args.sink_rows:,} rows of {BODY_BYTES} B (rows/s):")
-            sink = bench_sink(spark, store, work, args.sink_rows)
-            base = sink["parquet file sink"]
-            for name, rate in sink.items():
-                print(f"  {name:<20} {rate:>12,.0f} rows/s  {rate / base:.2f}x parquet")
+            if args.only in (None, "read"):
+                print("streaming read to the noop sink (rows/s, best run):")
+                ours, peer, ceiling = bench_read(spark, store, parquet, work, args.runs)
+                print(f"  rmq source              {ours:>12,.0f} rows/s")
+                print(f"  parquet source          {peer:>12,.0f} rows/s")
+                print(f"  ready batches (ceiling) {ceiling:>12,.0f} rows/s  ({ceiling / peer:.2f}x parquet)")
+                print(f"  ratio rmq / parquet = {ours / peer:.2f}x (goal >= 1.0x); rmq / ceiling = {ours / ceiling:.2f}x")
+            if args.only in (None, "sink"):
+                print(f"streaming sink, {args.sink_rows:,} rows of {BODY_BYTES} B (rows/s):")
+                sink = bench_sink(spark, store, work, args.sink_rows)
+                base = sink["parquet file sink"]
+                for name, rate in sink.items():
+                    print(f"  {name:<20} {rate:>12,.0f} rows/s  {rate / base:.2f}x parquet")
         finally:
             spark.stop()
             stop_broker(store)

@@ -149,6 +149,114 @@ def test_parse_properties_follows_rocketmq_rules():
     ]
 
 
+def test_property_lookup_tells_apart_keys_sharing_a_prefix():
+    from rmq_spark.store.reader import ParsedProperties
+
+    rows = [
+        b"UNIQ_KEY\x01u1\x02UNIQ_KEYS\x01no\x02KEY\x01x\x02",
+        b"UNIQ_KE\x01no\x02__transactionId__\x01t1\x02__transactionIdX_\x01no",
+        b"__transactionId_\x01no\x02KEYS\x01k1\x02KEYS\x01k2",
+        b"K\x01v",  # a key in the last bytes of the buffer
+    ]
+    parsed = ParsedProperties(pa.array(rows, pa.binary()))
+    assert parsed.lookup("UNIQ_KEY").to_pylist() == ["u1", None, None, None]
+    assert parsed.lookup("__transactionId__").to_pylist() == [None, "t1", None, None]
+    assert parsed.lookup("KEYS").to_pylist() == [None, None, "k2", None]  # the last one wins
+    assert parsed.lookup("K").to_pylist() == [None, None, None, "v"]
+    assert parsed.lookup("KEY").to_pylist() == ["x", None, None, None]
+
+
+def _both_parsers(rows: list[bytes]):
+    from rmq_spark.store.reader import ParsedProperties, UniformProperties
+
+    width = len(rows[0])
+    mat = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), width)
+    return UniformProperties.of(mat), ParsedProperties(pa.array(rows, pa.binary()))
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        b"TAGS\x01t%d\x02UNIQ_KEY\x01%031d\x02",
+        b"KEYS\x01a%d\x02KEYS\x01b%d\x02\x01v\x02k\x01\x02noval\x02",  # repeated key, skipped segments
+        b"x\x01y\x01%02d\x02k\x01v%d",  # a value holding \x01, no trailing separator
+        b"TAGS\x01%d\x02__CRC32#\x01%010d\x02",  # the record CRC is not a property
+        b"__CRC32#\x01%010d\x02",
+    ],
+)
+def test_uniform_layout_reads_as_the_general_parser(template):
+    k = template.count(b"%")
+    rows = [template % ((i,) * k) for i in range(3, 9)]
+    uniform, parsed = _both_parsers(rows)
+    assert uniform is not None
+    assert uniform.map_array().equals(parsed.map_array())
+    for key in ("TAGS", "KEYS", "UNIQ_KEY", "x", "k", "__CRC32#", "absent"):
+        assert uniform.lookup(key).equals(parsed.lookup(key)), key
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        b"TAGS\x01a\x02UNIQ\x01b\x01c\x02",  # an extra \x01 inside a value
+        b"TAGS\x01a\x02UNIQ\x01bc\x02\x02",  # ...or \x02
+        b"TAGX\x01a\x02UNIQ\x01bcd\x02",  # another key, same length
+        b"TAGS\x01a\x02UNIQ\x01\x01\x00\x00\x02",  # an \x01 where another row has \x00
+        b"TAGS\x01a\x02UNIQ\x01bcd\x02",  # and the sane row, for contrast
+    ],
+)
+@pytest.mark.parametrize("zeros_first", [False, True])
+def test_uniform_layout_refused_when_one_row_differs(odd, zeros_first):
+    rows = [b"TAGS\x01a\x02UNIQ\x01%03d\x02" % i for i in range(5)] + [odd]
+    if zeros_first:  # \x00 is a value byte like any other, but row 0 then counts differently
+        rows[0] = b"TAGS\x01a\x02UNIQ\x01\x00\x00\x00\x02"
+    uniform, parsed = _both_parsers(rows)
+    if odd.startswith(b"TAGS\x01a\x02UNIQ\x01bcd"):
+        assert uniform is not None and uniform.map_array().equals(parsed.map_array())
+    else:
+        assert uniform is None
+
+
+@pytest.mark.parametrize("prop_crc", [True, False])
+def test_batch_puts_read_as_record_decode(store_dir, prop_crc):
+    """put_bodies batches (one property layout: the fast paths) across segments, beside records
+    of other layouts, IPv6 hosts and varied body sizes."""
+    rng = random.Random(9)
+    cfg = StoreConfig(commitlog_segment_bytes=64 * 1024, append_prop_crc=prop_crc, store_host="::1")
+    with MessageStore(store_dir, cfg, clock=FakeClock()) as s:
+        s.put_bodies("B", 0, [rng.randbytes(100) for _ in range(500)], {"TAGS": "tg", "KEYS": "k1"})
+        s.put_bodies("B", 1, [rng.randbytes(rng.randint(0, 40)) for _ in range(300)], {"TAGS": "tg"})
+        s.put_messages(random_messages(rng, 60, topic="B"))
+        s.put_bodies("B", 0, [b"same"] * 200, {})
+        assert len(s.commitlog.mfq.files) > 2
+        for q, start, end in [(0, 0, 560), (0, 0, 500), (0, 499, 760), (1, 0, 300), (1, 5, 6)]:
+            full = s.read_arrow("B", q, start, end)
+            assert as_rows(full) == expected_rows(s, "B", q, start, end), (q, start, end)
+            for cols in (["msgId", "body"], ["properties", "storeTimestamp", "reconsumeTimes"]):
+                part = s.read_arrow("B", q, start, end, columns=cols)
+                assert part.equals(full.select(part.schema.names)), (q, start, end, cols)
+
+
+def test_read_chunks_split_by_rows_and_bytes(store_dir):
+    from rmq_spark.store.reader import chunk_bounds
+
+    assert chunk_bounds(np.array([10] * 10), 4, 25) == [(0, 3), (3, 5), (5, 8), (8, 10)]
+    assert chunk_bounds(np.array([100, 1, 1, 100, 1]), 10, 50) == [(0, 1), (1, 4), (4, 5)]
+    with MessageStore(store_dir, StoreConfig(), clock=FakeClock()) as s:
+        s.put_messages([Message("C", b"x" * (i % 50) * 20, {"TAGS": "ab"[i % 2]}) for i in range(300)])
+        s.flush_all()
+        r = StoreReader(store_dir)
+        try:
+            whole = r.read_arrow("C", 0, 5, 290)
+            chunks = list(r.read_chunks("C", 0, 5, 290, max_rows=64, max_bytes=4096))
+            assert len(chunks) > 300 * 500 // 4096 // 2 and all(c.num_rows <= 64 for c in chunks)
+            assert pa.Table.from_batches(chunks).combine_chunks().equals(pa.Table.from_batches([whole]))
+            only_b = list(r.read_chunks("C", 0, 0, 300, tag_filter=TagsIn("b"), max_rows=7))
+            assert [v for c in only_b for v in c.column("queueOffset").to_pylist()] == list(range(1, 300, 2))
+            assert list(r.read_chunks("C", 0, 9, 9)) == []
+        finally:
+            r.close()
+
+
 READER = r"""
 import sys, json
 from rmq_spark.store.reader import StoreReader

@@ -27,7 +27,10 @@ from pyspark.sql.datasource import InputPartition
 from rmq_spark.datasource.options import Connection, ReadPath
 from rmq_spark.errors import StoreError
 
-READ_CHUNK_ROWS = 262_144
+# batches handed to Spark: big enough to amortize per-batch costs, small enough to stay in cache
+# and far below Arrow's 2 GiB per binary column whatever the message size
+READ_CHUNK_ROWS = 65_536
+READ_CHUNK_BYTES = 32 << 20
 
 _readers: dict[str, Any] = {}  # store root -> StoreReader, per executor process
 _readers_lock = threading.Lock()
@@ -188,11 +191,9 @@ def _read_files(p: QueueRange) -> Iterator[Any]:
         from rmq_spark.store.filter import TagFilter
 
         tag_filter = TagFilter.parse(" || ".join(p.bounds.tags_in)) if p.bounds.tags_in else None
-    pos = start
-    while pos < p.end:
-        stop = min(p.end, pos + READ_CHUNK_ROWS)
-        yield reader.read_arrow(p.topic, p.queue_id, pos, stop, tag_filter, sql_filter)
-        pos = stop
+    yield from reader.read_chunks(
+        p.topic, p.queue_id, start, p.end, tag_filter, sql_filter, READ_CHUNK_ROWS, READ_CHUNK_BYTES
+    )
 
 
 def _read_arrow_rpc(p: QueueRange) -> Iterator[Any]:

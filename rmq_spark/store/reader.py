@@ -1,18 +1,27 @@
 """Bulk reads of a queue range into Arrow, vectorized with numpy over the mapped files.
 
 :func:`read_queue_arrow` turns ConsumeQueue units ``[start, end)`` into a ``pyarrow.RecordBatch``
-with the Spark source schema: fixed header fields are gathered with numpy at all record positions
-at once; bodies and properties become Arrow ``binary_view`` arrays whose views point into the
-mapped CommitLog, and one C++ cast copies them out.  No Python work per message.
+with the Spark source schema, with no Python work per message:
+
+* the fixed header fields of all records come from ONE gather of 52 bytes per record;
+* bodies: one fixed-width numpy gather when they all have one length, else Arrow
+  ``binary_view`` structs pointing into the mapped CommitLog and one C++ cast (the gather);
+* properties: when every record has one layout (a batch put writes them so: same keys, value
+  lengths and separators, only value bytes differ) each value column is a column slice of one
+  (n, width) byte matrix (:class:`UniformProperties`); otherwise separators are found with numpy
+  over the whole column (:class:`ParsedProperties`).  Only the columns asked for are built.
 
 :class:`StoreReader` opens a store directory read-only, so that another process (a Spark
-executor) can read while the broker appends.
+executor) can read while the broker appends; :meth:`StoreReader.read_chunks` yields a range as
+batches bounded in rows and bytes.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +31,10 @@ from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.consumequeue import CQ_UNIT, ConsumeQueue
 from rmq_spark.store.mapped import MappedFileQueue
-from rmq_spark.store.message import hex_rows
+from rmq_spark.store.message import offset_msg_ids
+from rmq_spark.store import record as R
+
+_CRC_PREFIX, _CRC_BYTES = R.PROP_CRC_PREFIX, R.PROP_CRC_BYTES
 
 TS = pa.timestamp("us", tz="UTC")
 SOURCE_SCHEMA = pa.schema(
@@ -101,28 +113,57 @@ def _views(buf: np.ndarray, start: np.ndarray, length: np.ndarray, buffer_index:
     return out
 
 
-def _segment_fields(mm_buf: np.ndarray, pos: np.ndarray, topic_field_bytes: int, topic_len: int) -> dict:
-    """Header fields and body/properties ranges of the records at ``pos`` of one segment."""
-    sys_flag = _gather(mm_buf, pos + 36, 4, ">i4").astype(np.int32)
-    adj_b = np.where(sys_flag & L.FLAG_BORNHOST_V6, 12, 0).astype(np.int64)
-    adj_s = np.where(sys_flag & L.FLAG_STOREHOST_V6, 12, 0).astype(np.int64)
-    born_ts = _gather(mm_buf, pos + 40, 8, ">i8").astype(np.int64)
-    store_ts = _gather(mm_buf, pos + 56 + adj_b, 8, ">i8").astype(np.int64)
-    reconsume = _gather(mm_buf, pos + 72 + adj_b + adj_s, 4, ">i4").astype(np.int32)
-    body_len = _gather(mm_buf, pos + 84 + adj_b + adj_s, 4, ">i4").astype(np.int64)
-    body_start = pos + 88 + adj_b + adj_s
-    props_len_pos = body_start + body_len + topic_field_bytes + topic_len
-    props_len = _gather(mm_buf, props_len_pos, 2, ">u2").astype(np.int64)
-    return {
-        "sys_flag": sys_flag,
-        "born_ts": born_ts,
-        "store_ts": store_ts,
-        "reconsume": reconsume,
-        "body_start": body_start,
-        "body_len": body_len,
-        "props_start": props_len_pos + 2,
-        "props_len": props_len,
+# header fields read by the source: record byte position with IPv4 hosts, type, and how many of
+# the two hosts (BORNHOST, STOREHOST: +12 bytes each when IPv6) come before the field
+_FIELDS = {
+    "sys_flag": (R.POS_SYS_FLAG, ">i4", 0),
+    "born_ts": (R.POS_BORN_TIMESTAMP, ">i8", 0),
+    "store_ts": (R.POS_STORE_TIMESTAMP_V4, ">i8", 1),
+    "reconsume": (R.POS_STORE_TIMESTAMP_V4 + 16, ">i4", 2),
+    "body_len": (R.POS_STORE_TIMESTAMP_V4 + 28, ">i4", 2),
+}
+# ... all within one span from SYSFLAG to BODYLEN, gathered as ONE item per record
+_HEAD_AT = R.POS_SYS_FLAG
+_HEAD = np.dtype(
+    {
+        "names": list(_FIELDS),
+        "formats": [f[1] for f in _FIELDS.values()],
+        "offsets": [f[0] - _HEAD_AT for f in _FIELDS.values()],
+        "itemsize": _FIELDS["body_len"][0] + 4 - _HEAD_AT,
     }
+)
+_BODY_AT = _FIELDS["body_len"][0] + 4
+_V6 = L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6
+
+
+class _Headers:
+    """Header fields of the records at ``pos`` of one mapped segment (IPv6 hosts shift them)."""
+
+    def __init__(self, mm_buf: np.ndarray, pos: np.ndarray) -> None:
+        head = _at(mm_buf, f"V{_HEAD.itemsize}")[pos + _HEAD_AT].view(_HEAD)
+        self.sys_flag = head["sys_flag"].astype(np.int32)
+        self._head, self._buf, self._pos = head, mm_buf, pos
+        self._v6 = v6 = np.flatnonzero(self.sys_flag & _V6)
+        self.body_len = self.field("body_len").astype(np.int64)
+        self.body_start = pos + _BODY_AT
+        if len(v6):
+            self.body_start[v6] += self._shift(v6, 2)
+
+    def _shift(self, rows: np.ndarray, hosts_before: int) -> np.ndarray:
+        sf = self.sys_flag[rows]
+        shift = np.where(sf & L.FLAG_BORNHOST_V6, 12, 0) if hosts_before >= 1 else np.zeros(len(rows), np.int64)
+        if hosts_before >= 2:
+            shift = shift + np.where(sf & L.FLAG_STOREHOST_V6, 12, 0)
+        return shift.astype(np.int64)
+
+    def field(self, name: str) -> np.ndarray:
+        """Field ``name`` of every record (the IPv6 ones gathered again at their place)."""
+        at, dtype, hosts_before = _FIELDS[name]
+        out = self._head[name].astype(np.int64 if dtype == ">i8" else np.int32)
+        v6 = self._v6
+        if len(v6) and hosts_before:
+            out[v6] = _gather(self._buf, self._pos[v6] + at + self._shift(v6, hosts_before), np.dtype(dtype).itemsize, dtype)
+        return out
 
 
 def _owner(pos: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -159,11 +200,11 @@ class ParsedProperties:
         data = np.frombuffer(self._data_buf, dtype=np.uint8)
         starts, ends = offs[:-1], offs[1:].copy()
         # drop the trailing record CRC property
-        crc_prefix = np.frombuffer(b"__CRC32#\x01", dtype=np.uint8)
-        cand = np.flatnonzero(ends - starts >= 20)
+        crc_prefix = np.frombuffer(_CRC_PREFIX, dtype=np.uint8)
+        cand = np.flatnonzero(ends - starts >= _CRC_BYTES)
         if len(cand):
-            head = data[(ends[cand] - 20)[:, None] + np.arange(len(crc_prefix))]
-            ends[cand[(head == crc_prefix).all(axis=1)]] -= 20
+            head = data[(ends[cand] - _CRC_BYTES)[:, None] + np.arange(len(crc_prefix))]
+            ends[cand[(head == crc_prefix).all(axis=1)]] -= _CRC_BYTES
         # segment ends: every \x02 inside a record, plus the record end when it lacks one
         twos = np.flatnonzero(data == 2)
         rec_of = _owner(twos, starts, ends)
@@ -199,6 +240,22 @@ class ParsedProperties:
         self.k_start, self.k_len = seg_start[ok], sep[ok] - seg_start[ok]
         self.v_start, self.v_len = sep[ok] + 1, seg_end[ok] - sep[ok] - 1
         self._data = data
+        self._key_heads: np.ndarray | None = None
+
+    def _heads(self) -> np.ndarray:
+        """First 8 bytes of every key (zero-masked past its length) as one integer: a single
+        gather for all keys, so each :meth:`lookup` compares integers instead of bytes."""
+        if self._key_heads is None:
+            data = self._data
+            if len(self.k_start) and int(self.k_start.max()) > len(data) - 8:
+                data = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
+            heads = _at(data, "<u8")[self.k_start]
+            short = self.k_len < 8
+            if short.any():
+                bits = (np.minimum(self.k_len[short], 8) * 8).astype(np.uint64)
+                heads[short] &= (np.uint64(1) << bits) - np.uint64(1)
+            self._key_heads = heads
+        return self._key_heads
 
     def _strings(self, start: np.ndarray, length: np.ndarray, validity: np.ndarray | None = None) -> pa.Array:
         m = len(start)
@@ -207,7 +264,7 @@ class ParsedProperties:
         if validity is not None and not validity.all():
             vbuf = pa.py_buffer(np.packbits(validity, bitorder="little").tobytes())
         arr = pa.Array.from_buffers(pa.binary_view(), m, [vbuf, pa.py_buffer(views.tobytes()), self._data_buf])
-        return arr.cast(pa.string())
+        return _binary_as_string(arr.cast(pa.binary()))
 
     def map_array(self) -> pa.MapArray:
         counts = np.bincount(self.rec, minlength=self.n)
@@ -220,10 +277,14 @@ class ParsedProperties:
     def lookup(self, key: str) -> pa.Array:
         """The value of ``key`` in each record (the last one if repeated), null when absent."""
         kb = np.frombuffer(key.encode("utf-8"), dtype=np.uint8)
-        cand = np.flatnonzero(self.k_len == len(kb))
-        if len(cand):
-            eq = (self._data[self.k_start[cand][:, None] + np.arange(len(kb))] == kb).all(axis=1)
+        head = int.from_bytes(kb[:8].tobytes(), "little")
+        cand = np.flatnonzero((self._heads() == np.uint64(head)) & (self.k_len == len(kb)))
+        if len(cand) and len(kb) > 8:  # the rest of a long key, on the candidates only
+            rest = kb[8:]
+            eq = (self._data[(self.k_start[cand] + 8)[:, None] + np.arange(len(rest))] == rest).all(axis=1)
             cand = cand[eq]
+        if len(cand) == 0:  # common for TIMER_OUT_MS, __transactionId__: no views to build
+            return pa.nulls(self.n, pa.string())
         start = np.zeros(self.n, dtype=np.int64)
         length = np.zeros(self.n, dtype=np.int64)
         present = np.zeros(self.n, dtype=bool)
@@ -233,9 +294,194 @@ class ParsedProperties:
         return self._strings(start, length, present)
 
 
+def _binary_as_string(arr: pa.Array) -> pa.Array:
+    """A ``binary`` array re-typed as ``string`` without the UTF-8 scan of a cast: the property
+    bytes were encoded from ``str`` by the store, so they are UTF-8 by construction."""
+    return pa.Array.from_buffers(pa.string(), len(arr), arr.buffers(), arr.null_count, arr.offset)
+
+
+def _fixed_strings(block: np.ndarray, typ: pa.DataType = pa.string()) -> pa.Array:
+    """Rows of an (n, w) uint8 matrix as an Arrow string/binary array: one copy, no per-row work."""
+    n, w = block.shape
+    data = np.ascontiguousarray(block)
+    offsets = np.arange(0, (n + 1) * w, w, dtype=np.int32) if w else np.zeros(n + 1, dtype=np.int32)
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _tiled_offsets(n: int, lengths: list[int]) -> np.ndarray:
+    """Offsets of ``n`` rows that each hold strings of ``lengths``, back to back."""
+    per_row, k = int(sum(lengths)), len(lengths)
+    cum = np.cumsum([0, *lengths[:-1]]).astype(np.int32)
+    out = np.empty(n * k + 1, dtype=np.int32)
+    np.add((np.arange(n, dtype=np.int32) * np.int32(per_row))[:, None], cum[None, :], out=out[:-1].reshape(n, k))
+    out[-1] = n * per_row
+    return out
+
+
+class UniformProperties:
+    """Properties of records that all share one layout, as a batch put writes them: the same
+    length, the same separators and keys at the same bytes, only value bytes differ (and hold no
+    separator).  Each value is then a column slice of the (n, L) byte matrix: no parsing per
+    record.  Same results as :class:`ParsedProperties` (empty keys or values skipped, the record
+    CRC dropped, the last of repeated keys wins in :meth:`lookup`)."""
+
+    def __init__(self, mat: np.ndarray, segments: list[tuple[str, bytes, int, int]]) -> None:
+        self.n = len(mat)
+        self._mat = mat
+        self._segments = segments  # (key, key bytes, value start, value end) in string order
+
+    @classmethod
+    def of(cls, mat: np.ndarray) -> "UniformProperties | None":
+        """The layout of row 0, if every row follows it (else None: parse them one by one)."""
+        n, width = mat.shape
+        if n == 0 or width == 0:
+            return None
+        row = mat[0]
+        raw = row.tobytes()
+        end = width
+        const = (row == 1) | (row == 2)  # bytes every row must repeat: separators, keys, CRC key
+        if width >= _CRC_BYTES and raw[width - _CRC_BYTES : width - _CRC_BYTES + len(_CRC_PREFIX)] == _CRC_PREFIX:
+            end = width - _CRC_BYTES
+            const[end : end + len(_CRC_PREFIX)] = True
+        segments = []
+        s = 0
+        while s < end:
+            e = raw.find(b"\x02", s, end)
+            e = end if e < 0 else e
+            sep = raw.find(b"\x01", s, e)
+            if s < sep < e - 1:
+                const[s:sep] = True
+                segments.append((raw[s:sep].decode("utf-8", "surrogateescape"), raw[s:sep], sep + 1, e))
+            s = e + 1
+        # every row equals row 0 on the constant bytes (whole-matrix passes: contiguous, SIMD) ...
+        diff = np.bitwise_xor(mat, row)
+        diff &= np.where(const, np.uint8(0xFF), np.uint8(0))
+        if diff.any():
+            return None
+        del diff
+        # ... so they hold row 0's separators there, and no other \x01/\x02 may exist: when row 0
+        # has no byte <= 2 outside them, one count of such bytes over all rows tells
+        low = int(np.count_nonzero(row <= 2))
+        if low == int(np.count_nonzero(const & (row <= 2))):
+            return cls(mat, segments) if np.count_nonzero(mat <= 2) == n * low else None
+        seps = int(np.count_nonzero(row == 1)), int(np.count_nonzero(row == 2))
+        if np.count_nonzero(mat == 1) != n * seps[0] or np.count_nonzero(mat == 2) != n * seps[1]:
+            return None
+        return cls(mat, segments)
+
+    def _values(self, i: int) -> np.ndarray:
+        _, _, vs, ve = self._segments[i]
+        return self._mat[:, vs:ve]
+
+    def lookup(self, key: str) -> pa.Array:
+        for i in range(len(self._segments) - 1, -1, -1):
+            if self._segments[i][0] == key:
+                return _fixed_strings(self._values(i))
+        return pa.nulls(self.n, pa.string())
+
+    def map_array(self) -> pa.MapArray:
+        n, segs = self.n, self._segments
+        k = len(segs)
+        offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32) if k else np.zeros(n + 1, dtype=np.int32))
+        if k == 0:
+            empty = pa.array([], pa.string())
+            return pa.MapArray.from_arrays(offsets, empty, empty)
+        key_bytes = b"".join(kb for _, kb, _, _ in segs)
+        keys = pa.Array.from_buffers(
+            pa.string(), n * k,
+            [None, pa.py_buffer(_tiled_offsets(n, [len(kb) for _, kb, _, _ in segs])),
+             pa.py_buffer(np.tile(np.frombuffer(key_bytes, np.uint8), n))],
+        )
+        vals = np.concatenate([self._values(i) for i in range(k)], axis=1) if k > 1 else np.ascontiguousarray(self._values(0))
+        items = pa.Array.from_buffers(
+            pa.string(), n * k,
+            [None, pa.py_buffer(_tiled_offsets(n, [ve - vs for _, _, vs, ve in segs])), pa.py_buffer(vals)],
+        )
+        return pa.MapArray.from_arrays(offsets, keys, items)
+
+
 def parse_properties(props: pa.Array) -> pa.MapArray:
     """RocketMQ property strings to ``map<string,string>`` (see :class:`ParsedProperties`)."""
     return ParsedProperties(props).map_array()
+
+
+@dataclass
+class _Part:
+    """The records of one range that lie in one mapped CommitLog file."""
+
+    buf: np.ndarray  # the file's bytes
+    mm: Any  # the mapping itself, for Arrow buffers
+    head: _Headers
+    props_start: np.ndarray
+    props_len: np.ndarray
+
+
+class _Columns:
+    """Fixed fields and byte ranges of the records at sorted CommitLog offsets ``phys``, gathered
+    file by file, concatenated on demand."""
+
+    def __init__(self, commitlog: MappedFileQueue, phys: np.ndarray, topic_bytes: int) -> None:
+        topic_field = 2 if topic_bytes > 127 else 1
+        seg_idx = (phys - commitlog.min_offset) // commitlog.segment_bytes
+        cuts = np.flatnonzero(seg_idx[1:] != seg_idx[:-1]) + 1
+        self.parts: list[_Part] = []
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(phys)]):
+            mf = commitlog.files[int(seg_idx[a])]
+            buf = np.frombuffer(mf.mm, dtype=np.uint8)
+            pos = phys[a:b] - mf.from_offset
+            h = _Headers(buf, pos)
+            props_len_pos = h.body_start + h.body_len + topic_field + topic_bytes
+            props_len = _gather(buf, props_len_pos, 2, ">u2").astype(np.int64)
+            self.parts.append(_Part(buf, mf.mm, h, props_len_pos + 2, props_len))
+
+    def cat(self, get: Callable[[_Part], np.ndarray]) -> np.ndarray:
+        arrays = [get(p) for p in self.parts]
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+    def field(self, name: str) -> np.ndarray:
+        return self.cat(lambda p: p.head.field(name))
+
+    def bytes_column(self, starts: Callable[[_Part], np.ndarray], lengths: Callable[[_Part], np.ndarray]) -> pa.Array:
+        """Byte ranges as a ``binary`` array: a fixed-width numpy gather when all have one length,
+        else binary_view structs over the mapped files and one C++ cast (the gather)."""
+        n = sum(len(starts(p)) for p in self.parts)
+        lens = [lengths(p) for p in self.parts]
+        lo = min(int(x.min()) for x in lens)
+        hi = max(int(x.max()) for x in lens)
+        if lo == hi and 0 < hi and n * hi < 2**31:
+            return _fixed_strings(self.fixed_block(starts, hi), pa.binary())
+        views = [_views(p.buf, starts(p), ln, i) for i, (p, ln) in enumerate(zip(self.parts, lens))]
+        v = views[0] if len(views) == 1 else np.concatenate(views)
+        buffers = [pa.py_buffer(p.mm) for p in self.parts]
+        arr = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(v), *buffers])
+        return arr.cast(pa.binary())
+
+    def fixed_block(self, starts: Callable[[_Part], np.ndarray], width: int) -> np.ndarray:
+        """``width`` bytes at every start, as an (n, width) uint8 matrix."""
+        block = self.cat(lambda p: _at(p.buf, f"V{width}")[starts(p)])
+        return block.view(np.uint8).reshape(len(block), width)
+
+    def properties(self) -> UniformProperties | ParsedProperties:
+        lens = [p.props_len for p in self.parts]
+        width = int(lens[0][0])
+        n = sum(len(x) for x in lens)
+        if 0 < width and n * width < 2**31 and all(int(x.min()) == width == int(x.max()) for x in lens):
+            mat = self.fixed_block(lambda p: p.props_start, width)
+            uniform = UniformProperties.of(mat)
+            if uniform is not None:
+                return uniform
+            return ParsedProperties(_fixed_strings(mat, pa.binary()))
+        return ParsedProperties(self.bytes_column(lambda p: p.props_start, lambda p: p.props_len))
+
+
+def _timestamps(ms: np.ndarray) -> pa.Array:
+    us = ms.astype(np.int64) * 1000
+    return pa.Array.from_buffers(TS, len(us), [None, pa.py_buffer(us)])
+
+
+def _repeated_string(value: str, n: int) -> pa.Array:
+    b = np.frombuffer(value.encode("utf-8"), dtype=np.uint8)
+    return _fixed_strings(np.broadcast_to(b, (n, len(b))))
 
 
 def read_units_arrow(
@@ -253,65 +499,46 @@ def read_units_arrow(
     """Records named by ConsumeQueue ``units`` (queue offsets ``first_queue_offset, ...``).
 
     ``columns`` (default: all of SOURCE_SCHEMA, in its order) limits the work to what is asked:
-    the properties string is not parsed at all unless a column derived from it is wanted."""
+    the properties are not parsed at all unless a column derived from them is wanted."""
     n_all = len(units)
     if n_all == 0:
         return empty_batch(columns)
     phys = units["offset"].astype(np.int64)
     qoffs = np.arange(first_queue_offset, first_queue_offset + n_all, dtype=np.int64)
-    tcodes = units["tags_code"].astype(np.int64)
-    if tag_filter is not None and not getattr(tag_filter, "match_all", False):
-        keep = np.asarray(tag_filter.mask_codes(tcodes), dtype=bool)  # type: ignore[attr-defined]
+    tag_check = tag_filter is not None and not getattr(tag_filter, "match_all", False)
+    if tag_check:
+        keep = np.asarray(tag_filter.mask_codes(units["tags_code"].astype(np.int64)), dtype=bool)  # type: ignore[union-attr]
         phys, qoffs = phys[keep], qoffs[keep]
     n = len(phys)
     if n == 0:
         return empty_batch(columns)
-    tb = topic.encode("utf-8")
-    topic_field = 2 if len(tb) > 127 else 1
-    seg_bytes = commitlog.segment_bytes
-    first_file = commitlog.min_offset
-    seg_idx = (phys - first_file) // seg_bytes
-    body_views, props_views, buffers = [], [], []
-    cols: dict[str, list[np.ndarray]] = {}
-    order = []
-    for bi, s in enumerate(np.unique(seg_idx)):
-        rows = np.flatnonzero(seg_idx == s)
-        order.append(rows)
-        mf = commitlog.files[int(s)]
-        mbuf = np.frombuffer(mf.mm, dtype=np.uint8)
-        pos = phys[rows] - mf.from_offset
-        f = _segment_fields(mbuf, pos, topic_field, len(tb))
-        body_views.append(_views(mbuf, f["body_start"], f["body_len"], bi))
-        props_views.append(_views(mbuf, f["props_start"], f["props_len"], bi))
-        buffers.append(pa.py_buffer(mf.mm))
-        for k in ("sys_flag", "born_ts", "store_ts", "reconsume"):
-            cols.setdefault(k, []).append(f[k])
-        del mbuf
-    perm = np.concatenate(order)
-    inv = np.empty_like(perm)
-    inv[perm] = np.arange(len(perm))
-
-    def col(k: str) -> np.ndarray:
-        return np.concatenate(cols[k])[inv]
-
-    def binary(views: list[np.ndarray]) -> pa.Array:
-        v = np.concatenate(views)[inv]
-        arr = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(v.tobytes()), *buffers])
-        return arr.cast(pa.binary())
-
+    order = None
+    if n > 1 and bool((phys[1:] < phys[:-1]).any()):  # a queue's records are in log order; be safe
+        order = np.argsort(phys, kind="stable")
+        phys, qoffs = phys[order], qoffs[order]
     want = set(SOURCE_SCHEMA.names if columns is None else columns)
-    tag_check = tag_filter is not None and not getattr(tag_filter, "match_all", False)
     need = set(want)
     if tag_check:
         need.add("tags")
     if sql_filter is not None:
         need.add("properties")
     values: dict[str, pa.Array] = {}
+    if need & {"topic", "queueId", "queueOffset", "commitLogOffset"}:
+        values["topic"] = _repeated_string(topic, n)
+        values["queueId"] = pa.array(np.full(n, queue_id, dtype=np.int32))
+        values["queueOffset"] = pa.array(qoffs)
+        values["commitLogOffset"] = pa.array(phys)
+    cols = _Columns(commitlog, phys, len(topic.encode("utf-8")))
     if "body" in need:
-        values["body"] = binary(body_views)
-    prop_cols = {"msgId", "tags", "keys", "properties", "deliverTimestamp", "transactionId"}
-    if need & prop_cols:
-        parsed = ParsedProperties(binary(props_views))
+        values["body"] = cols.bytes_column(lambda p: p.head.body_start, lambda p: p.head.body_len)
+    if "bornTimestamp" in need:
+        values["bornTimestamp"] = _timestamps(cols.field("born_ts"))
+    if "storeTimestamp" in need:
+        values["storeTimestamp"] = _timestamps(cols.field("store_ts"))
+    if "reconsumeTimes" in need:
+        values["reconsumeTimes"] = pa.array(cols.field("reconsume"))
+    if need & {"msgId", "tags", "keys", "properties", "deliverTimestamp", "transactionId"}:
+        parsed = cols.properties()
         if "properties" in need:
             values["properties"] = parsed.map_array()
         if "tags" in need:
@@ -320,32 +547,31 @@ def read_units_arrow(
             values["keys"] = parsed.lookup(L.P_KEYS)
         if "msgId" in need:
             uniq = parsed.lookup(L.P_UNIQ_KEY)
-            if uniq.null_count:
-                host = store_host or b"\x7f\x00\x00\x01"
-                uniq = pc.coalesce(uniq, pa.array(hex_rows_ids(host, store_port, phys)))
+            if uniq.null_count:  # no client id: the offset msgId, as RocketMQ shows it
+                ids = offset_msg_ids(store_host or b"\x7f\x00\x00\x01", store_port, phys)
+                uniq = pc.coalesce(uniq, _fixed_strings(ids.view(np.uint8).reshape(n, ids.itemsize)))
             values["msgId"] = uniq
         if "deliverTimestamp" in need:
-            deliver_ms = pc.cast(parsed.lookup(L.P_TIMER_OUT_MS), pa.int64(), safe=False)
-            values["deliverTimestamp"] = pc.multiply(deliver_ms, 1000).cast(TS)
+            deliver = parsed.lookup(L.P_TIMER_OUT_MS)
+            if deliver.null_count == n:
+                values["deliverTimestamp"] = pa.nulls(n, TS)
+            else:
+                deliver_ms = pc.cast(deliver, pa.int64(), safe=False)
+                values["deliverTimestamp"] = pc.multiply(deliver_ms, 1000).cast(TS)
         if "transactionId" in need:
-            is_txn = (col("sys_flag") & L.TRANSACTION_MASK) == L.TRANSACTION_COMMIT_TYPE
             txn = parsed.lookup(L.P_TRANSACTION_ID)
-            values["transactionId"] = pc.if_else(pa.array(is_txn), txn, pa.scalar(None, pa.string()))
-    del buffers
-    simple = {
-        "topic": lambda: pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int32), pa.array([topic])).cast(pa.string()),
-        "queueId": lambda: pa.array(np.full(n, queue_id, dtype=np.int32)),
-        "queueOffset": lambda: pa.array(qoffs),
-        "bornTimestamp": lambda: pa.array(col("born_ts") * 1000).cast(TS),
-        "storeTimestamp": lambda: pa.array(col("store_ts") * 1000).cast(TS),
-        "reconsumeTimes": lambda: pa.array(col("reconsume")),
-        "commitLogOffset": lambda: pa.array(phys),
-    }
-    for name, make in simple.items():
-        if name in need:
-            values[name] = make()
+            if txn.null_count < n:
+                sys_flag = cols.cat(lambda p: p.head.sys_flag)
+                is_commit = (sys_flag & L.TRANSACTION_MASK) == L.TRANSACTION_COMMIT_TYPE
+                txn = pc.if_else(pa.array(is_commit), txn, pa.scalar(None, pa.string()))
+            values["transactionId"] = txn
+    del cols
     fields = [f for f in SOURCE_SCHEMA if f.name in need]
     batch = pa.RecordBatch.from_arrays([values[f.name] for f in fields], schema=pa.schema(fields))
+    if order is not None:
+        inv = np.empty_like(order)
+        inv[order] = np.arange(n)
+        batch = batch.take(pa.array(inv))
     if tag_check:
         batch = batch.filter(tag_filter.mask(batch.column("tags")))  # type: ignore[union-attr]
     if sql_filter is not None:
@@ -353,12 +579,6 @@ def read_units_arrow(
     if need != want:
         batch = batch.select([f.name for f in SOURCE_SCHEMA if f.name in want])
     return batch
-
-
-def hex_rows_ids(host: bytes, port: int, phys: np.ndarray) -> np.ndarray:
-    from rmq_spark.store.message import offset_msg_ids
-
-    return offset_msg_ids(host, port, phys).astype("U")
 
 
 def read_queue_arrow(
@@ -464,10 +684,55 @@ class StoreReader:
             self.commitlog, cq, topic, queue_id, start, end, tag_filter, sql_filter, columns=columns
         )
 
+    def read_chunks(
+        self,
+        topic: str,
+        queue_id: int,
+        start: int,
+        end: int,
+        tag_filter: object | None = None,
+        sql_filter: object | None = None,
+        max_rows: int = 65_536,
+        max_bytes: int = 32 << 20,
+    ) -> Iterator[pa.RecordBatch]:
+        """:meth:`read_arrow` of ``[start, end)`` as consecutive batches of at most ``max_rows``
+        records and about ``max_bytes`` of stored records each (see :func:`chunk_bounds`), so big
+        messages never overflow a batch's 2 GiB of ``binary`` offsets.  The
+        ConsumeQueue range is read once; batches left empty by a filter are skipped."""
+        cq = self._cq(topic, queue_id)
+        if cq is None or end <= start:
+            if end > start:
+                raise StoreError(f"queue {topic}/{queue_id} does not exist in {self.root}")
+            return
+        if end > cq.max_offset:
+            raise StoreError(f"queue {topic}/{queue_id} holds offsets up to {cq.max_offset}, asked for {end}")
+        self.commitlog.refresh()
+        first = max(start, cq.min_offset)
+        units = cq.units(first, end)
+        for a, b in chunk_bounds(units["size"], max_rows, max_bytes):
+            batch = read_units_arrow(self.commitlog, units[a:b], topic, queue_id, first + a, tag_filter, sql_filter)
+            if batch.num_rows:
+                yield batch
+
     def close(self) -> None:
         self.commitlog.close()
         for cq in self._cqs.values():
             cq.close()
+
+
+def chunk_bounds(sizes: np.ndarray, max_rows: int, max_bytes: int) -> list[tuple[int, int]]:
+    """``[a, b)`` row ranges over records of ``sizes``: each at most ``max_rows`` rows, and a new
+    range starts wherever the running byte count crosses a multiple of ``max_bytes`` (so a range
+    holds at most ``max_bytes`` plus its last record)."""
+    n = len(sizes)
+    if n == 0:
+        return []
+    before = np.cumsum(sizes, dtype=np.int64) - sizes.astype(np.int64)  # bytes ahead of each record
+    cuts = np.flatnonzero(np.diff(before // max(max_bytes, 1))) + 1
+    out = []
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
+        out.extend((s, min(b, s + max_rows)) for s in range(a, b, max_rows))
+    return out
 
 
 def _detect_segment_bytes(directory: str) -> int | None:
@@ -479,4 +744,4 @@ def _detect_segment_bytes(directory: str) -> int | None:
     return None
 
 
-__all__: Sequence[str] = ["SOURCE_SCHEMA", "StoreReader", "read_queue_arrow", "read_units_arrow", "empty_batch", "parse_properties", "CQ_UNIT"]
+__all__: Sequence[str] = ["SOURCE_SCHEMA", "StoreReader", "read_queue_arrow", "read_units_arrow", "chunk_bounds", "empty_batch", "parse_properties", "CQ_UNIT"]
