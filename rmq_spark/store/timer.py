@@ -56,19 +56,16 @@ import pyarrow.compute as pc
 from rmq_spark.errors import MessageIllegalError, RmqError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
+from rmq_spark.store.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
 from rmq_spark.store.jsonfile import read_json
 from rmq_spark.store.message import Message, new_uniq_id, tags_code
 from rmq_spark.store.reader import read_units_arrow
 from rmq_spark.store.record import EncodedBatch
-from rmq_spark.store.schedule import (
+from rmq_spark.store.redeliver import (
     DELIVERY_DROP,
     DELIVERY_KEYS,
     DROPPED_ON_DELIVERY,
     PATCH_MIN_MSGS,
-    DeliveryLifecycle,
-    ServiceThread,
-    StagedCheckpoint,
-    backoff_ms,
     encode_redelivered,
     encode_redelivery,
     parse_records,
