@@ -14,14 +14,14 @@ from __future__ import annotations
 import functools
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from rmq_spark.errors import MessageIllegalError, StoreError
+from rmq_spark.errors import MessageIllegalError, RmqError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import encode_properties, host_bytes, new_uniq_ids, tags_code
 from rmq_spark.store.record import (
@@ -50,6 +50,7 @@ __all__ = [
     "encode_redelivery",
     "gather_runs",
     "parse_records",
+    "patch_redelivery",
     "put_redelivered",
     "read_records",
     "resolve_queue",
@@ -446,6 +447,35 @@ def gather_runs(pool: np.ndarray, starts: np.ndarray, lens: np.ndarray, total: i
     np.cumsum(step, out=step)
     np.take(pool, step, out=np.frombuffer(out, dtype=np.uint8), mode="clip")  # no bounds pass
     return out
+
+
+def patch_redelivery(
+    store: MessageStore,
+    phys: np.ndarray,
+    sizes: np.ndarray,
+    keys: tuple[str, ...],
+    drop: tuple[str, ...],
+    extra: Callable[[], list[bytes]],
+) -> EncodedBatch | None:
+    """The records at ``phys``/``sizes`` re-written to their ``REAL_TOPIC``/``REAL_QID`` by
+    patching their bytes (``keys``: the properties to find, at least :data:`DELIVERY_KEYS`;
+    ``drop`` and ``extra()`` as :func:`encode_redelivery` takes them), or None when one of them
+    needs the general path: unusual bytes, no real topic or unique id, the half topic as real
+    topic, a real queue that cannot be resolved."""
+    rec = parse_records(store, phys, sizes, keys)
+    if rec is None:
+        return None
+    real, raw_qids, uniq = (rec.values(k) for k in (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_UNIQ_KEY))
+    tags, words = rec.values(L.P_TAGS), rec.values(L.P_KEYS)
+    if real is None or raw_qids is None or uniq is None or tags is None or words is None:
+        return None
+    if None in real or L.TRANS_HALF_TOPIC in real or None in uniq:
+        return None
+    try:
+        qids = resolve_queues(store, real, raw_qids, {})  # type: ignore[arg-type]
+    except RmqError:
+        return None  # the general path holds back what cannot be delivered
+    return encode_redelivery(store, rec, drop, real, qids, extra(), tags, words, uniq)  # type: ignore[arg-type]
 
 
 def encode_redelivery(

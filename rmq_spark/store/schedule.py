@@ -52,11 +52,9 @@ from rmq_spark.store.redeliver import (
     PATCH_MIN_MSGS,
     StoredRecords,
     encode_redelivered,
-    encode_redelivery,
-    parse_records,
+    patch_redelivery,
     read_records,
     resolve_queue,
-    resolve_queues,
     scan_sources,
 )
 from rmq_spark.store.message import Message
@@ -348,25 +346,13 @@ class ScheduleService(DeliveryLifecycle):
         or None when one of them needs the general path (discarded, held, unusual bytes)."""
         if len(phys) < self.patch_min_msgs:
             return None
-        rec = parse_records(self.store, phys, sizes, _SCHEDULE_KEYS)
-        if rec is None:
-            return None
-        real, raw_qids, uniq = (rec.values(k) for k in (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_UNIQ_KEY))
-        tags, keys = rec.values(L.P_TAGS), rec.values(L.P_KEYS)
-        if real is None or raw_qids is None or uniq is None or tags is None or keys is None:
-            return None
-        if None in real or L.TRANS_HALF_TOPIC in real or None in uniq:
-            return None
-        try:
-            qids = resolve_queues(self.store, real, raw_qids, {})  # type: ignore[arg-type]
-        except RmqError:
-            return None  # the general path holds that level alone
-        extra: list[bytes] = []
-        for q, start, _, deliver in plan:
-            extra += [_SCHEDULE_EXTRA % (d, q, start + j) for j, d in enumerate(deliver.tolist())]
-        return encode_redelivery(
-            self.store, rec, _SCHEDULE_DROP, real, qids, extra, tags, keys, uniq  # type: ignore[arg-type]
-        )
+        def extra() -> list[bytes]:
+            out: list[bytes] = []
+            for q, start, _, deliver in plan:
+                out += [_SCHEDULE_EXTRA % (d, q, start + j) for j, d in enumerate(deliver.tolist())]
+            return out
+
+        return patch_redelivery(self.store, phys, sizes, _SCHEDULE_KEYS, _SCHEDULE_DROP, extra)
 
     def _put(self, batch: EncodedBatch) -> None:
         self.store.put_encoded(batch)

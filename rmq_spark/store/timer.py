@@ -67,11 +67,9 @@ from rmq_spark.store.redeliver import (
     DROPPED_ON_DELIVERY,
     PATCH_MIN_MSGS,
     encode_redelivered,
-    encode_redelivery,
-    parse_records,
+    patch_redelivery,
     read_records,
     resolve_queue,
-    resolve_queues,
     scan_sources,
 )
 
@@ -692,22 +690,8 @@ class TimerService(DeliveryLifecycle):
         """``chunk`` re-written by patching its bytes, or None when the general path must."""
         if len(chunk) < self.patch_min_msgs:
             return None
-        rec = parse_records(self.store, chunk["phys"], chunk["size"], _KEYS)
-        if rec is None:
-            return None
-        real, raw_qids, uniq = (rec.values(k) for k in (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_UNIQ_KEY))
-        tags, keys = rec.values(L.P_TAGS), rec.values(L.P_KEYS)
-        if real is None or raw_qids is None or uniq is None or tags is None or keys is None:
-            return None
-        if None in real or L.TRANS_HALF_TOPIC in real or None in uniq:
-            return None
-        try:
-            qids = resolve_queues(self.store, real, raw_qids, {})  # type: ignore[arg-type]
-        except RmqError:
-            return None
-        extra = [_EXTRA % p for p in phys_list]
-        return encode_redelivery(
-            self.store, rec, _DROP, real, qids, extra, tags, keys, uniq  # type: ignore[arg-type]
+        return patch_redelivery(
+            self.store, chunk["phys"], chunk["size"], _KEYS, _DROP, lambda: [_EXTRA % p for p in phys_list]
         )
 
     def _put(self, batch: EncodedBatch) -> None:
