@@ -907,7 +907,7 @@ def test_sigkill_during_prepare_commit_and_check(store_dir):
             assert all(counts.get(k, 0) == (a == "C") for k, a in acked.items()), (
                 "acknowledged end lost"
             )
-            halves = store.get_messages(HALF, 0, 0, max_msgs=100_000).messages
+            halves = store.get_messages(HALF, 0, 0, max_msgs=1_000_000, max_bytes=1 << 34).messages
             next_key = max([int(m.body) for m in halves], default=-1) + 1
         finally:
             svc.shutdown()
@@ -916,12 +916,12 @@ def test_sigkill_during_prepare_commit_and_check(store_dir):
     store, svc = open_service(store_dir, SystemClock())  # the check decides everything left
     try:
         for _ in range(100):
-            halves = store.get_messages(HALF, 0, 0, max_msgs=100_000).messages
+            halves = store.get_messages(HALF, 0, 0, max_msgs=1_000_000, max_bytes=1 << 34).messages
             if all(svc.is_resolved(m) for m in halves):
                 break
             time.sleep(0.03)
             svc.check_once()
-        halves = store.get_messages(HALF, 0, 0, max_msgs=100_000).messages
+        halves = store.get_messages(HALF, 0, 0, max_msgs=1_000_000, max_bytes=1 << 34).messages
         assert all(svc.is_resolved(m) for m in halves)
         keys = {int(m.body) for m in halves}
         assert _key_counts(store) == {k: 1 for k in keys if decision_of(k) == "C"}
@@ -933,6 +933,6 @@ def test_sigkill_during_prepare_commit_and_check(store_dir):
 def _key_counts(store: MessageStore) -> dict[int, int]:
     out: dict[int, int] = {}
     for q in range(4):
-        for m in store.get_messages("T", q, 0, max_msgs=100_000).messages:
+        for m in store.get_messages("T", q, 0, max_msgs=1_000_000, max_bytes=1 << 34).messages:
             out[int(m.body)] = out.get(int(m.body), 0) + 1
     return out
