@@ -85,6 +85,15 @@ def test_vectorized_hash_equals_scalar_java_hash(strings):
     assert [index_hash(s) for s in strings] == vectorized.tolist()
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0, 1, 7, 38]), min_size=1, max_size=40), st.data())
+def test_hash_of_strings_of_a_few_lengths_equals_scalar_java_hash(lengths, data):
+    """Keys of a few lengths (``topic#UNIQ_KEY``) take the matrix path; surrogate pairs count as
+    two UTF-16 units there too."""
+    strings = [data.draw(st.text(min_size=n, max_size=n)) for n in lengths]
+    assert java_string_hashes(strings).tolist() == [java_string_hash(s) for s in strings]
+
+
 # --- IndexFile ------------------------------------------------------------------------------
 def test_index_file_of_400_entries_takes_399_keys(tmp_path):
     """IndexFileTest.testPutKey: 100 slots / 400 entries accept 399 keys, the 400th is refused."""

@@ -108,6 +108,9 @@ def java_string_hashes(strings: Sequence[str]) -> np.ndarray:
             dtype=np.int64,
             count=n,
         )
+    distinct = np.unique(lens)
+    if len(distinct) <= 8 and len(units):  # a few lengths (topic#UNIQ_KEY): one matrix product each
+        return _hashes_by_length(units, lens, distinct)
     out = np.zeros(n, dtype=np.uint64)
     if len(units):
         ends = np.cumsum(lens)
@@ -116,6 +119,25 @@ def java_string_hashes(strings: Sequence[str]) -> np.ndarray:
         nonempty = lens > 0
         out[nonempty] = np.add.reduceat(terms, (ends - lens)[nonempty])
     return (out & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
+
+
+def _hashes_by_length(units: np.ndarray, lens: np.ndarray, distinct: np.ndarray) -> np.ndarray:
+    """:func:`java_string_hashes` for strings of a few distinct lengths: the strings of each
+    length as rows of a matrix, times the powers of 31 (uint32 arithmetic wraps mod 2**32)."""
+    out = np.empty(len(lens), dtype=np.uint32)
+    starts = np.cumsum(lens) - lens
+    pow31 = _pow31(int(distinct[-1])).astype(np.uint32)
+    for size in distinct.tolist():
+        rows = np.flatnonzero(lens == size) if len(distinct) > 1 else np.arange(len(lens))
+        if size == 0:
+            out[rows] = 0
+            continue
+        if len(distinct) == 1:
+            mat = units.reshape(len(lens), size)
+        else:
+            mat = units[starts[rows, None] + np.arange(size)]
+        out[rows] = mat.astype(np.uint32) @ pow31[size - 1 :: -1]
+    return out.view(np.int32)
 
 
 def index_hash(key: str) -> int:
