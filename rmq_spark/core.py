@@ -14,6 +14,7 @@ from typing import Any
 
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.message import Message
+from rmq_spark.store.redeliver import DELIVERY_REQUEST_KEYS
 from rmq_spark.store.store import MessageStore, PutResult, StoreConfig
 
 # (attribute, module, class): services built in this order, each ``Cls(store, config, clock)``.
@@ -68,6 +69,7 @@ class BrokerCore:
                 self.services.append(svc)
         if self.transactions is not None:
             self.transactions.real_message_hook = self._delivery_hooks
+            self.transactions.hook_only_on = DELIVERY_REQUEST_KEYS
         if start_services:
             for svc in self.services:
                 svc.start()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -23,6 +24,9 @@ from rmq_spark.store.clock import FakeClock, SystemClock
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt
 from rmq_spark.store.store import MessageStore, StoreConfig
+from rmq_spark.store.index import IndexService
+from rmq_spark.store.query import MessageQuery
+from rmq_spark.store.redeliver import DELIVERY_REQUEST_KEYS
 from rmq_spark.store.transaction import EndTxStatus, HalfRef, TransactionService, TxnState
 from rmq_spark.store.transaction import TransactionAction as A
 from rmq_spark.store.transaction_check import (
@@ -372,6 +376,84 @@ def test_a_big_group_commit_stores_each_half_as_its_real_message(env, from_disk)
         assert got.transaction_type == L.TRANSACTION_COMMIT_TYPE
     tags = env.store.read_arrow("T", 1, 0, 100).column("tags").to_pylist()
     assert tags == [f"t{i % 3}" for i in range(1, 300, 4)]  # tagsCode and tag agree
+
+
+def _real_records(store: MessageStore) -> list[tuple]:
+    """The real messages of topics T and U as comparable tuples (offsets and store time left out)."""
+    out = []
+    for topic in ("T", "U"):
+        for q in range(4):
+            for m in store.get_messages(topic, q, 0, max_msgs=10_000).messages:
+                out.append(
+                    (
+                        m.topic, m.queue_id, m.body, m.flag, m.sys_flag, m.born_timestamp_ms,
+                        m.born_host, m.born_port, m.reconsume_times, list(m.properties.items()),
+                    )
+                )
+            units = store.consume_queue(topic, q, create=False)
+            if units is not None:
+                out.append(units.units(0, units.max_offset)["tags_code"].tolist())
+    return out
+
+
+@pytest.mark.parametrize("prop_crc", [False, True])
+def test_a_patched_group_commit_writes_what_the_general_path_writes(tmp_path, monkeypatch, prop_crc):
+    """Large groups are committed by patching the halves' bytes; the records, their queues and
+    tags codes, and the index entries of their keys equal those of the general path."""
+    import rmq_spark.store.transaction as T
+
+    msgs = [m for m in _mixed_batch(400) if m.born_host != "::1"]  # IPv4: the patchable records
+    runs, patched = [], []
+    encode = T.encode_commits
+    monkeypatch.setattr(T, "encode_commits", lambda *a: patched.append(encode(*a)) or patched[-1])
+    for patch in (True, False):
+        monkeypatch.setattr(T, "PATCH_COMMIT_MIN", 1 if patch else 10**9)
+        store = MessageStore(
+            str(tmp_path / str(patch)),
+            StoreConfig(**SMALL, append_prop_crc=prop_crc),
+            clock=FakeClock(),
+            dispatchers=[IndexService],
+            start_services=False,
+        )
+        svc = TransactionService(store, BrokerConfig(), store.clock)
+        svc.real_message_hook, svc.hook_only_on = (lambda m: m), DELIVERY_REQUEST_KEYS
+        r = svc.prepare([replace(m, properties=dict(m.properties)) for m in msgs], PG)
+        assert svc.commit_group(r.append.phys_offsets.tolist()).ok
+        ids = {u: f"<id{i}>" for i, u in enumerate(r.uniq_keys)}  # fresh ids per run
+        records = [
+            (
+                m.topic, m.queue_id, m.body, m.flag, m.sys_flag, m.born_timestamp_ms, m.born_host,
+                m.born_port, m.reconsume_times, m.prepared_transaction_offset,
+                [(k, ids.get(v, v)) for k, v in m.properties.items()],
+            )
+            for topic in ("T", "U") for q in range(4)
+            for m in store.get_messages(topic, q, 0, max_msgs=10_000).messages
+        ]  # fmt: skip
+        cqs = [store.consume_queue(t, q) for t in ("T", "U") for q in range(4)]
+        codes = [cq.units(0, cq.max_offset)["tags_code"].tolist() for cq in cqs if cq is not None]
+        by_key = [m.body for m in MessageQuery(store).by_key("T", "k13b")]
+        runs.append((records, codes, by_key, svc.hook_only_on))
+        svc.shutdown()
+        store.shutdown()
+    assert len(runs[0][0]) == len(msgs) and runs[0][2] == [b"body-13"]
+    assert runs[0] == runs[1]
+    assert len(patched) == 1 and len(patched[0]) == len(msgs)  # the first run patched, in one pass
+    assert {r[4] & L.TRANSACTION_MASK for r in runs[0][0]} == {L.TRANSACTION_COMMIT_TYPE}
+
+
+def test_a_group_with_a_delayed_half_is_committed_through_the_hooks(store_dir):
+    """A large group in which one half asks for a delay level: the general path, its real message
+    goes to the schedule topic, the rest to their queues."""
+    core = BrokerCore(store_dir, start_services=False)
+    try:
+        msgs = [Message("T", b"m%d" % i, {"TAGS": "a"}, queue_id=i % 4) for i in range(200)]
+        msgs[7].properties[L.P_DELAY] = "2"
+        r = core.transactions.prepare(msgs, PG)
+        assert core.transactions.commit_group(r.append.phys_offsets.tolist()).ok
+        assert sum(core.store.max_offset("T", q) for q in range(4)) == 199
+        assert core.store.max_offset(L.SCHEDULE_TOPIC, 1) == 1
+    finally:
+        core.shutdown()
 
 
 def test_fast_property_encoding_equals_the_store_one():

@@ -236,6 +236,51 @@ class EncodedBatch:
             mv.release()
 
 
+class _Chain(Sequence):  # type: ignore[type-arg]
+    """Sequences read as one, without materializing lazy ones."""
+
+    def __init__(self, parts: list[Sequence]) -> None:  # type: ignore[type-arg]
+        self._parts = parts
+        self._ends = np.cumsum([len(p) for p in parts])
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        k = int(np.searchsorted(self._ends, i, side="right"))
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._parts[k][i - (int(self._ends[k - 1]) if k else 0)]
+
+
+def concat_encoded(batches: Sequence[EncodedBatch]) -> EncodedBatch:
+    """Encoded batches as one (appended as one unit: visible together)."""
+    if len(batches) == 1:
+        return batches[0]
+    if len({b.prop_crc for b in batches}) != 1:
+        raise ValueError("batches to join differ in prop_crc")
+    starts = np.cumsum([0] + [len(b.buf) for b in batches[:-1]])
+    props = [b.properties for b in batches]
+    return EncodedBatch(
+        buf=bytearray().join(b.buf for b in batches),
+        rel_pos=np.concatenate([b.rel_pos + int(s) for b, s in zip(batches, starts)]),
+        sizes=np.concatenate([b.sizes for b in batches]),
+        store_ts_pos=np.concatenate([b.store_ts_pos for b in batches]),
+        queue_ids=np.concatenate([b.queue_ids for b in batches]),
+        topics=[t for b in batches for t in b.topics],
+        tags_codes=np.concatenate([b.tags_codes for b in batches]),
+        sys_flags=np.concatenate([b.sys_flags for b in batches]),
+        keys=[k for b in batches for k in b.keys],
+        uniq_keys=[u for b in batches for u in b.uniq_keys],
+        properties=[p for ps in props for p in ps] if all(type(p) is list for p in props) else _Chain(props),  # type: ignore[arg-type]
+        prop_crc=batches[0].prop_crc,
+    )
+
+
 # batches up to this size are encoded, finalized, appended and dispatched record by record with
 # struct, their columns kept as lists (measured: a put of 32 messages 970 -> 430 us, of 256 about
 # even); larger ones column by column with numpy

@@ -41,11 +41,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DELIVERY_DROP",
+    "DELIVERY_REQUEST_KEYS",
     "DELIVERY_KEYS",
     "DROPPED_ON_DELIVERY",
     "PATCH_MIN_MSGS",
     "ParsedRecords",
     "StoredRecords",
+    "encode_commits",
     "encode_redelivered",
     "encode_redelivery",
     "gather_runs",
@@ -426,13 +428,26 @@ def gather_runs(pool: np.ndarray, starts: np.ndarray, lens: np.ndarray, total: i
     """``pool[starts[i] : starts[i] + lens[i]]`` for every i, concatenated (``total`` bytes).
 
     One index per output byte, built in place (a cumulative sum of steps: 1 inside a run, a jump
-    at each run's start) in a per-thread buffer kept between calls: fresh multi-megabyte index
-    arrays every round cost a page fault per 4 KiB, a third of a delivery's CPU at big rounds."""
+    at each run's start) in a per-thread buffer kept between calls, a few megabytes of output at
+    a time: fresh multi-megabyte index arrays cost a page fault per 4 KiB, more than the gather."""
     out = bytearray(total)
     if total == 0:
         return out
     keep = lens > 0
-    starts, lens = starts[keep], lens[keep]
+    starts, lens = starts[keep].astype(np.int64), lens[keep].astype(np.int64)
+    dest = np.frombuffer(out, dtype=np.uint8)
+    ends = np.cumsum(lens)
+    i, done = 0, 0
+    while i < len(lens):
+        j = max(i + 1, int(np.searchsorted(ends, done + _SCRATCH_KEEP_LEN, side="right")))
+        stop = int(ends[j - 1])
+        _gather_into(pool, starts[i:j], lens[i:j], dest[done:stop])
+        i, done = j, stop
+    return out
+
+
+def _gather_into(pool: np.ndarray, starts: np.ndarray, lens: np.ndarray, dest: np.ndarray) -> None:
+    total = len(dest)
     idx: np.ndarray | None = getattr(_SCRATCH, "idx", None)
     if idx is None or len(idx) < total:
         grown = min(2 * len(idx), _SCRATCH_KEEP_LEN) if idx is not None else 0
@@ -445,8 +460,7 @@ def gather_runs(pool: np.ndarray, starts: np.ndarray, lens: np.ndarray, total: i
     step[0] = starts[0]
     step[at[1:]] = starts[1:] - (starts[:-1] + lens[:-1] - 1)
     np.cumsum(step, out=step)
-    np.take(pool, step, out=np.frombuffer(out, dtype=np.uint8), mode="clip")  # no bounds pass
-    return out
+    np.take(pool, step, out=dest, mode="clip")  # no bounds pass
 
 
 def patch_redelivery(
@@ -478,6 +492,50 @@ def patch_redelivery(
     return encode_redelivery(store, rec, drop, real, qids, extra(), tags, words, uniq)  # type: ignore[arg-type]
 
 
+# the properties the delay and timer put hooks act on: a message without any of them passes
+# through them unchanged
+DELIVERY_REQUEST_KEYS = (
+    L.P_DELAY, L.P_TIMER_DELIVER_MS, L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS, "DELAY_SOURCE", "TIMER_SOURCE",
+)  # fmt: skip
+# a committed half's real message: its properties without the half's routing
+_COMMIT_DROP = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG, _CRC_KEY)
+_COMMIT_KEYS = (L.P_TAGS, L.P_KEYS, L.P_UNIQ_KEY) + _COMMIT_DROP
+
+
+def encode_commits(
+    store: MessageStore, phys: np.ndarray, sizes: np.ndarray, hooked: tuple[str, ...] = ()
+) -> EncodedBatch | None:
+    """The real messages a commit of the halves at ``phys``/``sizes`` writes, made by patching the
+    halves' bytes: topic and queue from ``REAL_TOPIC``/``REAL_QID``, those and ``TRAN_MSG``
+    removed from the properties, SYSFLAG COMMIT, PREPAREDTRANSACTIONOFFSET the half's offset.
+    None when a half needs the general path: unusual bytes, one of the properties ``hooked`` (a
+    put hook must see it), a real queue out of range (the general path names the error)."""
+    rec = parse_records(store, phys, sizes, _COMMIT_KEYS + tuple(k for k in hooked if k not in _COMMIT_KEYS))
+    if rec is None:
+        return None
+    if hooked and np.isin(rec.seg_key, [rec.keys.index(k) for k in hooked]).any():
+        return None
+    real, raw_qids, uniq = (rec.values(k) for k in (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_UNIQ_KEY))
+    tags, words = rec.values(L.P_TAGS), rec.values(L.P_KEYS)
+    if real is None or raw_qids is None or uniq is None or tags is None or words is None:
+        return None
+    if None in real or None in uniq or None in raw_qids:
+        return None
+    try:
+        qids = np.array(raw_qids, dtype=np.int64)
+    except ValueError:
+        return None
+    for t in set(real):
+        cfg = store.topics.get_or_create(t)
+        if ((qids < 0) | (qids >= max(cfg.write_queue_nums, cfg.read_queue_nums)))[np.asarray(real) == t].any():
+            return None
+    flags = (rec.head["sys_flag"] & ~L.TRANSACTION_MASK) | L.TRANSACTION_COMMIT_TYPE
+    return encode_redelivery(
+        store, rec, _COMMIT_DROP, real, qids, [b""] * len(rec), tags, words, uniq,  # type: ignore[arg-type]
+        sys_flags=flags, prepared_offsets=np.asarray(phys, dtype=np.int64),
+    )  # fmt: skip
+
+
 def encode_redelivery(
     store: MessageStore,
     rec: ParsedRecords,
@@ -488,10 +546,13 @@ def encode_redelivery(
     tags: list[str | None],
     keys: list[str | None],
     uniq_keys: list[str],
+    sys_flags: np.ndarray | None = None,
+    prepared_offsets: np.ndarray | None = None,
 ) -> EncodedBatch | None:
     """Records of ``rec`` re-written to ``topics``/``queue_ids``: property segments with a key in
-    ``drop`` removed, ``extra`` (encoded properties) appended; None when the general path must
-    do it.  The bytes equal :func:`put_redelivered`'s up to the order of the properties."""
+    ``drop`` removed, ``extra`` (encoded properties) appended, SYSFLAG and PREPAREDTRANSACTIONOFFSET
+    replaced when given; None when the general path must do it.  The bytes equal
+    :func:`put_redelivered`'s up to the order of the properties."""
     n = len(rec)
     store_host = host_bytes(store.config.store_host)
     crc = store.config.append_prop_crc
@@ -523,6 +584,10 @@ def encode_redelivery(
     h["store_timestamp"] = 0
     h["store_host"] = np.frombuffer(store_host, dtype="V4")[0]
     h["store_port"] = store.config.store_port
+    if sys_flags is not None:
+        h["sys_flag"] = sys_flags
+    if prepared_offsets is not None:
+        h["prepared_offset"] = prepared_offsets
     # the pool every output byte is gathered from: source records, new headers, topic fields,
     # PROPERTIESLEN fields, extra properties, the CRC placeholder
     tf_unique = list(tfield.values())

@@ -58,7 +58,8 @@ from rmq_spark.store.message import (
     new_uniq_ids,
     tags_code,
 )
-from rmq_spark.store.record import PROP_CRC_BYTES, encode_batch
+from rmq_spark.store.record import PROP_CRC_BYTES, EncodedBatch, concat_encoded, encode_batch
+from rmq_spark.store.redeliver import encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic
 
@@ -81,6 +82,7 @@ log = logging.getLogger(__name__)
 
 P_OP_ACTION = C.P_OP_ACTION
 P_OP_GROUP = C.P_OP_GROUP
+PATCH_COMMIT_MIN = 128  # commits of at least this many halves patch the halves' bytes
 HALF_CACHE_ENTRIES = 65536  # stored halves kept in memory, so that ending them reads nothing
 _HALF_ONLY = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG)
 _REMOVE_CODE = tags_code(C.REMOVE_TAG)
@@ -227,6 +229,9 @@ class TransactionService:
         # e.g. delay / timer; like every put hook it returns the message it was given when it
         # does not change it, and never modifies the given one (its properties included)
         self.real_message_hook: Callable[[Message], Message] | None = None
+        # the properties without which the hook returns its message unchanged (None: unknown);
+        # a large commit of halves without them patches the halves' bytes (encode_commits)
+        self.hook_only_on: tuple[str, ...] | None = None
         self.resolvers: dict[str, Callable[[MessageExt], Any]] = {}
         self._lock = threading.Lock()  # guards _state and _inflight
         self._state: dict[str, TxnState] = {}  # transaction id -> how it ended
@@ -350,9 +355,10 @@ class TransactionService:
             )
         return rows, reals
 
-    def _put(self, rows: list[_Row]) -> PutResult:
-        """Write ``rows`` (checked, each with its UNIQ_KEY) as one append: the bulk form of
-        ``store.put_messages`` for records whose properties are already encoded."""
+    def _put(self, rows: list[_Row], tail: EncodedBatch | None = None) -> PutResult:
+        """Write ``rows`` (checked, each with its UNIQ_KEY), then the records of ``tail``, as one
+        append: the bulk form of ``store.put_messages`` for records whose properties are already
+        encoded."""
         cfg = self.store.config
         (
             topics, qids, bodies, props, encs, codes, flags, sys_flags, born, hosts, ports,
@@ -382,7 +388,7 @@ class TransactionService:
             prop_crc=cfg.append_prop_crc,
             tags_codes=np.array(codes, dtype=np.int64),
         )
-        return self.store.put_encoded(batch)
+        return self.store.put_encoded(batch if tail is None else concat_encoded([batch, tail]))
 
     def _on_dispatch(self, batch: DispatchBatch) -> None:
         """Remember halves stored through ``transform`` by CommitLog offset."""
@@ -526,9 +532,10 @@ class TransactionService:
         put: PutResult | None = None
         try:
             rows = [self._op_row([h.queue_offset for h in todo], act, len(todo) if commit else 0)]
-            if commit:
+            patched = self._patched_reals(todo) if commit else None
+            if commit and patched is None:
                 self._add_reals(todo, rows)
-            put = self._put(rows)
+            put = self._put(rows, patched)
         finally:
             with self._lock:
                 self._inflight.difference_update(ids)
@@ -557,6 +564,23 @@ class TransactionService:
         enc = _encode_props(props)
         now = self.clock.now_ms()
         return (L.TRANS_OP_HALF_TOPIC, 0, body, props, enc, _REMOVE_CODE, 0, 0, now, _HOST, 0, 0, 0)
+
+    def _patched_reals(self, todo: list[_Half]) -> EncodedBatch | None:
+        """The real messages of a large group made from the halves' bytes (one vectorized pass:
+        :func:`~rmq_spark.store.redeliver.encode_commits`), or None for the general path."""
+        hooked = () if self.real_message_hook is None else self.hook_only_on
+        if len(todo) < PATCH_COMMIT_MIN or hooked is None:
+            return None
+        cq = self.store.consume_queue(L.TRANS_HALF_TOPIC, 0)
+        if cq is None:
+            return None
+        qoffs = np.fromiter((h.queue_offset for h in todo), dtype=np.int64, count=len(todo))
+        phys = np.fromiter((h.phys for h in todo), dtype=np.int64, count=len(todo))
+        lo = int(qoffs.min())
+        units = cq.units(lo, int(qoffs.max()) + 1)
+        if len(units) != int(qoffs.max()) + 1 - lo or (units["offset"][qoffs - lo] != phys).any():
+            return None  # a half not where its queue says: the general path reads it
+        return encode_commits(self.store, phys, units["size"][qoffs - lo], hooked)
 
     def _add_reals(self, todo: list[_Half], rows: list[_Row]) -> None:
         """Append the records of the real messages of ``todo``, after the delivery hook: those
