@@ -441,6 +441,32 @@ def test_a_patched_group_commit_writes_what_the_general_path_writes(tmp_path, mo
     assert {r[4] & L.TRANSACTION_MASK for r in runs[0][0]} == {L.TRANSACTION_COMMIT_TYPE}
 
 
+def test_halves_read_back_in_bulk_after_a_restart(env):
+    """Halves no longer in memory are looked up in one vectorized pass: a group with an offset
+    that is no half (inside a record, a real message) is refused whole; producer groups are
+    still checked (the half is read when needed); then the group commits."""
+    hs = env.prepare(150) + env.prepare(50, topic="U")
+    plain = env.store.put_messages([Message("T", b"plain", {}, queue_id=0)]).append
+    env.restart()
+    one_by_one = []
+    read = env.svc._read
+    env.svc._read = lambda p: one_by_one.append(p) or read(p)  # type: ignore[method-assign]
+    offsets = [h[0] for h in hs]
+    for bad in (offsets[3] + 3, int(plain.phys_offsets[0])):
+        r = env.svc.commit_group(offsets + [bad])
+        assert r.status is EndTxStatus.NOT_FOUND and list(r.rejected) == [bad]
+    wrong = env.svc.commit_group(offsets[:-1] + [HalfRef(offsets[-1], producer_group="other")])
+    assert not wrong.ok and list(wrong.rejected) == [offsets[-1]]
+    assert env.real("T") == env.queue("T")[:1] and env.real("U") == []  # nothing written
+    g = env.svc.commit_group(offsets)
+    assert g.ok and sorted(g.transaction_ids) == sorted(h[2] for h in hs)
+    assert sorted(m.body for m in env.real("T") + env.real("U")) == sorted(
+        [b"plain"] + [b"m%d" % i for i in range(150)] + [b"m%d" % i for i in range(50)]
+    )
+    assert one_by_one == [int(plain.phys_offsets[0])]  # the halves: in bulk
+    assert all(env.svc.state(o) is TxnState.COMMITTED for o in offsets)
+
+
 def test_a_group_with_a_delayed_half_is_committed_through_the_hooks(store_dir):
     """A large group in which one half asks for a delay level: the general path, its real message
     goes to the schedule topic, the rest to their queues."""

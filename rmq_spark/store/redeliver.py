@@ -52,6 +52,7 @@ __all__ = [
     "encode_redelivery",
     "gather_runs",
     "parse_records",
+    "record_sizes",
     "patch_redelivery",
     "put_redelivered",
     "read_records",
@@ -310,6 +311,28 @@ class ParsedRecords:
         for r, v in zip(self.seg_rec[segs].tolist(), arr.to_pylist()):
             out[r] = v or None
         return out
+
+
+def record_sizes(store: MessageStore, phys: np.ndarray) -> np.ndarray:
+    """TOTALSIZE of the records at CommitLog offsets ``phys`` (one gather per segment), -1 where
+    no MAGIC_V1 record starts: outside the log, too close to a segment's end, another magic."""
+    phys = np.asarray(phys, dtype=np.int64)
+    out = np.full(len(phys), -1, dtype=np.int64)
+    mfq = store.commitlog.mfq
+    seg = phys // mfq.segment_bytes
+    for s in np.unique(seg).tolist():
+        mf = mfq.find(s * mfq.segment_bytes)
+        if mf is None:
+            continue
+        rows = np.flatnonzero(seg == s)
+        pos = phys[rows] - mf.from_offset
+        end = min(len(mf.mm), mfq.segment_bytes)
+        ok = (pos >= 0) & (pos + 8 <= end)
+        head = np.frombuffer(mf.mm, dtype=np.uint8)[pos[ok][:, None] + np.arange(8)].view(">i4")
+        size = head[:, 0].astype(np.int64)
+        fits = (head[:, 1].view(">u4") == L.MAGIC_V1) & (size > 0) & (pos[ok] + size <= end)
+        out[rows[ok][fits]] = size[fits]
+    return out
 
 
 def parse_records(

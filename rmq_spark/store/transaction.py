@@ -58,8 +58,8 @@ from rmq_spark.store.message import (
     new_uniq_ids,
     tags_code,
 )
-from rmq_spark.store.record import PROP_CRC_BYTES, EncodedBatch, concat_encoded, encode_batch
-from rmq_spark.store.redeliver import encode_commits
+from rmq_spark.store.record import HEADER_V4, PROP_CRC_BYTES, EncodedBatch, concat_encoded, encode_batch
+from rmq_spark.store.redeliver import encode_commits, parse_records, record_sizes
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic
 
@@ -82,6 +82,11 @@ log = logging.getLogger(__name__)
 
 P_OP_ACTION = C.P_OP_ACTION
 P_OP_GROUP = C.P_OP_GROUP
+BULK_LOOKUP_MIN = 64  # halves not in memory are read in one vectorized pass from this many on
+_LOOKUP_KEYS = (L.P_UNIQ_KEY, L.P_REAL_TOPIC, L.P_REAL_QID)
+_HALF_TOPIC_BYTES = L.TRANS_HALF_TOPIC.encode()
+_BODY_POS = HEADER_V4.itemsize  # the topic field follows the body
+_MIN_RECORD = HEADER_V4.itemsize + 3
 PATCH_COMMIT_MIN = 128  # commits of at least this many halves patch the halves' bytes
 HALF_CACHE_ENTRIES = 65536  # stored halves kept in memory, so that ending them reads nothing
 _HALF_ONLY = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG)
@@ -162,7 +167,7 @@ class _Half:
     """A half to end: where it is, its transaction, the half as stored (a MessageExt when read
     back, else built on first use from ``row``, the half's record as prepare wrote it)."""
 
-    __slots__ = ("phys", "queue_offset", "txn_id", "_msg", "row", "real")
+    __slots__ = ("phys", "queue_offset", "txn_id", "_msg", "row", "real", "store")
 
     def __init__(
         self,
@@ -172,12 +177,19 @@ class _Half:
         msg: Message | None = None,
         real: _Real | None = None,
         row: _Row | None = None,
+        store: MessageStore | None = None,
     ) -> None:
         self.phys, self.queue_offset, self.txn_id = phys, queue_offset, txn_id
         self._msg, self.real, self.row = msg, real, row
+        self.store = store  # where to read the half from when neither msg nor row is given
 
     @property
     def msg(self) -> Message:
+        if self._msg is None and self.row is None and self.store is not None:
+            m = self.store.look_message_by_offset(self.phys)
+            if m is None or m.commitlog_offset != self.phys:
+                raise StoreError(f"half message at CommitLog offset {self.phys} is gone")
+            self._msg = m
         if self._msg is None:
             assert self.row is not None
             _, _, body, props, _, _, flag, sys_flag, born, host, port, reconsume, _ = self.row
@@ -415,14 +427,49 @@ class TransactionService:
         with self._cache_lock:
             found = [self._cache.get(p) for p in offsets]
         misses = [i for i, h in enumerate(found) if h is None]
-        for i in misses:
-            found[i] = self._read(offsets[i])
+        if len(misses) >= BULK_LOOKUP_MIN:
+            for i, h in zip(misses, self._read_many([offsets[i] for i in misses])):
+                found[i] = h
+            misses = [i for i in misses if found[i] is not None]
+        else:
+            for i in misses:
+                found[i] = self._read(offsets[i])
         if misses:
             with self._cache_lock:
                 self._cache.update((offsets[i], found[i]) for i in misses if found[i] is not None)
                 while len(self._cache) > HALF_CACHE_ENTRIES:
                     self._cache.popitem(last=False)
         return found
+
+    def _read_many(self, offsets: list[int]) -> list[_Half | None]:
+        """Halves at ``offsets`` read in one vectorized pass over their bytes (transaction id and
+        queue offset; the message itself is read when needed); None where no half starts."""
+        phys = np.asarray(offsets, dtype=np.int64)
+        sizes = record_sizes(self.store, phys)
+        good = sizes >= _MIN_RECORD
+        rec = parse_records(self.store, phys[good], sizes[good], _LOOKUP_KEYS) if good.any() else None
+        if rec is None:  # unusual bytes somewhere: one by one
+            return [self._read(p) for p in offsets]
+        head = rec.head
+        tpos = rec.starts + _BODY_POS + head["body_len"].astype(np.int64)
+        at = np.minimum(tpos[:, None] + 1 + np.arange(len(_HALF_TOPIC_BYTES)), len(rec.u8) - 1)
+        topic = rec.u8[at]
+        ok = (
+            (head["physical_offset"] == phys[good])
+            & (rec.u8[tpos] == len(_HALF_TOPIC_BYTES))
+            & (topic == np.frombuffer(_HALF_TOPIC_BYTES, dtype=np.uint8)).all(axis=1)
+        )
+        uniq, real, qid = (rec.values(k) for k in (L.P_UNIQ_KEY, L.P_REAL_TOPIC, L.P_REAL_QID))
+        if uniq is None or real is None or qid is None:
+            return [self._read(p) for p in offsets]
+        out: list[_Half | None] = [None] * len(offsets)
+        store = self.store
+        rows = zip(np.flatnonzero(good).tolist(), phys[good].tolist(), head["queue_offset"].tolist())
+        for j, (i, p, q) in enumerate(rows):
+            if not (ok[j] and real[j] and qid[j] and qid[j].isdigit()):
+                continue
+            out[i] = _Half(p, q, uniq[j], store=store) if uniq[j] else self._read(p)
+        return out
 
     def _read(self, phys: int) -> _Half | None:
         try:
