@@ -441,6 +441,32 @@ def test_a_patched_group_commit_writes_what_the_general_path_writes(tmp_path, mo
     assert {r[4] & L.TRANSACTION_MASK for r in runs[0][0]} == {L.TRANSACTION_COMMIT_TYPE}
 
 
+@pytest.mark.parametrize("n", [5, 300])
+def test_prepare_bodies_stores_what_prepare_stores(env, n):
+    """The column-wise prepare of bodies sharing properties: the same halves as ``prepare`` (ids
+    aside), committed to the same real messages."""
+    props = {"TAGS": "t", "KEYS": "a b", "sink": "q|1|x"}
+    bodies = [b"b%d" % i for i in range(n)]
+    r1 = env.svc.prepare_bodies("T", 2, bodies, props, PG)
+    r2 = env.svc.prepare([Message("T", b, dict(props), queue_id=2) for b in bodies], PG)
+
+    def view(ms: list[MessageExt], ids: list[str]) -> list[tuple]:
+        name = {u: f"<id{i}>" for i, u in enumerate(ids)}
+        return [
+            (m.topic, m.queue_id, m.body, m.sys_flag, [(k, name.get(v, v)) for k, v in m.properties.items()])
+            for m in ms
+        ]
+
+    halves = env.queue(HALF)
+    assert view(halves[:n], r1.uniq_keys) == view(halves[n:], r2.uniq_keys)
+    with pytest.raises(MessageIllegalError, match="out of range"):
+        env.svc.prepare_bodies("T", 9, bodies, props, PG)
+    assert env.svc.commit_group(r1.append.phys_offsets.tolist() + r2.append.phys_offsets.tolist()).ok
+    real = env.store.get_messages("T", 2, 0, max_msgs=10_000).messages
+    assert view(real[:n], r1.uniq_keys) == view(real[n:], r2.uniq_keys)
+    assert [m.body for m in real[:n]] == bodies
+
+
 def test_halves_read_back_in_bulk_after_a_restart(env):
     """Halves no longer in memory are looked up in one vectorized pass: a group with an offset
     that is no half (inside a record, a real message) is refused whole; producer groups are

@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import itertools
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -109,7 +110,8 @@ class SinkService:
         for t in pc.unique(topics).to_pylist():
             check_topic(t)
         qids = self._queues(table)
-        if mode == "normal" and self._plain(table):
+        plain = self._plain(table)
+        if mode == "normal" and plain:
             return self._send_plain(table, qids)
         key = None
         if mode == "half":
@@ -118,6 +120,8 @@ class SinkService:
                 if self.commits.aborted(str(header["attempt"])):
                     raise StoreError(f"sink attempt {header['attempt']} was rolled back; the batch will be replayed")
                 self._last_send_ms[str(header["attempt"])] = self.core.clock.now_ms()
+            if plain:
+                return self._send_plain_halves(table, qids, key)
         msgs = self._messages(table, qids, key)
         if mode == "half":
             result = self._halves().put_halves(msgs, SINK_PRODUCER_GROUP)
@@ -138,10 +142,11 @@ class SinkService:
                 return False
         return True
 
-    def _send_plain(self, table: pa.Table, qids: np.ndarray) -> dict[str, Any]:
+    @staticmethod
+    def _by_queue(table: pa.Table, qids: np.ndarray) -> Iterator[tuple[str, int, list[bytes]]]:
+        """The bodies of the rows per (topic, queue)."""
         topics = table.column("topic").to_numpy(zero_copy_only=False)
         bodies = table.column("body").to_pylist()
-        n = 0
         keys = np.char.add(topics.astype(str), np.char.add("\x00", qids.astype(str))) if len(set(topics.tolist())) > 1 else None
         groups: dict[tuple[str, int], np.ndarray] = {}
         if keys is None:
@@ -152,12 +157,27 @@ class SinkService:
                 t, q = k.split("\x00")
                 groups[(t, int(q))] = np.flatnonzero(keys == k)
         for (t, q), idx in groups.items():
-            part = [bodies[i] for i in idx.tolist()]
+            yield t, q, [bodies[i] for i in idx.tolist()]
+
+    def _send_plain(self, table: pa.Table, qids: np.ndarray) -> dict[str, Any]:
+        n = 0
+        for t, q, part in self._by_queue(table, qids):
             result = self.store.put_bodies(t, q, part)
             if not result.ok:
                 raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
             n += len(part)
         return {"count": n, "offsets": ""}
+
+    def _send_plain_halves(self, table: pa.Table, qids: np.ndarray, key: str) -> dict[str, Any]:
+        """Rows of bodies only as halves, a column-wise write per queue."""
+        n, offsets = 0, []
+        for t, q, part in self._by_queue(table, qids):
+            result = self._halves().put_half_bodies(t, q, part, {P_SINK_KEY: key}, SINK_PRODUCER_GROUP)
+            if not result.ok or result.append is None:
+                raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
+            offsets.append(result.append.phys_offsets)
+            n += len(part)
+        return {"count": n, "offsets": encode_offsets(np.concatenate(offsets))}
 
     def _queues(self, table: pa.Table) -> np.ndarray:
         """Queue of every row: ``queueId`` if set, else a hash of ``messageGroup`` (same group ->

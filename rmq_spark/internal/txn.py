@@ -56,6 +56,13 @@ class HalfLedger:
         delayed or timed message is delayed when its real message is written at commit)."""
         return self._svc.prepare(msgs, producer_group)
 
+    def put_half_bodies(
+        self, topic: str, queue_id: int, bodies: list[bytes], properties: dict[str, str], producer_group: str
+    ) -> PutResult:
+        """Bodies for one queue sharing ``properties`` as halves of ``producer_group`` (one write,
+        built column-wise)."""
+        return self._svc.prepare_bodies(topic, queue_id, bodies, properties, producer_group)
+
     def register_resolver(self, prefix: str, fn: Callable[[dict[str, str]], Resolution]) -> None:
         self._svc.register_resolver(prefix, lambda half: fn(dict(half.properties)))
 

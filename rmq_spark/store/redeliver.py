@@ -47,6 +47,7 @@ __all__ = [
     "PATCH_MIN_MSGS",
     "ParsedRecords",
     "StoredRecords",
+    "commit_keys",
     "encode_commits",
     "encode_redelivered",
     "encode_redelivery",
@@ -348,13 +349,18 @@ def parse_records(
     mfq = store.commitlog.mfq
     parts = []
     mf = None
-    for offset, size in zip(phys.tolist(), sizes.tolist()):
+    # runs of records that follow each other in one segment are copied as one slice
+    ends = phys + sizes
+    seg = phys // mfq.segment_bytes
+    brk = np.flatnonzero((phys[1:] != ends[:-1]) | (seg[1:] != seg[:-1])) + 1
+    for a, b in zip([0, *brk.tolist()], [*brk.tolist(), n]):
+        offset, stop = int(phys[a]), int(ends[b - 1])
         if mf is None or not mf.from_offset <= offset < mf.end_offset:
             mf = mfq.find(offset)
             if mf is None:
                 raise StoreError(f"CommitLog offset {offset} is outside the log")
             mm, base = mf.mm, mf.from_offset
-        parts.append(mm[offset - base : offset - base + size])
+        parts.append(mm[offset - base : stop - base])
     parts.append(_PAD)
     buf = b"".join(parts)
     u8 = np.frombuffer(buf, dtype=np.uint8)[: -len(_PAD)]
@@ -525,15 +531,25 @@ _COMMIT_DROP = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG, _CRC_KEY)
 _COMMIT_KEYS = (L.P_TAGS, L.P_KEYS, L.P_UNIQ_KEY) + _COMMIT_DROP
 
 
+def commit_keys(hooked: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The properties :func:`encode_commits` parses (a lookup may parse them first)."""
+    return _COMMIT_KEYS + tuple(k for k in hooked if k not in _COMMIT_KEYS)
+
+
 def encode_commits(
-    store: MessageStore, phys: np.ndarray, sizes: np.ndarray, hooked: tuple[str, ...] = ()
+    store: MessageStore,
+    phys: np.ndarray,
+    sizes: np.ndarray | None,
+    hooked: tuple[str, ...] = (),
+    parsed: ParsedRecords | None = None,
 ) -> EncodedBatch | None:
     """The real messages a commit of the halves at ``phys``/``sizes`` writes, made by patching the
     halves' bytes: topic and queue from ``REAL_TOPIC``/``REAL_QID``, those and ``TRAN_MSG``
     removed from the properties, SYSFLAG COMMIT, PREPAREDTRANSACTIONOFFSET the half's offset.
     None when a half needs the general path: unusual bytes, one of the properties ``hooked`` (a
-    put hook must see it), a real queue out of range (the general path names the error)."""
-    rec = parse_records(store, phys, sizes, _COMMIT_KEYS + tuple(k for k in hooked if k not in _COMMIT_KEYS))
+    put hook must see it), a real queue out of range (the general path names the error).
+    ``parsed``: the halves already parsed with :func:`commit_keys` (then ``sizes`` is unused)."""
+    rec = parsed if parsed is not None else parse_records(store, phys, sizes, commit_keys(hooked))
     if rec is None:
         return None
     if hooked and np.isin(rec.seg_key, [rec.keys.index(k) for k in hooked]).any():

@@ -56,10 +56,12 @@ from rmq_spark.store.message import (
     encode_properties,
     host_bytes,
     new_uniq_ids,
+    new_uniq_ids_array,
+    split_ids,
     tags_code,
 )
 from rmq_spark.store.record import HEADER_V4, PROP_CRC_BYTES, EncodedBatch, concat_encoded, encode_batch
-from rmq_spark.store.redeliver import encode_commits, parse_records, record_sizes
+from rmq_spark.store.redeliver import commit_keys, encode_commits, parse_records, record_sizes
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic
 
@@ -83,7 +85,7 @@ log = logging.getLogger(__name__)
 P_OP_ACTION = C.P_OP_ACTION
 P_OP_GROUP = C.P_OP_GROUP
 BULK_LOOKUP_MIN = 64  # halves not in memory are read in one vectorized pass from this many on
-_LOOKUP_KEYS = (L.P_UNIQ_KEY, L.P_REAL_TOPIC, L.P_REAL_QID)
+_PARSED = threading.local()  # the halves the last bulk lookup of this thread parsed
 _HALF_TOPIC_BYTES = L.TRANS_HALF_TOPIC.encode()
 _BODY_POS = HEADER_V4.itemsize  # the topic field follows the body
 _MIN_RECORD = HEADER_V4.itemsize + 3
@@ -300,6 +302,62 @@ class TransactionService:
                 self._cache.popitem(last=False)
         return r
 
+    def prepare_bodies(
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: Sequence[bytes],
+        properties: dict[str, str],
+        producer_group: str,
+    ) -> PutResult:
+        """:meth:`prepare` of messages that differ only in their bodies (one topic and queue,
+        shared ``properties``), built column-wise: the halves' properties are encoded once, each
+        record gets its own id twice (UNIQ_KEY, the transaction id) in one numpy pass."""
+        n = len(bodies)
+        if n < PATCH_COMMIT_MIN:  # a few: the general path (it keeps them in memory for the commit)
+            msgs = [Message(topic, b, dict(properties), queue_id=queue_id) for b in bodies]
+            return self.prepare(msgs, producer_group)
+        check_topic(topic)
+        cfg = self.store.topics.get_or_create(topic)
+        nq = max(cfg.write_queue_nums, cfg.read_queue_nums)
+        if not 0 <= queue_id < nq:
+            raise MessageIllegalError(f"queueId {queue_id} is out of range for topic {topic!r} ({nq} queues)")
+        limit = self.store.config.body_max_bytes
+        if any(type(b) is not bytes for b in bodies) or max(map(len, bodies)) > limit:
+            for b in bodies:
+                check_body(b, limit)
+            bodies = [bytes(b) for b in bodies]
+        added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, L.P_PGROUP, *_HALF_ONLY}
+        base = {k: v for k, v in properties.items() if k not in added}
+        pre = _encode_props(base) + _UNIQ.encode()
+        mid = f"\x02{_TXN_ID}".encode()
+        tail = {L.P_PGROUP: producer_group, L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"}
+        post = b"\x02" + encode_properties(tail)
+        width = len(pre) + 32 + len(mid) + 32 + len(post)
+        cfg_store = self.store.config
+        check_properties_size(bytes(width + (PROP_CRC_BYTES if cfg_store.append_prop_crc else 0)))
+        ids = new_uniq_ids_array(n)
+        enc = np.empty((n, width), dtype=np.uint8)
+        at = 0
+        for part in (pre, ids, mid, ids, post):
+            w = 32 if isinstance(part, np.ndarray) else len(part)
+            enc[:, at : at + w] = part if isinstance(part, np.ndarray) else np.frombuffer(part, dtype=np.uint8)
+            at += w
+        batch = encode_batch(
+            L.TRANS_HALF_TOPIC,
+            0,
+            bodies,
+            [{**base, **tail}] * n,  # one shared dict: tags and keys are the same for all
+            enc,
+            born_timestamps=self.clock.now_ms(),
+            store_host=host_bytes(cfg_store.store_host),
+            store_port=cfg_store.store_port,
+            prop_crc=cfg_store.append_prop_crc,
+            tags_codes=np.full(n, tags_code(base.get(L.P_TAGS)), dtype=np.int64),
+        )
+        batch.uniq_keys = split_ids(ids)
+        return self.store.put_encoded(batch)
+
     def _halves(
         self, msgs: Sequence[Message], group: str | None = None, force: bool = False
     ) -> tuple[list[_Row], list[_Real]]:
@@ -447,7 +505,8 @@ class TransactionService:
         phys = np.asarray(offsets, dtype=np.int64)
         sizes = record_sizes(self.store, phys)
         good = sizes >= _MIN_RECORD
-        rec = parse_records(self.store, phys[good], sizes[good], _LOOKUP_KEYS) if good.any() else None
+        keys = commit_keys(self._hooked() or ())  # what a commit of them parses: parsed once
+        rec = parse_records(self.store, phys[good], sizes[good], keys) if good.any() else None
         if rec is None:  # unusual bytes somewhere: one by one
             return [self._read(p) for p in offsets]
         head = rec.head
@@ -469,7 +528,12 @@ class TransactionService:
             if not (ok[j] and real[j] and qid[j] and qid[j].isdigit()):
                 continue
             out[i] = _Half(p, q, uniq[j], store=store) if uniq[j] else self._read(p)
+        _PARSED.last = (phys[good], rec) if good.all() and ok.all() else None
         return out
+
+    def _hooked(self) -> tuple[str, ...] | None:
+        """The properties that send a real message through the hook (None: any may)."""
+        return () if self.real_message_hook is None else self.hook_only_on
 
     def _read(self, phys: int) -> _Half | None:
         try:
@@ -615,7 +679,8 @@ class TransactionService:
     def _patched_reals(self, todo: list[_Half]) -> EncodedBatch | None:
         """The real messages of a large group made from the halves' bytes (one vectorized pass:
         :func:`~rmq_spark.store.redeliver.encode_commits`), or None for the general path."""
-        hooked = () if self.real_message_hook is None else self.hook_only_on
+        hooked = self._hooked()
+        last, _PARSED.last = getattr(_PARSED, "last", None), None
         if len(todo) < PATCH_COMMIT_MIN or hooked is None:
             return None
         cq = self.store.consume_queue(L.TRANS_HALF_TOPIC, 0)
@@ -623,6 +688,8 @@ class TransactionService:
             return None
         qoffs = np.fromiter((h.queue_offset for h in todo), dtype=np.int64, count=len(todo))
         phys = np.fromiter((h.phys for h in todo), dtype=np.int64, count=len(todo))
+        if last is not None and np.array_equal(last[0], phys):  # parsed by the lookup just now
+            return encode_commits(self.store, phys, None, hooked, parsed=last[1])
         lo = int(qoffs.min())
         units = cq.units(lo, int(qoffs.max()) + 1)
         if len(units) != int(qoffs.max()) + 1 - lo or (units["offset"][qoffs - lo] != phys).any():
