@@ -108,17 +108,20 @@ def test_columns_are_honoured(broker):
     assert dict(got[b"m1"]["properties"])[L.P_SHARDING_KEY] == "g"
 
 
-def test_commit_makes_halves_visible_at_once_and_replays_roll_back(broker):
+@pytest.mark.parametrize("n", [20, 600])  # a few rows; enough for the column-wise halves
+def test_commit_makes_halves_visible_at_once_and_replays_roll_back(broker, n):
     c = broker.client
-    offs = half(c, rows("T", 20), "q1", 0, "att-1")
+    offs = half(c, rows("T", n), "q1", 0, "att-1")
     assert visible(c, "T") == []  # halves are never read
+    halves = broker.core.store.get_messages(L.TRANS_HALF_TOPIC, 0, 0, max_msgs=n).messages
+    assert {h.properties[P_SINK_KEY] for h in halves} == {sink_key("q1", 0, "att-1")}
     assert c.commit_batch("q1", 0, "att-1", [offs]) == {"outcome": "COMMITTED", "attempt": "att-1"}
-    assert len(visible(c, "T")) == 20
+    assert visible(c, "T") == sorted(f"m{i}".encode() for i in range(n))
     # the same batch written again by a replayed attempt: its halves are rolled back
-    offs2 = half(c, rows("T", 20, prefix="r"), "q1", 0, "att-2")
+    offs2 = half(c, rows("T", n, prefix="r"), "q1", 0, "att-2")
     assert c.commit_batch("q1", 0, "att-2", [offs2])["outcome"] == "ALREADY_COMMITTED"
     assert c.commit_batch("q1", 0, "att-1", [offs])["outcome"] == "ALREADY_COMMITTED"  # idempotent
-    assert len(visible(c, "T")) == 20 and all(b.startswith(b"m") for b in visible(c, "T"))
+    assert len(visible(c, "T")) == n and all(b.startswith(b"m") for b in visible(c, "T"))
     assert c.sink_status("q1") == {"batches": {"0": "att-1"}}
 
 
