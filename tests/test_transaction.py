@@ -537,6 +537,21 @@ def test_prepare_validates_like_put_messages(env):
     assert [m.body for m in env.real()] == [b"view"]
 
 
+def test_a_group_op_message_may_exceed_the_producers_body_limit(store_dir):
+    """The op message of a large group is the broker's own record: not held to the 4 MiB (here
+    1 KiB) limit of producers' bodies, so the whole group still ends in one append."""
+    store = MessageStore(store_dir, StoreConfig(**SMALL, body_max_bytes=1024), clock=FakeClock())
+    svc = TransactionService(store, BrokerConfig(), store.clock)
+    try:
+        r = svc.prepare_bodies("T", 0, [b"x"] * 400, {}, PG)
+        g = svc.rollback_group(r.append.phys_offsets.tolist())
+        assert g.ok and len(g.put.append.phys_offsets) == 1  # one op message
+        assert len(store.get_messages(OP, 0, 0).messages[0].body) > 1024
+    finally:
+        svc.shutdown()
+        store.shutdown()
+
+
 def test_commit_group_writes_nothing_unless_every_half_is_pending(env):
     hs = env.prepare(4)
     assert env.end(hs[1], A.ROLLBACK) is EndTxStatus.SUCCESS

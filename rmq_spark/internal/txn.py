@@ -20,8 +20,8 @@ from rmq_spark.store.store import PutResult
 log = logging.getLogger(__name__)
 
 # the transaction service's op message lists the group's half queue offsets in one body (at most
-# 4 MiB, about 8 bytes each): bigger batches are committed in groups of this size
-MAX_GROUP_HALVES = 300_000
+# 64 MiB, up to 21 bytes each): bigger batches are committed in groups of this size
+MAX_GROUP_HALVES = 3_000_000
 
 
 class Outcome(enum.Enum):

@@ -84,6 +84,9 @@ log = logging.getLogger(__name__)
 
 P_OP_ACTION = C.P_OP_ACTION
 P_OP_GROUP = C.P_OP_GROUP
+# an op message lists its group's half queue offsets; it is the broker's own record, so it may
+# exceed the producers' body limit: a group of up to about 3 million halves ends in one append
+OP_BODY_MAX_BYTES = 64 << 20
 BULK_LOOKUP_MIN = 64  # halves not in memory are read in one vectorized pass from this many on
 _PARSED = threading.local()  # the halves the last bulk lookup of this thread parsed
 _HALF_TOPIC_BYTES = L.TRANS_HALF_TOPIC.encode()
@@ -662,7 +665,7 @@ class TransactionService:
 
     def _op_row(self, half_offsets: list[int], act: TransactionAction, reals: int) -> _Row:
         body = "".join([f"{q}{C.OFFSET_SEPARATOR}" for q in half_offsets]).encode()
-        limit = self.store.config.body_max_bytes
+        limit = max(OP_BODY_MAX_BYTES, self.store.config.body_max_bytes)
         if len(body) > limit:
             raise MessageIllegalError(
                 f"a group of {len(half_offsets)} halves needs a {len(body)}-byte op message; "
