@@ -398,26 +398,32 @@ def _real_records(store: MessageStore) -> list[tuple]:
 
 @pytest.mark.parametrize("prop_crc", [False, True])
 def test_a_patched_group_commit_writes_what_the_general_path_writes(tmp_path, monkeypatch, prop_crc):
-    """Large groups are committed by patching the halves' bytes; the records, their queues and
-    tags codes, and the index entries of their keys equal those of the general path."""
+    """Large groups of halves read back from the store are committed by patching their bytes;
+    the records, their queues and tags codes, and the index entries of their keys equal those of
+    the general path."""
     import rmq_spark.store.transaction as T
 
     msgs = [m for m in _mixed_batch(400) if m.born_host != "::1"]  # IPv4: the patchable records
     runs, patched = [], []
     encode = T.encode_commits
-    monkeypatch.setattr(T, "encode_commits", lambda *a: patched.append(encode(*a)) or patched[-1])
+    monkeypatch.setattr(T, "encode_commits", lambda *a, **k: patched.append(encode(*a, **k)) or patched[-1])
     for patch in (True, False):
         monkeypatch.setattr(T, "PATCH_COMMIT_MIN", 1 if patch else 10**9)
-        store = MessageStore(
-            str(tmp_path / str(patch)),
-            StoreConfig(**SMALL, append_prop_crc=prop_crc),
-            clock=FakeClock(),
-            dispatchers=[IndexService],
-            start_services=False,
-        )
-        svc = TransactionService(store, BrokerConfig(), store.clock)
-        svc.real_message_hook, svc.hook_only_on = (lambda m: m), DELIVERY_REQUEST_KEYS
-        r = svc.prepare([replace(m, properties=dict(m.properties)) for m in msgs], PG)
+        for step in ("prepare", "commit"):  # the halves read back: not in memory any more
+            if step == "commit":
+                svc.shutdown()
+                store.shutdown()
+            store = MessageStore(
+                str(tmp_path / str(patch)),
+                StoreConfig(**SMALL, append_prop_crc=prop_crc),
+                clock=FakeClock(),
+                dispatchers=[IndexService],
+                start_services=False,
+            )
+            svc = TransactionService(store, BrokerConfig(), store.clock)
+            svc.real_message_hook, svc.hook_only_on = (lambda m: m), DELIVERY_REQUEST_KEYS
+            if step == "prepare":
+                r = svc.prepare([replace(m, properties=dict(m.properties)) for m in msgs], PG)
         assert svc.commit_group(r.append.phys_offsets.tolist()).ok
         ids = {u: f"<id{i}>" for i, u in enumerate(r.uniq_keys)}  # fresh ids per run
         records = [

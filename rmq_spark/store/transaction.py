@@ -680,11 +680,12 @@ class TransactionService:
         return (L.TRANS_OP_HALF_TOPIC, 0, body, props, enc, _REMOVE_CODE, 0, 0, now, _HOST, 0, 0, 0)
 
     def _patched_reals(self, todo: list[_Half]) -> EncodedBatch | None:
-        """The real messages of a large group made from the halves' bytes (one vectorized pass:
-        :func:`~rmq_spark.store.redeliver.encode_commits`), or None for the general path."""
+        """The real messages of a large group of halves no longer in memory, made from their
+        bytes (one vectorized pass: :func:`~rmq_spark.store.redeliver.encode_commits`), or None
+        for the general path (halves prepared moments ago: their records are at hand)."""
         hooked = self._hooked()
         last, _PARSED.last = getattr(_PARSED, "last", None), None
-        if len(todo) < PATCH_COMMIT_MIN or hooked is None:
+        if len(todo) < PATCH_COMMIT_MIN or hooked is None or all(h.row is not None for h in todo):
             return None
         cq = self.store.consume_queue(L.TRANS_HALF_TOPIC, 0)
         if cq is None:
