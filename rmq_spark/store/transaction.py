@@ -705,10 +705,11 @@ class TransactionService:
         built at prepare as they are, a message the hook replaced checked and encoded as
         ``store.put_messages`` would."""
         hook = self.real_message_hook
+        only_on = self.hook_only_on
         queues: dict[str, int] = {}
         for h in todo:
             row = h.real_row()
-            if hook is not None:
+            if hook is not None and (only_on is None or not row[3].keys().isdisjoint(only_on)):
                 m = _message_of(row)
                 out = hook(m)
                 if out is not m:
