@@ -66,6 +66,31 @@ def delivered_view(store, topics: list[str]) -> dict:  # type: ignore[no-untyped
     return view
 
 
+def patched_and_general(tmp_path, crc: bool, open_service, send, prop: str, value, seed: int):  # type: ignore[no-untyped-def]
+    """300 varied messages with ``prop`` = ``value(rng)`` delivered once by patching their bytes
+    and once by decoding and encoding them, each in a fresh store: (views, patched counts)."""
+    import random
+
+    from rmq_spark.store.clock import FakeClock
+
+    views, patched = [], []
+    for fast in (True, False):
+        clock = FakeClock(1_700_000_000_000)
+        store, svc = open_service(str(tmp_path / str(fast)), clock, batch=64, append_prop_crc=crc)
+        svc.patch_min_msgs = 1 if fast else 10**9  # every round patched, or none
+        rng = random.Random(seed)
+        msgs = varied_messages(rng, 300, ["Orders", "Pay"])
+        for m in msgs:
+            m.properties[prop] = value(rng)
+        send(store, svc, msgs)
+        clock.advance(10_000)
+        assert svc.run_once() == 300
+        views.append(delivered_view(store, ["Orders", "Pay"]))
+        patched.append(svc.stats.patched)
+        store.shutdown()
+    return views, patched
+
+
 def broker_config(conf: dict) -> BrokerConfig:
     return BrokerConfig(
         store=StoreConfig(

@@ -15,9 +15,8 @@ import pytest
 from _delay_worker import (
     broker_config,
     delivered_ids,
-    delivered_view,
+    patched_and_general,
     run_and_kill,
-    varied_messages,
 )
 
 from rmq_spark.core import BrokerConfig
@@ -569,21 +568,9 @@ def test_broker_core_send_recall_and_deliver(store_dir):
 def test_patched_delivery_writes_what_the_general_path_writes(tmp_path, crc):
     """Re-writing records by patching their bytes yields the messages that decoding and
     encoding them yields (properties, routing, tags codes, headers), record CRC on or off."""
-    views, patched = [], []
-    for fast in (True, False):
-        clock = FakeClock(T0)
-        store, svc = open_service(str(tmp_path / str(fast)), clock, batch=64, append_prop_crc=crc)
-        svc.patch_min_msgs = 1 if fast else 10**9  # every round patched, or none
-        rng = random.Random(12)
-        msgs = varied_messages(rng, 300, ["Orders", "Pay"])
-        for m in msgs:
-            m.properties[L.P_TIMER_DELAY_MS] = str(rng.randint(1, 5000))
-        send(store, svc, msgs)
-        clock.advance(10_000)
-        assert svc.run_once() == 300
-        views.append(delivered_view(store, ["Orders", "Pay"]))
-        patched.append(svc.stats.patched)
-        store.shutdown()
+    views, patched = patched_and_general(
+        tmp_path, crc, open_service, send, L.P_TIMER_DELAY_MS, lambda rng: str(rng.randint(1, 5000)), seed=12
+    )
     assert sum(map(len, views[0].values())) == 300
     assert views[0] == views[1]
     assert patched == [300, 0]
