@@ -516,7 +516,7 @@ def test_a_group_with_a_delayed_half_is_committed_through_the_hooks(store_dir):
 
 def test_fast_property_encoding_equals_the_store_one():
     from rmq_spark.store.message import encode_properties
-    from rmq_spark.store.transaction import _encode_props
+    from rmq_spark.store.halves import encode_props as _encode_props
 
     cases = [
         {},

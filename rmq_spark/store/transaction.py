@@ -50,20 +50,29 @@ from rmq_spark.store import layout as L
 from rmq_spark.store import transaction_check as C
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.dispatch import DispatchBatch
+from rmq_spark.store.halves import (
+    Half,
+    Real,
+    Row,
+    body_halves,
+    encode_props,
+    encode_rows,
+    half_of,
+    half_rows,
+    message_of,
+    read_halves,
+    txn_id_of,
+)
 from rmq_spark.store.message import (
     Message,
     MessageExt,
-    encode_properties,
-    host_bytes,
     new_uniq_ids,
-    new_uniq_ids_array,
-    split_ids,
     tags_code,
 )
-from rmq_spark.store.record import HEADER_V4, PROP_CRC_BYTES, EncodedBatch, concat_encoded, encode_batch
-from rmq_spark.store.redeliver import commit_keys, encode_commits, parse_records, record_sizes
+from rmq_spark.store.record import EncodedBatch
+from rmq_spark.store.redeliver import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
-from rmq_spark.store.validation import check_body, check_properties_size, check_topic
+from rmq_spark.store.validation import check_body, check_topic
 
 __all__ = [
     "P_OP_ACTION",
@@ -89,15 +98,10 @@ P_OP_GROUP = C.P_OP_GROUP
 OP_BODY_MAX_BYTES = 64 << 20
 BULK_LOOKUP_MIN = 64  # halves not in memory are read in one vectorized pass from this many on
 _PARSED = threading.local()  # the halves the last bulk lookup of this thread parsed
-_HALF_TOPIC_BYTES = L.TRANS_HALF_TOPIC.encode()
-_BODY_POS = HEADER_V4.itemsize  # the topic field follows the body
-_MIN_RECORD = HEADER_V4.itemsize + 3
 PATCH_COMMIT_MIN = 128  # commits of at least this many halves patch the halves' bytes
 HALF_CACHE_ENTRIES = 65536  # stored halves kept in memory, so that ending them reads nothing
-_HALF_ONLY = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG)
 _REMOVE_CODE = tags_code(C.REMOVE_TAG)
 _HOST = "127.0.0.1"  # born host of op messages (the Message default)
-_UNIQ, _TXN_ID = f"{L.P_UNIQ_KEY}\x01", f"{L.P_TRANSACTION_ID}\x01"
 
 
 class TransactionAction(enum.Enum):
@@ -159,73 +163,6 @@ class GroupResult:
         return self.status is EndTxStatus.SUCCESS
 
 
-# One record to write, as the columns of ``record.encode_batch`` (``_put`` writes a list of them as
-# one append): topic, queue id, body, properties, the properties encoded, tagsCode, flag, sys
-# flag, born time, born host, born port, reconsume times, prepared transaction offset.
-_Row = tuple[str, int, bytes, dict[str, str], bytes, int, int, int, int, str, int, int, int]
-# what a commit stores for a half, built once (at prepare, so that a commit encodes nothing
-# again): real topic, real queue, properties, the properties encoded, tagsCode
-_Real = tuple[str, int, dict[str, str], bytes, int]
-
-
-class _Half:
-    """A half to end: where it is, its transaction, the half as stored (a MessageExt when read
-    back, else built on first use from ``row``, the half's record as prepare wrote it)."""
-
-    __slots__ = ("phys", "queue_offset", "txn_id", "_msg", "row", "real", "store")
-
-    def __init__(
-        self,
-        phys: int,
-        queue_offset: int,
-        txn_id: str,
-        msg: Message | None = None,
-        real: _Real | None = None,
-        row: _Row | None = None,
-        store: MessageStore | None = None,
-    ) -> None:
-        self.phys, self.queue_offset, self.txn_id = phys, queue_offset, txn_id
-        self._msg, self.real, self.row = msg, real, row
-        self.store = store  # where to read the half from when neither msg nor row is given
-
-    @property
-    def msg(self) -> Message:
-        if self._msg is None and self.row is None and self.store is not None:
-            m = self.store.look_message_by_offset(self.phys)
-            if m is None or m.commitlog_offset != self.phys:
-                raise StoreError(f"half message at CommitLog offset {self.phys} is gone")
-            self._msg = m
-        if self._msg is None:
-            assert self.row is not None
-            _, _, body, props, _, _, flag, sys_flag, born, host, port, reconsume, _ = self.row
-            self._msg = Message(
-                L.TRANS_HALF_TOPIC, body, props, 0, flag, sys_flag, born, host, port, reconsume
-            )
-        return self._msg
-
-    def real_parts(self) -> _Real:
-        if self.real is None:
-            p = self.msg.properties
-            props = {k: v for k, v in p.items() if k not in _HALF_ONLY}
-            enc = _encode_props(props)
-            code = tags_code(p.get(L.P_TAGS))
-            self.real = (p[L.P_REAL_TOPIC], int(p[L.P_REAL_QID]), props, enc, code)
-        return self.real
-
-    def real_row(self) -> _Row:
-        """The record a commit of this half writes (before the delivery hook)."""
-        topic, qid, props, enc, code = self.real_parts()
-        if self.row is not None:
-            _, _, body, _, _, _, flag, sys_flag, born, host, port, reconsume, _ = self.row
-        else:
-            m = self.msg
-            body, flag, sys_flag, born = m.body, m.flag, m.sys_flag, m.born_timestamp_ms
-            host, port, reconsume = m.born_host, m.born_port, m.reconsume_times
-        sys_flag = (sys_flag & ~L.TRANSACTION_MASK) | L.TRANSACTION_COMMIT_TYPE
-        phys = self.phys
-        return (topic, qid, body, props, enc, code, flag, sys_flag, born, host, port, reconsume, phys)
-
-
 class TransactionService:
     """Half / op topics, end transaction, group commit and the periodic check-back."""
 
@@ -254,9 +191,9 @@ class TransactionService:
         self._state: dict[str, TxnState] = {}  # transaction id -> how it ended
         self._inflight: set[str] = set()
         self._cache_lock = threading.Lock()
-        self._cache: OrderedDict[int, _Half] = OrderedDict()  # half CommitLog offset -> half
+        self._cache: OrderedDict[int, Half] = OrderedDict()  # half CommitLog offset -> half
         # transformed, not yet dispatched: UNIQ_KEY -> (half, what its commit stores)
-        self._fresh: OrderedDict[str, tuple[Message, _Real]] = OrderedDict()
+        self._fresh: OrderedDict[str, tuple[Message, Real]] = OrderedDict()
         self._check_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -273,7 +210,7 @@ class TransactionService:
         ):
             return msg
         (row,), (real,) = self._halves([msg])
-        half = _Half(0, 0, "", real=real, row=row).msg
+        half = Half(0, 0, "", real=real, row=row).msg
         with self._cache_lock:
             self._fresh[half.properties[L.P_UNIQ_KEY]] = (half, real)
             while len(self._fresh) > HALF_CACHE_ENTRIES:
@@ -294,7 +231,7 @@ class TransactionService:
         r = self._put(rows)
         a = r.append
         entries = [
-            (p, _Half(p, q, row[3][L.P_UNIQ_KEY], None, real, row))
+            (p, Half(p, q, row[3][L.P_UNIQ_KEY], None, real, row))
             for p, q, row, real in zip(
                 a.phys_offsets.tolist(), a.queue_offsets.tolist(), rows, reals
             )
@@ -314,154 +251,23 @@ class TransactionService:
         producer_group: str,
     ) -> PutResult:
         """:meth:`prepare` of messages that differ only in their bodies (one topic and queue,
-        shared ``properties``), built column-wise: the halves' properties are encoded once, each
-        record gets its own id twice (UNIQ_KEY, the transaction id) in one numpy pass."""
-        n = len(bodies)
-        if n < PATCH_COMMIT_MIN:  # a few: the general path (it keeps them in memory for the commit)
+        shared ``properties``), built column-wise (:func:`~rmq_spark.store.halves.body_halves`)."""
+        if len(bodies) < PATCH_COMMIT_MIN:  # a few: the general path keeps them for the commit
             msgs = [Message(topic, b, dict(properties), queue_id=queue_id) for b in bodies]
             return self.prepare(msgs, producer_group)
-        check_topic(topic)
-        cfg = self.store.topics.get_or_create(topic)
-        nq = max(cfg.write_queue_nums, cfg.read_queue_nums)
-        if not 0 <= queue_id < nq:
-            raise MessageIllegalError(f"queueId {queue_id} is out of range for topic {topic!r} ({nq} queues)")
-        limit = self.store.config.body_max_bytes
-        if any(type(b) is not bytes for b in bodies) or max(map(len, bodies)) > limit:
-            for b in bodies:
-                check_body(b, limit)
-            bodies = [bytes(b) for b in bodies]
-        added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, L.P_PGROUP, *_HALF_ONLY}
-        base = {k: v for k, v in properties.items() if k not in added}
-        pre = _encode_props(base) + _UNIQ.encode()
-        mid = f"\x02{_TXN_ID}".encode()
-        tail = {L.P_PGROUP: producer_group, L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"}
-        post = b"\x02" + encode_properties(tail)
-        width = len(pre) + 32 + len(mid) + 32 + len(post)
-        cfg_store = self.store.config
-        check_properties_size(bytes(width + (PROP_CRC_BYTES if cfg_store.append_prop_crc else 0)))
-        ids = new_uniq_ids_array(n)
-        enc = np.empty((n, width), dtype=np.uint8)
-        at = 0
-        for part in (pre, ids, mid, ids, post):
-            w = 32 if isinstance(part, np.ndarray) else len(part)
-            enc[:, at : at + w] = part if isinstance(part, np.ndarray) else np.frombuffer(part, dtype=np.uint8)
-            at += w
-        batch = encode_batch(
-            L.TRANS_HALF_TOPIC,
-            0,
-            bodies,
-            [{**base, **tail}] * n,  # one shared dict: tags and keys are the same for all
-            enc,
-            born_timestamps=self.clock.now_ms(),
-            store_host=host_bytes(cfg_store.store_host),
-            store_port=cfg_store.store_port,
-            prop_crc=cfg_store.append_prop_crc,
-            tags_codes=np.full(n, tags_code(base.get(L.P_TAGS)), dtype=np.int64),
+        now = self.clock.now_ms()
+        return self.store.put_encoded(
+            body_halves(self.store, now, topic, queue_id, bodies, properties, producer_group)
         )
-        batch.uniq_keys = split_ids(ids)
-        return self.store.put_encoded(batch)
 
     def _halves(
         self, msgs: Sequence[Message], group: str | None = None, force: bool = False
-    ) -> tuple[list[_Row], list[_Real]]:
-        """The records of the halves of ``msgs`` and what each one's commit will store.  A half's
-        properties are its real message's followed by REAL_TOPIC, REAL_QID (and TRAN_MSG)."""
-        now = self.clock.now_ms()
-        missing = sum(1 for m in msgs if not m.properties.get(L.P_UNIQ_KEY))
-        ids = iter(new_uniq_ids(missing)) if missing else iter(())
-        queues: dict[str, int] = {}
-        tails: dict[tuple[str, int, str | None], tuple[dict[str, str], bytes]] = {}
-        # properties set here: a message that has any of them loses them (they are added after)
-        added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, *_HALF_ONLY}
-        if group is not None:
-            added.add(L.P_PGROUP)
-        group_tail = "" if group is None else f"{L.P_PGROUP}\x01{group}\x02"
-        half_topic, mask = L.TRANS_HALF_TOPIC, ~L.TRANSACTION_MASK
-        rows: list[_Row] = []
-        reals: list[_Real] = []
-        for m in msgs:
-            topic, qid, p = m.topic, m.queue_id, m.properties
-            n = queues.get(topic)
-            if n is None:
-                check_topic(topic)
-                cfg = self.store.topics.get_or_create(topic)
-                n = queues[topic] = max(cfg.write_queue_nums, cfg.read_queue_nums)
-            if not 0 <= qid < n:
-                raise MessageIllegalError(
-                    f"queueId {qid} is out of range for topic {topic!r} ({n} queues)"
-                )
-            uniq = p.get(L.P_UNIQ_KEY) or next(ids)
-            tran = "true" if force else p.get(L.P_TRAN_MSG)
-            if added.isdisjoint(p):
-                real = p.copy()
-            else:  # rare; the dicts keep the order of the encoding
-                real = {k: v for k, v in p.items() if k not in added}
-            enc = _encode_props(real)
-            real[L.P_UNIQ_KEY] = real[L.P_TRANSACTION_ID] = uniq
-            if group is not None:
-                real[L.P_PGROUP] = group
-            enc += f"{_UNIQ}{uniq}\x02{_TXN_ID}{uniq}\x02{group_tail}".encode()
-            tail = tails.get((topic, qid, tran))
-            if tail is None:
-                extra = {L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(qid)}
-                if tran is not None:
-                    extra[L.P_TRAN_MSG] = tran
-                tail = tails[(topic, qid, tran)] = (extra, encode_properties(extra))
-            code = tags_code(p.get(L.P_TAGS))
-            reals.append((topic, qid, real, enc, code))
-            rows.append(
-                (
-                    half_topic,
-                    0,
-                    m.body,
-                    {**real, **tail[0]},
-                    enc + tail[1],
-                    code,
-                    m.flag,
-                    m.sys_flag & mask,  # NOT_TYPE: the half queue has it
-                    m.born_timestamp_ms or now,
-                    m.born_host,
-                    m.born_port,
-                    m.reconsume_times,
-                    0,
-                )
-            )
-        return rows, reals
+    ) -> tuple[list[Row], list[Real]]:
+        return half_rows(self.store, self.clock.now_ms(), msgs, group, force)
 
-    def _put(self, rows: list[_Row], tail: EncodedBatch | None = None) -> PutResult:
-        """Write ``rows`` (checked, each with its UNIQ_KEY), then the records of ``tail``, as one
-        append: the bulk form of ``store.put_messages`` for records whose properties are already
-        encoded."""
-        cfg = self.store.config
-        (
-            topics, qids, bodies, props, encs, codes, flags, sys_flags, born, hosts, ports,
-            reconsume, prepared,
-        ) = zip(*rows)
-        reserve = PROP_CRC_BYTES if cfg.append_prop_crc else 0
-        if max(map(len, encs)) + reserve > L.PROPERTY_MAX_BYTES:
-            for e in encs:
-                check_properties_size(e + bytes(reserve))
-        one_queue = topics.count(topics[0]) == len(topics) and qids.count(qids[0]) == len(qids)
-        one_host = hosts.count(hosts[0]) == len(hosts)
-        batch = encode_batch(
-            topics[0] if one_queue else topics,
-            qids[0] if one_queue else qids,
-            bodies,
-            props,
-            encs,
-            flags=flags,
-            sys_flags=sys_flags,
-            born_timestamps=born,
-            born_hosts=host_bytes(hosts[0]) if one_host else [host_bytes(h) for h in hosts],
-            born_ports=ports,
-            reconsume_times=reconsume,
-            prepared_offsets=prepared,
-            store_host=host_bytes(cfg.store_host),
-            store_port=cfg.store_port,
-            prop_crc=cfg.append_prop_crc,
-            tags_codes=np.array(codes, dtype=np.int64),
-        )
-        return self.store.put_encoded(batch if tail is None else concat_encoded([batch, tail]))
+    def _put(self, rows: list[Row], tail: EncodedBatch | None = None) -> PutResult:
+        """Write ``rows``, then the records of ``tail``, as one append."""
+        return self.store.put_encoded(encode_rows(self.store, rows, tail))
 
     def _on_dispatch(self, batch: DispatchBatch) -> None:
         """Remember halves stored through ``transform`` by CommitLog offset."""
@@ -477,14 +283,14 @@ class TransactionService:
                 if fresh is not None:
                     phys = int(batch.phys[i])
                     msg, real = fresh
-                    self._cache[phys] = _Half(
+                    self._cache[phys] = Half(
                         phys, int(batch.queue_offsets[i]), msg.properties[L.P_UNIQ_KEY], msg, real
                     )
             while len(self._cache) > HALF_CACHE_ENTRIES:
                 self._cache.popitem(last=False)
 
     # --- looking halves up ---------------------------------------------------------------------------
-    def _lookup(self, offsets: list[int]) -> list[_Half | None]:
+    def _lookup(self, offsets: list[int]) -> list[Half | None]:
         with self._cache_lock:
             found = [self._cache.get(p) for p in offsets]
         misses = [i for i, h in enumerate(found) if h is None]
@@ -502,43 +308,17 @@ class TransactionService:
                     self._cache.popitem(last=False)
         return found
 
-    def _read_many(self, offsets: list[int]) -> list[_Half | None]:
-        """Halves at ``offsets`` read in one vectorized pass over their bytes (transaction id and
-        queue offset; the message itself is read when needed); None where no half starts."""
-        phys = np.asarray(offsets, dtype=np.int64)
-        sizes = record_sizes(self.store, phys)
-        good = sizes >= _MIN_RECORD
-        keys = commit_keys(self._hooked() or ())  # what a commit of them parses: parsed once
-        rec = parse_records(self.store, phys[good], sizes[good], keys) if good.any() else None
-        if rec is None:  # unusual bytes somewhere: one by one
-            return [self._read(p) for p in offsets]
-        head = rec.head
-        tpos = rec.starts + _BODY_POS + head["body_len"].astype(np.int64)
-        at = np.minimum(tpos[:, None] + 1 + np.arange(len(_HALF_TOPIC_BYTES)), len(rec.u8) - 1)
-        topic = rec.u8[at]
-        ok = (
-            (head["physical_offset"] == phys[good])
-            & (rec.u8[tpos] == len(_HALF_TOPIC_BYTES))
-            & (topic == np.frombuffer(_HALF_TOPIC_BYTES, dtype=np.uint8)).all(axis=1)
-        )
-        uniq, real, qid = (rec.values(k) for k in (L.P_UNIQ_KEY, L.P_REAL_TOPIC, L.P_REAL_QID))
-        if uniq is None or real is None or qid is None:
-            return [self._read(p) for p in offsets]
-        out: list[_Half | None] = [None] * len(offsets)
-        store = self.store
-        rows = zip(np.flatnonzero(good).tolist(), phys[good].tolist(), head["queue_offset"].tolist())
-        for j, (i, p, q) in enumerate(rows):
-            if not (ok[j] and real[j] and qid[j] and qid[j].isdigit()):
-                continue
-            out[i] = _Half(p, q, uniq[j], store=store) if uniq[j] else self._read(p)
-        _PARSED.last = (phys[good], rec) if good.all() and ok.all() else None
-        return out
+    def _read_many(self, offsets: list[int]) -> list[Half | None]:
+        """Halves at ``offsets`` in one vectorized pass; their parse is kept for the commit that
+        usually follows (:meth:`_patched_reals`)."""
+        found, _PARSED.last = read_halves(self.store, offsets, commit_keys(self._hooked() or ()), self._read)
+        return found
 
     def _hooked(self) -> tuple[str, ...] | None:
         """The properties that send a real message through the hook (None: any may)."""
         return () if self.real_message_hook is None else self.hook_only_on
 
-    def _read(self, phys: int) -> _Half | None:
+    def _read(self, phys: int) -> Half | None:
         try:
             m = self.store.look_message_by_offset(int(phys))
         except (ValueError, IndexError, struct.error, UnicodeDecodeError, RmqError):
@@ -623,13 +403,13 @@ class TransactionService:
             return GroupResult(EndTxStatus.SUCCESS)
         return self.end_halves(found, act)  # type: ignore[arg-type]
 
-    def end_halves(self, halves: list[_Half], act: TransactionAction) -> GroupResult:
+    def end_halves(self, halves: list[Half], act: TransactionAction) -> GroupResult:
         """Write the end of ``halves`` (validated) as one append; a rollback skips ended ones."""
-        by_txn: dict[str, _Half] = {}
+        by_txn: dict[str, Half] = {}
         for h in halves:
             by_txn.setdefault(h.txn_id, h)
         rejected: dict[int, EndTxStatus] = {}
-        todo: list[_Half] = []
+        todo: list[Half] = []
         with self._lock:
             for txn, h in by_txn.items():
                 if txn in self._inflight:
@@ -663,7 +443,7 @@ class TransactionService:
         status = EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT
         return GroupResult(status, put, ids, rejected)
 
-    def _op_row(self, half_offsets: list[int], act: TransactionAction, reals: int) -> _Row:
+    def _op_row(self, half_offsets: list[int], act: TransactionAction, reals: int) -> Row:
         body = "".join([f"{q}{C.OFFSET_SEPARATOR}" for q in half_offsets]).encode()
         limit = max(OP_BODY_MAX_BYTES, self.store.config.body_max_bytes)
         if len(body) > limit:
@@ -675,11 +455,11 @@ class TransactionService:
         if reals:
             props[P_OP_GROUP] = str(reals)
         props[L.P_UNIQ_KEY] = new_uniq_ids(1)[0]
-        enc = _encode_props(props)
+        enc = encode_props(props)
         now = self.clock.now_ms()
         return (L.TRANS_OP_HALF_TOPIC, 0, body, props, enc, _REMOVE_CODE, 0, 0, now, _HOST, 0, 0, 0)
 
-    def _patched_reals(self, todo: list[_Half]) -> EncodedBatch | None:
+    def _patched_reals(self, todo: list[Half]) -> EncodedBatch | None:
         """The real messages of a large group of halves no longer in memory, made from their
         bytes (one vectorized pass: :func:`~rmq_spark.store.redeliver.encode_commits`), or None
         for the general path (halves prepared moments ago: their records are at hand)."""
@@ -700,7 +480,7 @@ class TransactionService:
             return None  # a half not where its queue says: the general path reads it
         return encode_commits(self.store, phys, units["size"][qoffs - lo], hooked)
 
-    def _add_reals(self, todo: list[_Half], rows: list[_Row]) -> None:
+    def _add_reals(self, todo: list[Half], rows: list[Row]) -> None:
         """Append the records of the real messages of ``todo``, after the delivery hook: those
         built at prepare as they are, a message the hook replaced checked and encoded as
         ``store.put_messages`` would."""
@@ -710,7 +490,7 @@ class TransactionService:
         for h in todo:
             row = h.real_row()
             if hook is not None and (only_on is None or not row[3].keys().isdisjoint(only_on)):
-                m = _message_of(row)
+                m = message_of(row)
                 out = hook(m)
                 if out is not m:
                     row = self._row_of(out, h.txn_id)
@@ -725,7 +505,7 @@ class TransactionService:
                 )
             rows.append(row)
 
-    def _row_of(self, m: Message, uniq: str) -> _Row:
+    def _row_of(self, m: Message, uniq: str) -> Row:
         """The record of a message a delivery hook made (checked as ``store.put_messages``)."""
         check_topic(m.topic, allow_system=True)
         check_body(m.body, self.store.config.body_max_bytes)
@@ -733,14 +513,14 @@ class TransactionService:
             m.properties[L.P_UNIQ_KEY] = uniq or new_uniq_ids(1)[0]
         p = m.properties
         return (
-            m.topic, m.queue_id, bytes(m.body), p, _encode_props(p), tags_code(p.get(L.P_TAGS)),
+            m.topic, m.queue_id, bytes(m.body), p, encode_props(p), tags_code(p.get(L.P_TAGS)),
             m.flag, m.sys_flag, m.born_timestamp_ms or self.clock.now_ms(), m.born_host,
             m.born_port, m.reconsume_times, m.prepared_transaction_offset,
         )
 
-    def real_message(self, h: _Half) -> Message:
+    def real_message(self, h: Half) -> Message:
         """The message a commit of ``h`` stores in its real topic."""
-        real = _message_of(h.real_row())
+        real = message_of(h.real_row())
         real.properties = dict(real.properties)
         return self.real_message_hook(real) if self.real_message_hook is not None else real
 
@@ -818,38 +598,7 @@ def as_action(value: Any) -> TransactionAction:
         ) from None
 
 
-def _encode_props(props: dict[str, str]) -> bytes:
-    """``message.encode_properties``, about twice as fast when every value is a string and no
-    key is transient (the common case; any other dict takes the general function)."""
-    if props:
-        try:
-            text = "\x02".join(map("\x01".join, props.items())) + "\x02"
-        except TypeError:  # a value that is not a string: None is dropped, others str()-ed
-            return encode_properties(props)
-        if L.TRANSIENT_PREFIX not in text:
-            return text.encode()
-    return encode_properties(props)
-
-
-def _message_of(row: _Row) -> Message:
-    """The message a record is written from."""
-    topic, qid, body, props, _, _, flag, sys_flag, born, host, port, reconsume, prepared = row
-    return Message(topic, body, props, qid, flag, sys_flag, born, host, port, reconsume, prepared)
-
-
-def txn_id_of(m: Message) -> str:
-    """A transaction's id: the client's message id (``UNIQ_KEY``)."""
-    return m.properties.get(L.P_UNIQ_KEY) or m.properties.get(L.P_TRANSACTION_ID) or ""
-
-
-def half_of(m: MessageExt) -> _Half | None:
-    """``m`` (read from the half queue) as a half to end; None if it lacks its destination."""
-    if L.P_REAL_TOPIC not in m.properties or not m.properties.get(L.P_REAL_QID, "").isdigit():
-        return None
-    return _Half(m.commitlog_offset, m.queue_offset, txn_id_of(m), m)
-
-
-def _mismatch(h: _Half, ref: HalfRef) -> EndTxStatus | None:
+def _mismatch(h: Half, ref: HalfRef) -> EndTxStatus | None:
     """checkPrepareMessage: producer group, tranStateTableOffset, (transaction id)."""
     if (
         ref.producer_group is not None

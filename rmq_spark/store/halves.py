@@ -1,0 +1,343 @@
+"""Half messages as records: what ``prepare`` writes and what ending them reads back.
+
+A half's properties are its real message's (the client's, then ``UNIQ_KEY``,
+``__transactionId__`` = the same id, ``PGROUP``) followed by ``REAL_TOPIC``, ``REAL_QID`` and
+``TRAN_MSG``; a commit writes the real message with those three removed.  :func:`half_rows`
+builds them message by message (each one's properties encoded once, kept for the commit),
+:func:`body_halves` column-wise for bodies that share their properties, :func:`read_halves` reads
+many back in one vectorized pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from rmq_spark.errors import MessageIllegalError, StoreError
+from rmq_spark.store import layout as L
+from rmq_spark.store.message import (
+    Message,
+    MessageExt,
+    encode_properties,
+    host_bytes,
+    new_uniq_ids,
+    new_uniq_ids_array,
+    split_ids,
+    tags_code,
+)
+from rmq_spark.store.record import HEADER_V4, PROP_CRC_BYTES, EncodedBatch, concat_encoded, encode_batch
+from rmq_spark.store.redeliver import ParsedRecords, parse_records, record_sizes
+from rmq_spark.store.store import MessageStore
+from rmq_spark.store.validation import check_body, check_properties_size, check_topic
+
+__all__ = [
+    "HALF_ONLY",
+    "Half",
+    "Real",
+    "Row",
+    "body_halves",
+    "encode_props",
+    "encode_rows",
+    "half_of",
+    "half_rows",
+    "message_of",
+    "read_halves",
+    "txn_id_of",
+]
+
+HALF_ONLY = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG)  # what a half adds to its real message
+_UNIQ, _TXN_ID = f"{L.P_UNIQ_KEY}\x01", f"{L.P_TRANSACTION_ID}\x01"
+_HALF_TOPIC_BYTES = L.TRANS_HALF_TOPIC.encode()
+_BODY_POS = HEADER_V4.itemsize  # the topic field follows the body
+_MIN_RECORD = HEADER_V4.itemsize + 3
+
+
+# One record to write, as the columns of ``record.encode_batch`` (:func:`encode_rows` makes one
+# append of a list of them): topic, queue id, body, properties, the properties encoded, tagsCode, flag, sys
+# flag, born time, born host, born port, reconsume times, prepared transaction offset.
+Row = tuple[str, int, bytes, dict[str, str], bytes, int, int, int, int, str, int, int, int]
+# what a commit stores for a half, built once (at prepare, so that a commit encodes nothing
+# again): real topic, real queue, properties, the properties encoded, tagsCode
+Real = tuple[str, int, dict[str, str], bytes, int]
+
+
+class Half:
+    """A half to end: where it is, its transaction, the half as stored (a MessageExt when read
+    back, else built on first use from ``row``, the half's record as prepare wrote it)."""
+
+    __slots__ = ("phys", "queue_offset", "txn_id", "_msg", "row", "real", "store")
+
+    def __init__(
+        self,
+        phys: int,
+        queue_offset: int,
+        txn_id: str,
+        msg: Message | None = None,
+        real: Real | None = None,
+        row: Row | None = None,
+        store: MessageStore | None = None,
+    ) -> None:
+        self.phys, self.queue_offset, self.txn_id = phys, queue_offset, txn_id
+        self._msg, self.real, self.row = msg, real, row
+        self.store = store  # where to read the half from when neither msg nor row is given
+
+    @property
+    def msg(self) -> Message:
+        if self._msg is None and self.row is None and self.store is not None:
+            m = self.store.look_message_by_offset(self.phys)
+            if m is None or m.commitlog_offset != self.phys:
+                raise StoreError(f"half message at CommitLog offset {self.phys} is gone")
+            self._msg = m
+        if self._msg is None:
+            assert self.row is not None
+            _, _, body, props, _, _, flag, sys_flag, born, host, port, reconsume, _ = self.row
+            self._msg = Message(
+                L.TRANS_HALF_TOPIC, body, props, 0, flag, sys_flag, born, host, port, reconsume
+            )
+        return self._msg
+
+    def real_parts(self) -> Real:
+        if self.real is None:
+            p = self.msg.properties
+            props = {k: v for k, v in p.items() if k not in HALF_ONLY}
+            enc = encode_props(props)
+            code = tags_code(p.get(L.P_TAGS))
+            self.real = (p[L.P_REAL_TOPIC], int(p[L.P_REAL_QID]), props, enc, code)
+        return self.real
+
+    def real_row(self) -> Row:
+        """The record a commit of this half writes (before the delivery hook)."""
+        topic, qid, props, enc, code = self.real_parts()
+        if self.row is not None:
+            _, _, body, _, _, _, flag, sys_flag, born, host, port, reconsume, _ = self.row
+        else:
+            m = self.msg
+            body, flag, sys_flag, born = m.body, m.flag, m.sys_flag, m.born_timestamp_ms
+            host, port, reconsume = m.born_host, m.born_port, m.reconsume_times
+        sys_flag = (sys_flag & ~L.TRANSACTION_MASK) | L.TRANSACTION_COMMIT_TYPE
+        phys = self.phys
+        return (topic, qid, body, props, enc, code, flag, sys_flag, born, host, port, reconsume, phys)
+
+
+def half_rows(
+    store: MessageStore, now_ms: int, msgs: Sequence[Message], group: str | None = None, force: bool = False
+) -> tuple[list[Row], list[Real]]:
+    """The records of the halves of ``msgs`` and what each one's commit will store.  A half's
+    properties are its real message's followed by REAL_TOPIC, REAL_QID (and TRAN_MSG)."""
+    missing = sum(1 for m in msgs if not m.properties.get(L.P_UNIQ_KEY))
+    ids = iter(new_uniq_ids(missing)) if missing else iter(())
+    queues: dict[str, int] = {}
+    tails: dict[tuple[str, int, str | None], tuple[dict[str, str], bytes]] = {}
+    # properties set here: a message that has any of them loses them (they are added after)
+    added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, *HALF_ONLY}
+    if group is not None:
+        added.add(L.P_PGROUP)
+    group_tail = "" if group is None else f"{L.P_PGROUP}\x01{group}\x02"
+    half_topic, mask = L.TRANS_HALF_TOPIC, ~L.TRANSACTION_MASK
+    rows: list[Row] = []
+    reals: list[Real] = []
+    for m in msgs:
+        topic, qid, p = m.topic, m.queue_id, m.properties
+        n = queues.get(topic)
+        if n is None:
+            check_topic(topic)
+            cfg = store.topics.get_or_create(topic)
+            n = queues[topic] = max(cfg.write_queue_nums, cfg.read_queue_nums)
+        if not 0 <= qid < n:
+            raise MessageIllegalError(
+                f"queueId {qid} is out of range for topic {topic!r} ({n} queues)"
+            )
+        uniq = p.get(L.P_UNIQ_KEY) or next(ids)
+        tran = "true" if force else p.get(L.P_TRAN_MSG)
+        if added.isdisjoint(p):
+            real = p.copy()
+        else:  # rare; the dicts keep the order of the encoding
+            real = {k: v for k, v in p.items() if k not in added}
+        enc = encode_props(real)
+        real[L.P_UNIQ_KEY] = real[L.P_TRANSACTION_ID] = uniq
+        if group is not None:
+            real[L.P_PGROUP] = group
+        enc += f"{_UNIQ}{uniq}\x02{_TXN_ID}{uniq}\x02{group_tail}".encode()
+        tail = tails.get((topic, qid, tran))
+        if tail is None:
+            extra = {L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(qid)}
+            if tran is not None:
+                extra[L.P_TRAN_MSG] = tran
+            tail = tails[(topic, qid, tran)] = (extra, encode_properties(extra))
+        code = tags_code(p.get(L.P_TAGS))
+        reals.append((topic, qid, real, enc, code))
+        rows.append(
+            (
+                half_topic,
+                0,
+                m.body,
+                {**real, **tail[0]},
+                enc + tail[1],
+                code,
+                m.flag,
+                m.sys_flag & mask,  # NOT_TYPE: the half queue has it
+                m.born_timestamp_ms or now_ms,
+                m.born_host,
+                m.born_port,
+                m.reconsume_times,
+                0,
+            )
+        )
+    return rows, reals
+
+
+def body_halves(
+    store: MessageStore,
+    now_ms: int,
+    topic: str,
+    queue_id: int,
+    bodies: Sequence[bytes],
+    properties: dict[str, str],
+    producer_group: str,
+) -> EncodedBatch:
+    """The halves of messages that differ only in their bodies (one topic and queue, shared
+    ``properties``), built column-wise: the properties are encoded once, each record gets its own
+    id twice (UNIQ_KEY, the transaction id) in one numpy pass."""
+    n = len(bodies)
+    check_topic(topic)
+    cfg = store.topics.get_or_create(topic)
+    nq = max(cfg.write_queue_nums, cfg.read_queue_nums)
+    if not 0 <= queue_id < nq:
+        raise MessageIllegalError(f"queueId {queue_id} is out of range for topic {topic!r} ({nq} queues)")
+    limit = store.config.body_max_bytes
+    if any(type(b) is not bytes for b in bodies) or max(map(len, bodies)) > limit:
+        for b in bodies:
+            check_body(b, limit)
+        bodies = [bytes(b) for b in bodies]
+    added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, L.P_PGROUP, *HALF_ONLY}
+    base = {k: v for k, v in properties.items() if k not in added}
+    pre = encode_props(base) + _UNIQ.encode()
+    mid = f"\x02{_TXN_ID}".encode()
+    tail = {L.P_PGROUP: producer_group, L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"}
+    post = b"\x02" + encode_properties(tail)
+    width = len(pre) + 32 + len(mid) + 32 + len(post)
+    cfg_store = store.config
+    check_properties_size(bytes(width + (PROP_CRC_BYTES if cfg_store.append_prop_crc else 0)))
+    ids = new_uniq_ids_array(n)
+    enc = np.empty((n, width), dtype=np.uint8)
+    at = 0
+    for part in (pre, ids, mid, ids, post):
+        w = 32 if isinstance(part, np.ndarray) else len(part)
+        enc[:, at : at + w] = part if isinstance(part, np.ndarray) else np.frombuffer(part, dtype=np.uint8)
+        at += w
+    batch = encode_batch(
+        L.TRANS_HALF_TOPIC,
+        0,
+        bodies,
+        [{**base, **tail}] * n,  # one shared dict: tags and keys are the same for all
+        enc,
+        born_timestamps=now_ms,
+        store_host=host_bytes(cfg_store.store_host),
+        store_port=cfg_store.store_port,
+        prop_crc=cfg_store.append_prop_crc,
+        tags_codes=np.full(n, tags_code(base.get(L.P_TAGS)), dtype=np.int64),
+    )
+    batch.uniq_keys = split_ids(ids)
+    return batch
+
+
+def encode_rows(store: MessageStore, rows: list[Row], tail: EncodedBatch | None = None) -> EncodedBatch:
+    """``rows`` (checked, each with its UNIQ_KEY), then the records of ``tail``, as one batch to
+    append: the bulk form of ``store.put_messages``' encoding for records whose properties are
+    already encoded."""
+    cfg = store.config
+    (
+        topics, qids, bodies, props, encs, codes, flags, sys_flags, born, hosts, ports,
+        reconsume, prepared,
+    ) = zip(*rows)
+    reserve = PROP_CRC_BYTES if cfg.append_prop_crc else 0
+    if max(map(len, encs)) + reserve > L.PROPERTY_MAX_BYTES:
+        for e in encs:
+            check_properties_size(e + bytes(reserve))
+    one_queue = topics.count(topics[0]) == len(topics) and qids.count(qids[0]) == len(qids)
+    one_host = hosts.count(hosts[0]) == len(hosts)
+    batch = encode_batch(
+        topics[0] if one_queue else topics,
+        qids[0] if one_queue else qids,
+        bodies,
+        props,
+        encs,
+        flags=flags,
+        sys_flags=sys_flags,
+        born_timestamps=born,
+        born_hosts=host_bytes(hosts[0]) if one_host else [host_bytes(h) for h in hosts],
+        born_ports=ports,
+        reconsume_times=reconsume,
+        prepared_offsets=prepared,
+        store_host=host_bytes(cfg.store_host),
+        store_port=cfg.store_port,
+        prop_crc=cfg.append_prop_crc,
+        tags_codes=np.array(codes, dtype=np.int64),
+    )
+    return batch if tail is None else concat_encoded([batch, tail])
+
+
+def read_halves(
+    store: MessageStore, offsets: list[int], keys: tuple[str, ...], read_one: Callable[[int], Half | None]
+) -> tuple[list[Half | None], tuple[np.ndarray, ParsedRecords] | None]:
+    """Halves at ``offsets`` read in one vectorized pass over their bytes (transaction id and
+    queue offset; the message itself is read when needed), None where no half starts; and, when
+    every offset held a half, their parse (properties ``keys`` located) for a commit to reuse.
+    ``read_one`` reads what the vectorized pass cannot (unusual bytes)."""
+    phys = np.asarray(offsets, dtype=np.int64)
+    sizes = record_sizes(store, phys)
+    good = sizes >= _MIN_RECORD
+    rec = parse_records(store, phys[good], sizes[good], keys) if good.any() else None
+    if rec is None:  # unusual bytes somewhere: one by one
+        return [read_one(p) for p in offsets], None
+    head = rec.head
+    tpos = rec.starts + _BODY_POS + head["body_len"].astype(np.int64)
+    at = np.minimum(tpos[:, None] + 1 + np.arange(len(_HALF_TOPIC_BYTES)), len(rec.u8) - 1)
+    topic = rec.u8[at]
+    ok = (
+        (head["physical_offset"] == phys[good])
+        & (rec.u8[tpos] == len(_HALF_TOPIC_BYTES))
+        & (topic == np.frombuffer(_HALF_TOPIC_BYTES, dtype=np.uint8)).all(axis=1)
+    )
+    uniq, real, qid = (rec.values(k) for k in (L.P_UNIQ_KEY, L.P_REAL_TOPIC, L.P_REAL_QID))
+    if uniq is None or real is None or qid is None:
+        return [read_one(p) for p in offsets], None
+    out: list[Half | None] = [None] * len(offsets)
+    rows = zip(np.flatnonzero(good).tolist(), phys[good].tolist(), head["queue_offset"].tolist())
+    for j, (i, p, q) in enumerate(rows):
+        if not (ok[j] and real[j] and qid[j] and qid[j].isdigit()):
+            continue
+        out[i] = Half(p, q, uniq[j], store=store) if uniq[j] else read_one(p)
+    return out, ((phys[good], rec) if good.all() and ok.all() else None)
+
+
+def encode_props(props: dict[str, str]) -> bytes:
+    """``message.encode_properties``, about twice as fast when every value is a string and no
+    key is transient (the common case; any other dict takes the general function)."""
+    if props:
+        try:
+            text = "\x02".join(map("\x01".join, props.items())) + "\x02"
+        except TypeError:  # a value that is not a string: None is dropped, others str()-ed
+            return encode_properties(props)
+        if L.TRANSIENT_PREFIX not in text:
+            return text.encode()
+    return encode_properties(props)
+
+
+def message_of(row: Row) -> Message:
+    """The message a record is written from."""
+    topic, qid, body, props, _, _, flag, sys_flag, born, host, port, reconsume, prepared = row
+    return Message(topic, body, props, qid, flag, sys_flag, born, host, port, reconsume, prepared)
+
+
+def txn_id_of(m: Message) -> str:
+    """A transaction's id: the client's message id (``UNIQ_KEY``)."""
+    return m.properties.get(L.P_UNIQ_KEY) or m.properties.get(L.P_TRANSACTION_ID) or ""
+
+
+def half_of(m: MessageExt) -> Half | None:
+    """``m`` (read from the half queue) as a half to end; None if it lacks its destination."""
+    if L.P_REAL_TOPIC not in m.properties or not m.properties.get(L.P_REAL_QID, "").isdigit():
+        return None
+    return Half(m.commitlog_offset, m.queue_offset, txn_id_of(m), m)
