@@ -101,6 +101,11 @@ def test_route_echoes_the_requested_endpoints(stub):
         (send_request(user={"UNIQ_KEY": "mine"}), C.ILLEGAL_MESSAGE_PROPERTY_KEY),
         (send_request(user={"a": "x\x01y"}), C.BAD_REQUEST),
         (send_request(mid=""), C.ILLEGAL_MESSAGE_ID),
+        (send_request(mid="ID 1"), C.ILLEGAL_MESSAGE_ID),
+        (send_request(mid="ID\x001"), C.ILLEGAL_MESSAGE_ID),
+        (send_request(message_type=99), C.BAD_REQUEST),
+        (send_request(message_type=D.MessageType.LITE), C.UNSUPPORTED),
+        (send_request(message_type=D.MessageType.DELAY), C.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         (send_request(message_group=""), C.ILLEGAL_MESSAGE_GROUP),
         (send_request(message_group="g" * 65), C.ILLEGAL_MESSAGE_GROUP),
         (send_request(message_type=D.MessageType.TRANSACTION, message_group="g"), C.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
@@ -120,6 +125,31 @@ def test_send_validation(stub, req, code):
     assert r.status.code == code, r.status.message
     assert r.status.message
     assert len(r.entries) == (1 if code == C.OK else 0)
+
+
+def test_a_request_of_several_messages(stub, broker):
+    req = S.SendMessageRequest(messages=[
+        *send_request("Multi-A", body=b"a1", mid="MA1").messages,
+        *send_request("Multi-B", body=b"b1", mid="MB1", tag="t").messages,
+        *send_request("Multi-A", body=b"a2", mid="MA2").messages,
+    ])
+    r = stub.SendMessage(req, metadata=MD, timeout=10)
+    assert r.status.code == C.OK, r.status.message
+    assert [(e.status.code, e.message_id, e.transaction_id) for e in r.entries] == [
+        (C.OK, "MA1", "MA1"), (C.OK, "MB1", "MB1"), (C.OK, "MA2", "MA2")]
+    store = broker.core.store
+    stored = {(t, m.client_msg_id): (m.body, m.queue_offset, m.tags)
+              for t in ("Multi-A", "Multi-B") for q in range(4) for m in store.get_messages(t, q, 0).messages}
+    assert stored == {
+        ("Multi-A", "MA1"): (b"a1", r.entries[0].offset, None),
+        ("Multi-B", "MB1"): (b"b1", r.entries[1].offset, "t"),
+        ("Multi-A", "MA2"): (b"a2", r.entries[2].offset, None),
+    }
+    # one bad topic fails the whole request: nothing of it is stored
+    bad = S.SendMessageRequest(messages=[*send_request("Multi-C", mid="MC1").messages,
+                                         *send_request("bad topic", mid="MC2").messages])
+    assert stub.SendMessage(bad, metadata=MD, timeout=10).status.code == C.ILLEGAL_TOPIC
+    assert all(not store.get_messages("Multi-C", q, 0).messages for q in range(4))
 
 
 def test_a_gzip_body_is_stored_decompressed(stub, broker):

@@ -15,8 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
+from rmq_spark.store.commitlog import AppendResult
 from rmq_spark.store.message import Message
 from rmq_spark.store.status import PutStatus
 from rmq_spark.store.store import PutResult
@@ -29,15 +28,22 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 
 @dataclass
 class Written:
-    """One call's part of a write."""
+    """One call's part of a write: records ``start:end`` of ``append``."""
 
     status: PutStatus
-    phys_offsets: np.ndarray
-    queue_offsets: np.ndarray
+    append: AppendResult | None
+    start: int
+    end: int
 
     @property
     def ok(self) -> bool:
         return self.status is PutStatus.PUT_OK
+
+    def queue_offsets(self) -> list[int]:
+        return [] if self.append is None else self.append.queue_offsets[self.start : self.end].tolist()
+
+    def phys_offsets(self) -> list[int]:
+        return [] if self.append is None else self.append.phys_offsets[self.start : self.end].tolist()
 
 
 @dataclass
@@ -64,19 +70,24 @@ class SendBatcher:
         self.writes = 0
 
     def send(self, messages: Sequence[Message]) -> Written:
-        call = _Call(messages, sum(len(m.body) for m in messages))
         with self._lock:
-            self._pending.append(call)
-            leader = not self._busy
-            if leader:
-                self._busy = True
-            else:
-                call.done = threading.Event()
-        if not leader:
-            call.done.wait()
-            if not call.lead:
-                return self._outcome(call)
-        self._lead()
+            solo = not self._busy
+            self._busy = True
+            if not solo:
+                call = _Call(messages, sum(len(m.body) for m in messages), threading.Event())
+                self._pending.append(call)
+        if solo:  # no write in progress: write at once, no queue entry
+            self.calls += 1
+            self.writes += 1
+            try:
+                result = self._write(list(messages))
+            finally:
+                self._pass_on()
+            return Written(result.status, result.append, 0, len(messages))
+        assert call.done is not None
+        call.done.wait()
+        if call.lead:
+            self._lead()
         return self._outcome(call)
 
     @staticmethod
@@ -98,16 +109,21 @@ class SendBatcher:
         try:
             self._write_batch(batch)
         finally:
-            with self._lock:
-                if self._pending:
-                    nxt = self._pending[0]
-                    nxt.lead = True
-                    nxt.wake()
-                else:
-                    self._busy = False
             for c in batch:
                 c.lead = False
+            self._pass_on()
+            for c in batch:
                 c.wake()
+
+    def _pass_on(self) -> None:
+        """The write is done: the oldest waiting call leads the next one (or nobody is busy)."""
+        with self._lock:
+            if self._pending:
+                nxt = self._pending[0]
+                nxt.lead = True
+                nxt.wake()
+            else:
+                self._busy = False
 
     def _write_batch(self, batch: list[_Call]) -> None:
         self.calls += len(batch)
@@ -129,14 +145,8 @@ class SendBatcher:
 
 
 def _hand_out(batch: list[_Call], result: PutResult) -> None:
-    app = result.append
     start = 0
     for c in batch:
         end = start + len(c.messages)
-        if app is None:
-            empty = np.zeros(0, dtype=np.int64)
-            c.result = Written(result.status, empty, empty)
-        else:
-            c.result = Written(result.status, np.asarray(app.phys_offsets[start:end]),
-                               np.asarray(app.queue_offsets[start:end]))
+        c.result = Written(result.status, result.append, start, end)
         start = end

@@ -14,7 +14,7 @@ import hashlib
 import ipaddress
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from google.protobuf import timestamp_pb2
@@ -26,7 +26,7 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt
 from rmq_spark.store.transaction_check import P_CHECK_SOURCE
-from rmq_spark.store.validation import check_group, check_topic
+from rmq_spark.store.validation import check_group, check_topic_cached
 
 __all__ = [
     "SYSTEM_PROPERTIES",
@@ -85,7 +85,7 @@ _TYPE_NAMES = {
 }
 
 
-@dataclass
+@dataclass(slots=True)
 class Outgoing:
     """A validated message of a SendMessage request, ready for ``BrokerCore.send``."""
 
@@ -97,6 +97,7 @@ class Outgoing:
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")  # message ids: no control characters, no space
 
 
 def _has_control(text: str) -> bool:
@@ -105,7 +106,7 @@ def _has_control(text: str) -> bool:
 
 def checked_topic(name: str, allow_system: bool = False) -> str:
     try:
-        check_topic(name, allow_system=allow_system)
+        check_topic_cached(name, allow_system)
     except MessageIllegalError as e:
         raise RpcStatusError(Code.ILLEGAL_TOPIC, str(e)) from None
     return name
@@ -128,11 +129,8 @@ def _set_ms(ts: timestamp_pb2.Timestamp, ms: int) -> None:
     ts.nanos *= 1_000_000
 
 
-def _decoded_body(pm: D.Message, body_max_bytes: int) -> bytes:
-    enc = pm.system_properties.body_encoding
-    body = bytes(pm.body)
-    if enc == _IDENTITY or enc == _UNSPECIFIED:
-        return body
+def _decoded_body(body: bytes, enc: int, body_max_bytes: int) -> bytes:
+    """A body sent with a non-identity encoding, decoded."""
     if enc == _GZIP:
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)  # bounded: a zip bomb stops at the limit
         try:
@@ -171,7 +169,10 @@ def parse_send(
     """Validate one message of a SendMessage request against ``topic`` and build the store
     message (queue chosen later).  Raises :class:`RpcStatusError` naming the problem."""
     sp = pm.system_properties
-    body = _decoded_body(pm, body_max_bytes)
+    body = pm.body
+    enc = sp.body_encoding
+    if enc != _IDENTITY and enc != _UNSPECIFIED:
+        body = _decoded_body(body, enc, body_max_bytes)
     if not body:
         raise RpcStatusError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
     if len(body) > body_max_bytes:
@@ -179,51 +180,26 @@ def parse_send(
             Code.MESSAGE_BODY_TOO_LARGE, f"message body is {len(body)} bytes; the limit is {body_max_bytes}"
         )
     mid = sp.message_id
-    if not mid or len(mid) > MAX_MESSAGE_ID_CHARS or _has_control(mid) or " " in mid:
+    if not mid or len(mid) > MAX_MESSAGE_ID_CHARS or _CONTROL_OR_SPACE.search(mid) is not None:
         raise RpcStatusError(Code.ILLEGAL_MESSAGE_ID, f"message id {mid[:40]!r} is empty or malformed")
-    props: dict[str, str] = {}
-    for k, v in pm.user_properties.items():
-        if not k or _has_control(k) or k in SYSTEM_PROPERTIES or k.startswith(L.TRANSIENT_PREFIX):
-            raise RpcStatusError(
-                Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user property key {k[:40]!r} is empty, reserved or malformed"
-            )
-        if any(s in v for s in _SEPARATORS):
-            raise RpcStatusError(Code.BAD_REQUEST, f"user property {k!r} holds a control character")
-        props[k] = v
-    if len(props) > MAX_USER_PROPERTIES:
-        raise RpcStatusError(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"{len(props)} user properties; the limit is 128")
-    if sum(len(k.encode()) + len(v.encode()) for k, v in props.items()) > MAX_USER_PROPERTIES_BYTES:
-        raise RpcStatusError(Code.MESSAGE_PROPERTIES_TOO_LARGE, "user properties exceed 16 KiB")
+    user = pm.user_properties
+    props = _user_properties(user) if user else {}
     if sp.HasField("tag"):
         tag = sp.tag
         if not tag.strip() or "|" in tag or _has_control(tag):
             raise RpcStatusError(Code.ILLEGAL_MESSAGE_TAG, f"tag {tag[:40]!r} is blank or holds '|' or control characters")
         props[L.P_TAGS] = tag
-    keys = list(sp.keys)
-    for key in keys:
-        if not key.strip() or _has_control(key):
-            raise RpcStatusError(Code.ILLEGAL_MESSAGE_KEY, f"key {key[:40]!r} is blank or holds control characters")
-    if keys:
+    if sp.keys:
+        keys = list(sp.keys)
+        for key in keys:
+            if not key.strip() or _has_control(key):
+                raise RpcStatusError(Code.ILLEGAL_MESSAGE_KEY, f"key {key[:40]!r} is blank or holds control characters")
         props[L.P_KEYS] = L.KEY_SEPARATOR.join(keys)
     group = sp.message_group if sp.HasField("message_group") else None
-    if group is not None and (
-        not group.strip() or len(group) > MAX_MESSAGE_GROUP_CHARS or _has_control(group)
-    ):
-        raise RpcStatusError(Code.ILLEGAL_MESSAGE_GROUP, f"message group {group[:40]!r} is blank, too long or malformed")
     deliver_ms = timestamp_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else 0
-    mtype = sp.message_type or _infer_type(group, deliver_ms)
-    if mtype == MessageType.LITE:
-        raise RpcStatusError(Code.UNSUPPORTED, "lite topics are not supported by this broker")
-    if mtype not in _TYPE_NAMES:
-        raise RpcStatusError(Code.BAD_REQUEST, f"unknown message type {mtype}")
-    if mtype == MessageType.TRANSACTION and (group is not None or deliver_ms):
-        raise RpcStatusError(
-            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a transactional message cannot have a message group or delivery time"
-        )
-    if mtype == MessageType.FIFO and group is None:
-        raise RpcStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message needs a message group")
-    if mtype == MessageType.DELAY and not deliver_ms:
-        raise RpcStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message needs a delivery timestamp")
+    mtype = sp.message_type
+    if mtype != MessageType.NORMAL or group is not None or deliver_ms:  # the plain case skips these
+        mtype = _checked_type(mtype, group, deliver_ms)
     if not topic.accepts(_TYPE_NAMES[mtype]):
         raise RpcStatusError(
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
@@ -247,7 +223,8 @@ def parse_send(
         props[L.P_PGROUP] = topic.topic_name  # gRPC producers have no group: the proxy uses the topic
         props[L.P_TRANSACTION_ID] = mid
         sys_flag = L.TRANSACTION_PREPARED_TYPE
-    born_ms = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0
+    born = sp.born_timestamp  # unset: zero
+    born_ms = born.seconds * 1000 + born.nanos // 1_000_000
     msg = Message(
         topic=topic.topic_name,
         body=body,
@@ -257,6 +234,43 @@ def parse_send(
         born_host=_born_host(sp.born_host, peer_host),
     )
     return Outgoing(msg, mid, mtype, topic, deliver_ms)
+
+
+def _user_properties(user: Mapping[str, str]) -> dict[str, str]:
+    props: dict[str, str] = {}
+    for k, v in user.items():
+        if not k or _has_control(k) or k in SYSTEM_PROPERTIES or k.startswith(L.TRANSIENT_PREFIX):
+            raise RpcStatusError(
+                Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user property key {k[:40]!r} is empty, reserved or malformed"
+            )
+        if any(s in v for s in _SEPARATORS):
+            raise RpcStatusError(Code.BAD_REQUEST, f"user property {k!r} holds a control character")
+        props[k] = v
+    if len(props) > MAX_USER_PROPERTIES:
+        raise RpcStatusError(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"{len(props)} user properties; the limit is 128")
+    if sum(len(k.encode()) + len(v.encode()) for k, v in props.items()) > MAX_USER_PROPERTIES_BYTES:
+        raise RpcStatusError(Code.MESSAGE_PROPERTIES_TOO_LARGE, "user properties exceed 16 KiB")
+    return props
+
+
+def _checked_type(mtype: int, group: str | None, deliver_ms: int) -> int:
+    """The message type (inferred when unset), checked against the group and delivery time."""
+    if group is not None and (not group.strip() or len(group) > MAX_MESSAGE_GROUP_CHARS or _has_control(group)):
+        raise RpcStatusError(Code.ILLEGAL_MESSAGE_GROUP, f"message group {group[:40]!r} is blank, too long or malformed")
+    mtype = mtype or _infer_type(group, deliver_ms)
+    if mtype == MessageType.LITE:
+        raise RpcStatusError(Code.UNSUPPORTED, "lite topics are not supported by this broker")
+    if mtype not in _TYPE_NAMES:
+        raise RpcStatusError(Code.BAD_REQUEST, f"unknown message type {mtype}")
+    if mtype == MessageType.TRANSACTION and (group is not None or deliver_ms):
+        raise RpcStatusError(
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a transactional message cannot have a message group or delivery time"
+        )
+    if mtype == MessageType.FIFO and group is None:
+        raise RpcStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message needs a message group")
+    if mtype == MessageType.DELAY and not deliver_ms:
+        raise RpcStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message needs a delivery timestamp")
+    return mtype
 
 
 def _infer_type(group: str | None, deliver_ms: int) -> int:

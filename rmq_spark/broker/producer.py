@@ -94,10 +94,11 @@ class ProducerPath:
         core = self.core
         now = self.clock.now_ms()
         max_delay_ms = int(core.config.timer_max_delay_s) * 1000
+        body_max_bytes = self.store.config.body_max_bytes
         outs = []
         for pm, cfg in zip(request.messages, topics):
-            out = parse_send(pm, cfg, now_ms=now, body_max_bytes=self.store.config.body_max_bytes,
-                             max_delay_ms=max_delay_ms, peer_host=peer_host)
+            out = parse_send(pm, cfg, now_ms=now, body_max_bytes=body_max_bytes, max_delay_ms=max_delay_ms,
+                             peer_host=peer_host)
             if out.deliver_ms and core.timer is None:
                 raise RpcStatusError(Code.UNSUPPORTED, "delayed delivery needs the timer service, which is not installed")
             if out.type == MessageType.TRANSACTION and core.transactions is None:
@@ -105,25 +106,31 @@ class ProducerPath:
             out.message.queue_id = self._queue_for(out)
             outs.append(out)
         try:
-            result = self._batcher.send([o.message for o in outs])
+            written = self._batcher.send([o.message for o in outs])
         except MessageIllegalError as e:
             raise RpcStatusError(Code.BAD_REQUEST, str(e)) from None
-        if not result.ok:
-            code = codes.put_code(result.status)
-            return S.SendMessageResponse(status=codes.status(code, f"put failed: {result.status.value}"))
-        phys, qoffs = result.phys_offsets.tolist(), result.queue_offsets.tolist()
-        response = S.SendMessageResponse(status=codes.ok())
-        for i, o in enumerate(outs):
-            e = response.entries.add(message_id=o.message_id, transaction_id=o.message_id, offset=qoffs[i])
-            e.status.code, e.status.message = Code.OK, "OK"
+        if not written.ok:
+            code = codes.put_code(written.status)
+            return S.SendMessageResponse(status=codes.status(code, f"put failed: {written.status.value}"))
+        ok = codes.ok()
+        response = S.SendMessageResponse(status=ok)
+        entries = response.entries
+        phys: list[int] | None = None
+        for i, (o, qoff) in enumerate(zip(outs, written.queue_offsets())):
+            handle = ""
             if o.deliver_ms:
-                handle = self._recall_handle(o)
-                if handle:
-                    e.recall_handle = handle
+                handle = self._recall_handle(o) or ""
             elif o.type == MessageType.TRANSACTION:
-                self._remember(o.message_id, HalfRef(phys[i], qoffs[i], o.topic.topic_name, o.topic.topic_name))
+                if phys is None:
+                    phys = written.phys_offsets()
+                self._remember(o.message_id, HalfRef(phys[i], qoff, o.topic.topic_name, o.topic.topic_name))
+            entries.add(status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff,
+                        recall_handle=handle)
+        noted = None
         for cfg in topics:
-            self.clients.note_sent(client_id, cfg.topic_name)
+            if cfg is not noted:
+                self.clients.note_sent(client_id, cfg.topic_name)
+                noted = cfg
         return response
 
     # --- transactions -----------------------------------------------------------------------------

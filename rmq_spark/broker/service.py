@@ -326,15 +326,18 @@ class MessagingService(MessagingServiceServicer):
     @_unary(S.SendMessageResponse)
     def SendMessage(self, request: S.SendMessageRequest, context: grpc.ServicerContext) -> S.SendMessageResponse:
         meta = self._meta(context)
-        if not request.messages:
+        messages = request.messages
+        if not messages:
             raise RpcStatusError(Code.BAD_REQUEST, "a SendMessage request needs at least one message")
         topics = []
-        for pm in request.messages:
-            name = checked_topic(pm.topic.name)
-            self._allow(meta, topic=name, need=Perm.PUB)
-            cfg = self._topic(name, create=True)
-            if not cfg.writable:
-                raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} has no writable queue")
+        name: str | None = None
+        for pm in messages:
+            if pm.topic.name != name:  # the messages of a request usually share a topic: check it once
+                name = checked_topic(pm.topic.name)
+                self._allow(meta, topic=name, need=Perm.PUB)
+                cfg = self._topic(name, create=True)
+                if not cfg.writable:
+                    raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} has no writable queue")
             topics.append(cfg)
         return self.producer.send(request, topics, meta[CLIENT_ID], lambda: _peer_host(context))
 
