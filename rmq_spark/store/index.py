@@ -143,7 +143,11 @@ def _hashes_by_length(units: np.ndarray, lens: np.ndarray, distinct: np.ndarray)
 def index_hash(key: str) -> int:
     """The IndexFile keyHash of one key (plain Python: cheaper than numpy for a single key)."""
     h = 0
-    for unit in struct.unpack(f"<{len(b := key.encode('utf-16-le', 'surrogatepass')) // 2}H", b):
+    if key.isascii():  # its bytes are its UTF-16 code units
+        units: Sequence[int] = key.encode()
+    else:
+        units = struct.unpack(f"<{len(b := key.encode('utf-16-le', 'surrogatepass')) // 2}H", b)
+    for unit in units:
         h = (31 * h + unit) & 0xFFFFFFFF
     h = h - 0x100000000 if h & 0x80000000 else h
     return 0 if h == -(2**31) else abs(h)
