@@ -473,6 +473,51 @@ def test_prepare_bodies_stores_what_prepare_stores(env, n):
     assert [m.body for m in real[:n]] == bodies
 
 
+@pytest.mark.parametrize("prop_crc", [False, True])
+def test_a_few_records_are_encoded_as_the_columns_encode_them(tmp_path, monkeypatch, prop_crc):
+    """Prepares and ends of a few messages encode their records from Message objects, larger
+    ones through the columns of ``encode_rows``: the same records either way (IPv6 born hosts,
+    flags, clients' own ids and half-only properties included)."""
+    import rmq_spark.store.transaction as T
+
+    msgs = _mixed_batch(7)
+    runs = []
+    for few in (T.FEW_RECORDS, 0):
+        monkeypatch.setattr(T, "FEW_RECORDS", few)
+        store = MessageStore(
+            str(tmp_path / str(few)),
+            StoreConfig(**SMALL, append_prop_crc=prop_crc),
+            clock=FakeClock(),
+            start_services=False,
+        )
+        svc = TransactionService(store, BrokerConfig(), store.clock)
+        r = svc.prepare([replace(m, properties=dict(m.properties)) for m in msgs], PG)
+        offsets, queue_offsets = r.append.phys_offsets.tolist(), r.append.queue_offsets.tolist()
+        assert svc.commit_group(offsets[:4]).ok
+        assert svc.end_transaction(offsets[4], queue_offsets[4], PG, r.uniq_keys[4], A.COMMIT) is (
+            EndTxStatus.SUCCESS
+        )
+        assert svc.end_transaction(offsets[5], None, PG, None, A.ROLLBACK) is EndTxStatus.SUCCESS
+        ids: dict[str, int] = {}  # generated ids, by first appearance
+        named = (L.P_UNIQ_KEY, L.P_TRANSACTION_ID)
+        records = [
+            (
+                m.topic, m.queue_id, m.body, m.body_crc, m.flag, m.sys_flag, m.born_timestamp_ms,
+                m.born_host, m.born_port, m.store_host, m.store_port, m.reconsume_times,
+                m.prepared_transaction_offset, m.store_size,
+                [(k, ids.setdefault(v, len(ids)) if k in named else v)
+                 for k, v in m.properties.items()],
+            )
+            for topic in (HALF, OP, "T", "U") for q in range(4)
+            for m in store.get_messages(topic, q, 0, max_msgs=100).messages
+        ]  # fmt: skip
+        runs.append(records)
+        svc.shutdown()
+        store.shutdown()
+    assert len(runs[0]) == 7 + 3 + 5  # halves, op messages, real messages
+    assert runs[0] == runs[1]
+
+
 def test_halves_read_back_in_bulk_after_a_restart(env):
     """Halves no longer in memory are looked up in one vectorized pass: a group with an offset
     that is no half (inside a record, a real message) is refused whole; producer groups are
