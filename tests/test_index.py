@@ -22,6 +22,7 @@ from rmq_spark.store.index import (
     ENTRY_STRUCT,
     HEADER,
     IndexFile,
+    HOLD_RECORDS,
     IndexService,
     index_hash,
     index_hashes,
@@ -35,10 +36,8 @@ HDR = 40
 
 def open_store(d: str, clock: FakeClock, slots: int = 8, entries: int = 16, **kw) -> MessageStore:
     cfg = StoreConfig(
-        commitlog_segment_bytes=16 * 1024,
-        cq_segment_units=64,
+        **{"commitlog_segment_bytes": 16 * 1024, "cq_segment_units": 64, **kw},
         extra={"index_slots": slots, "index_entries": entries},
-        **kw,
     )
     return MessageStore(d, cfg, clock=clock, dispatchers=[IndexService], start_services=False)
 
@@ -62,7 +61,10 @@ def put_keyed(
     return phys
 
 
-def index_bytes(root: str) -> list[bytes]:
+def index_bytes(root: str, store: MessageStore | None = None) -> list[bytes]:
+    """The index files' bytes; with ``store`` open, once it indexed what it holds back."""
+    if store is not None:
+        index_of(store).files  # noqa: B018 - the property indexes the held records
     d = os.path.join(root, L.INDEX_DIR)
     return [Path(d, n).read_bytes() for n in sorted(os.listdir(d))]
 
@@ -247,13 +249,53 @@ def test_redispatch_is_idempotent(store_dir):
         assert index_of(s).key_count == 45
 
 
+def _keys_in_files(root: str) -> int:
+    """Keys in the index files as written so far (read past the service)."""
+    d = os.path.join(root, L.INDEX_DIR)
+    if not os.path.isdir(d):
+        return 0
+    return sum(HEADER.unpack_from(Path(d, n).read_bytes(), 0)[5] - 1 for n in os.listdir(d))
+
+
+def test_single_puts_are_held_then_indexed_together_and_queries_see_them_at_once(store_dir):
+    clock = FakeClock()
+    big = {"slots": 97, "entries": 4 * HOLD_RECORDS + 8, "commitlog_segment_bytes": 1 << 20}
+    s = open_store(store_dir, clock, **big)
+    try:
+        idx = index_of(s)
+        phys = [
+            s.put_messages([Message("T", b"x", {"KEYS": f"s{i}"})]).append.phys_offsets[0]
+            for i in range(HOLD_RECORDS - 1)
+        ]
+        assert _keys_in_files(store_dir) == 0  # held: nothing written yet
+        assert idx.query_offsets("T", "s7") == [phys[7]]  # a query indexes them first
+        assert _keys_in_files(store_dir) == 2 * (HOLD_RECORDS - 1)  # UNIQ_KEY + the key each
+        more = [
+            s.put_messages([Message("T", b"y", {"KEYS": f"m{i}"})]).append.phys_offsets[0]
+            for i in range(HOLD_RECORDS)
+        ]
+        # the HOLD_RECORDS-th held record indexes them all, with no query
+        assert _keys_in_files(store_dir) == 2 * (2 * HOLD_RECORDS - 1)
+        # a batch too big to hold indexes the held ones first: entries stay in CommitLog order
+        s.put_messages([Message("T", b"z", {"KEYS": "z1"})])
+        s.put_messages([Message("T", b"w", {"KEYS": f"w{i}"}) for i in range(40)])
+        assert _keys_in_files(store_dir) == 2 * (2 * HOLD_RECORDS - 1) + 2 + 80
+        assert idx.query_offsets("T", f"m{HOLD_RECORDS - 1}") == [more[-1]]
+        held = s.put_messages([Message("T", b"h", {"KEYS": "held"})]).append.phys_offsets[0]
+    finally:
+        s.crash()  # with one record held
+    with open_store(store_dir, clock, **big) as s:
+        assert index_of(s).query_offsets("T", "held") == [held]  # indexed again from the CommitLog
+        assert index_of(s).query_offsets("T", "s0") == [phys[0]]
+
+
 def test_rebuild_after_crash_drops_unflushed_files_and_reindexes(store_dir):
     clock = FakeClock()
     s = open_store(store_dir, clock)
     phys = put_keyed(s, clock, 0, 22)
     s.flush_all()  # index and checkpoint durable up to here: 66 keys, in the middle of file 5
     phys += put_keyed(s, clock, 22, 18)
-    reference = index_bytes(store_dir)
+    reference = index_bytes(store_dir, s)
     s.crash()
     # the page cache lost what was written after the flush: garble the newest files
     d = os.path.join(store_dir, L.INDEX_DIR)
@@ -280,7 +322,7 @@ def test_crash_before_any_index_flush_rebuilds_everything(store_dir):
     clock = FakeClock()
     s = open_store(store_dir, clock)
     phys = put_keyed(s, clock, 0, 30)
-    reference = index_bytes(store_dir)
+    reference = index_bytes(store_dir, s)
     s.crash()
     d = os.path.join(store_dir, L.INDEX_DIR)
     for n in os.listdir(d):  # nothing was synced: the files hold zeros

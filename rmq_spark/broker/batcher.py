@@ -40,10 +40,10 @@ class Written:
         return self.status is PutStatus.PUT_OK
 
     def queue_offsets(self) -> list[int]:
-        return [] if self.append is None else self.append.queue_offsets[self.start : self.end].tolist()
+        return [] if self.append is None else self.append.queue_list()[self.start : self.end]
 
     def phys_offsets(self) -> list[int]:
-        return [] if self.append is None else self.append.phys_offsets[self.start : self.end].tolist()
+        return [] if self.append is None else self.append.phys_list()[self.start : self.end]
 
 
 @dataclass

@@ -68,6 +68,14 @@ class AppendResult:
     def end_offset(self) -> int:
         return self.wrote_offset + self.wrote_bytes
 
+    def phys_list(self) -> list[int]:
+        """``phys_offsets`` as Python ints (no array built for a batch of a few records)."""
+        return as_list(self._phys_offsets)
+
+    def queue_list(self) -> list[int]:
+        """``queue_offsets`` as Python ints (no array built for a batch of a few records)."""
+        return as_list(self._queue_offsets)
+
     @property
     def msg_ids(self) -> list[str]:
         """offsetMsgIds of the records."""

@@ -29,7 +29,7 @@ from rmq_spark.store.message import (
 from rmq_spark.store.record import HEADER_V4, PROP_CRC_BYTES, EncodedBatch, concat_encoded, encode_batch
 from rmq_spark.store.redeliver import ParsedRecords, parse_records, record_sizes
 from rmq_spark.store.store import MessageStore
-from rmq_spark.store.validation import check_body, check_properties_size, check_topic
+from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
 
 __all__ = [
     "HALF_ONLY",
@@ -51,6 +51,13 @@ _UNIQ, _TXN_ID = f"{L.P_UNIQ_KEY}\x01", f"{L.P_TRANSACTION_ID}\x01"
 _HALF_TOPIC_BYTES = L.TRANS_HALF_TOPIC.encode()
 _BODY_POS = HEADER_V4.itemsize  # the topic field follows the body
 _MIN_RECORD = HEADER_V4.itemsize + 3
+# properties half_rows sets: a message that has any of them loses them (they are added after)
+_ADDED = frozenset({L.P_UNIQ_KEY, L.P_TRANSACTION_ID, *HALF_ONLY})
+_ADDED_WITH_GROUP = _ADDED | {L.P_PGROUP}
+# (real topic, queue, TRAN_MSG) -> what a half adds to its real message, and those encoded (read
+# only: the row's dict is a copy)
+_TAILS: dict[tuple[str, int, str | None], tuple[dict[str, str], bytes]] = {}
+_TAILS_MAX = 4096
 
 
 # One record to write, as the columns of ``record.encode_batch`` (:func:`encode_rows` makes one
@@ -81,6 +88,19 @@ class Half:
         self.phys, self.queue_offset, self.txn_id = phys, queue_offset, txn_id
         self._msg, self.real, self.row = msg, real, row
         self.store = store  # where to read the half from when neither msg nor row is given
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """The half's properties (no Message built for a half prepared moments ago)."""
+        if self._msg is None and self.row is not None:
+            return self.row[3]
+        return self.msg.properties
+
+    @property
+    def born_timestamp_ms(self) -> int:
+        if self._msg is None and self.row is not None:
+            return self.row[8]
+        return self.msg.born_timestamp_ms
 
     @property
     def msg(self) -> Message:
@@ -128,21 +148,19 @@ def half_rows(
     missing = sum(1 for m in msgs if not m.properties.get(L.P_UNIQ_KEY))
     ids = iter(new_uniq_ids(missing)) if missing else iter(())
     queues: dict[str, int] = {}
-    tails: dict[tuple[str, int, str | None], tuple[dict[str, str], bytes]] = {}
-    # properties set here: a message that has any of them loses them (they are added after)
-    added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, *HALF_ONLY}
-    if group is not None:
-        added.add(L.P_PGROUP)
+    tails = _TAILS
+    added = _ADDED if group is None else _ADDED_WITH_GROUP
     group_tail = "" if group is None else f"{L.P_PGROUP}\x01{group}\x02"
     half_topic, mask = L.TRANS_HALF_TOPIC, ~L.TRANSACTION_MASK
+    configs = store.topics.topics
     rows: list[Row] = []
     reals: list[Real] = []
     for m in msgs:
         topic, qid, p = m.topic, m.queue_id, m.properties
         n = queues.get(topic)
         if n is None:
-            check_topic(topic)
-            cfg = store.topics.get_or_create(topic)
+            check_topic_cached(topic)
+            cfg = configs.get(topic) or store.topics.get_or_create(topic)
             n = queues[topic] = max(cfg.write_queue_nums, cfg.read_queue_nums)
         if not 0 <= qid < n:
             raise MessageIllegalError(
@@ -164,6 +182,8 @@ def half_rows(
             extra = {L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(qid)}
             if tran is not None:
                 extra[L.P_TRAN_MSG] = tran
+            if len(tails) >= _TAILS_MAX:
+                tails.clear()
             tail = tails[(topic, qid, tran)] = (extra, encode_properties(extra))
         code = tags_code(p.get(L.P_TAGS))
         reals.append((topic, qid, real, enc, code))
@@ -200,7 +220,7 @@ def body_halves(
     ``properties``), built column-wise: the properties are encoded once, each record gets its own
     id twice (UNIQ_KEY, the transaction id) in one numpy pass."""
     n = len(bodies)
-    check_topic(topic)
+    check_topic_cached(topic)
     cfg = store.topics.get_or_create(topic)
     nq = max(cfg.write_queue_nums, cfg.read_queue_nums)
     if not 0 <= queue_id < nq:

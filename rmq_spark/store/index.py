@@ -32,6 +32,13 @@ past ``indexMsgTimestamp``) are deleted, and the service re-indexes the CommitLo
 end of the last file it kept up to where the store's re-dispatch starts (from the start of the
 CommitLog when the index directory is gone).  Re-dispatch is idempotent: records at or below the
 last indexed CommitLog offset are skipped.
+
+Small dispatches (a broker's single sends) are held in memory and indexed together once
+``HOLD_RECORDS`` have gathered, or before anything reads the index (a query, ``files``,
+``key_count``), a flush or a close: one pass over many records costs a fraction of as many passes
+over one (measured: a put of one message spent a fifth of its time indexing itself).  Nothing
+depends on held records being in the files: a crash loses them with the unflushed rest, and the
+catch-up above indexes them again from the CommitLog.
 """
 
 from __future__ import annotations
@@ -74,6 +81,8 @@ LONG_MAX = 2**63 - 1
 _NAME = re.compile(r"^\d{17}$")
 _SCAN_BATCH_RECORDS = 4096
 SMALL_KEYS = 8  # up to this many keys are hashed and linked one by one, in plain Python
+HOLD_BATCH_MAX = 32  # dispatches of fewer records than this are held back ...
+HOLD_RECORDS = 256  # ... until this many have gathered (see the module docstring)
 _SLOT = struct.Struct(">i")
 assert HEADER_BYTES == 40 and ENTRY_BYTES == 20 == ENTRY_STRUCT.size
 
@@ -432,11 +441,12 @@ class IndexService:
         self.directory = os.path.join(store.root, L.INDEX_DIR)
         self._lock = threading.RLock()  # the file list and contents (dispatch, queries)
         self._flush_lock = threading.Lock()  # one flush at a time; close waits for it
-        self.files: list[IndexFile] = []
+        self._files: list[IndexFile] = []
+        self._held = _Scanned()  # small dispatches not indexed yet, in CommitLog order
         self.rebuilt_records = 0  # records indexed from this service's own CommitLog scan
         self._closed = False
         self._load(getattr(store, "last_exit_abnormal", False), store.checkpoint)
-        indexed = [f.end_phy for f in self.files if f.index_count > 1]
+        indexed = [f.end_phy for f in self._files if f.index_count > 1]
         self._last_phy = max(indexed, default=-1)  # the newest indexed CommitLog offset
         # the CommitLog offset up to which records have been handed to us (None: nothing yet)
         self._covered: int | None = self._last_phy if indexed else None
@@ -447,7 +457,7 @@ class IndexService:
         names = sorted(n for n in os.listdir(self.directory) if _NAME.match(n))
         for i, name in enumerate(names):
             try:
-                self.files.append(
+                self._files.append(
                     IndexFile(os.path.join(self.directory, name), self.slot_num, self.index_num)
                 )
             except CorruptStoreError:
@@ -460,18 +470,26 @@ class IndexService:
             keep = next(
                 (
                     i
-                    for i, f in enumerate(self.files)
+                    for i, f in enumerate(self._files)
                     if f.index_count > 1 and (f.end_phy >= cp_offset or f.end_ts > cp_ts)
                 ),
-                len(self.files),
+                len(self._files),
             )
-            for f in self.files[keep:]:
+            for f in self._files[keep:]:
                 f.destroy()
-            del self.files[keep:]
+            del self._files[keep:]
 
     # --- dispatch --------------------------------------------------------------------------
+    @property
+    def files(self) -> list[IndexFile]:
+        """The index files, every record handed to the service indexed in them."""
+        with self._lock:
+            self._drain()
+            return self._files
+
     def dispatch(self, batch: DispatchBatch) -> None:
-        if len(batch) == 0:
+        n = len(batch)
+        if n == 0:
             return
         with self._lock:
             if self._closed:
@@ -479,11 +497,32 @@ class IndexService:
             phys = batch.column_list("phys")
             if self._covered is None or self._covered < phys[0]:
                 self._catch_up(phys[0])
-            self._index(
-                phys, batch.topics, batch.column_list("sys_flags"),
-                batch.column_list("store_timestamps"), batch.keys, batch.uniq_keys,
-            )  # fmt: skip
+            if n < HOLD_BATCH_MAX:
+                h = self._held
+                h.phys.extend(phys)
+                h.topics.extend(batch.topics)
+                h.sys_flags.extend(batch.column_list("sys_flags"))
+                h.store_ts.extend(batch.column_list("store_timestamps"))
+                for mine, given in ((h.keys, batch.keys), (h.uniq_keys, batch.uniq_keys)):
+                    mine.extend(given[:n])
+                    if len(given) < n:
+                        mine.extend([None] * (n - len(given)))
+                if len(h.phys) >= HOLD_RECORDS:
+                    self._drain()
+            else:
+                self._drain()
+                self._index(
+                    phys, batch.topics, batch.column_list("sys_flags"),
+                    batch.column_list("store_timestamps"), batch.keys, batch.uniq_keys,
+                )  # fmt: skip
             self._covered = max(self._covered or 0, batch.end_offset)
+
+    def _drain(self) -> None:
+        """Index the held records (under the lock)."""
+        h = self._held
+        if h.phys:
+            self._held = _Scanned()
+            self._index(h.phys, h.topics, h.sys_flags, h.store_ts, h.keys, h.uniq_keys)
 
     def _index(
         self,
@@ -556,9 +595,9 @@ class IndexService:
         return len(sel)
 
     def _writable_file(self) -> IndexFile:
-        if self.files and not self.files[-1].is_full:
-            return self.files[-1]
-        last = self.files[-1] if self.files else None
+        if self._files and not self._files[-1].is_full:
+            return self._files[-1]
+        last = self._files[-1] if self._files else None
         os.makedirs(self.directory, exist_ok=True)
         f = IndexFile(
             os.path.join(self.directory, self._new_name()),
@@ -568,12 +607,12 @@ class IndexService:
             begin_phy=last.end_phy if last else 0,
             begin_ts=last.end_ts if last else 0,
         )
-        self.files.append(f)
+        self._files.append(f)
         return f
 
     def _new_name(self) -> str:
         """``yyyyMMddHHmmssSSS`` of now, a millisecond later until it sorts after the last file."""
-        last = os.path.basename(self.files[-1].path) if self.files else ""
+        last = os.path.basename(self._files[-1].path) if self._files else ""
         ms = self.store.clock.now_ms()
         while True:
             name = time.strftime("%Y%m%d%H%M%S", time.localtime(ms // 1000)) + f"{ms % 1000:03d}"
@@ -584,6 +623,7 @@ class IndexService:
     def _catch_up(self, upto: int) -> None:
         """Index the CommitLog records in ``[covered, upto)`` ourselves (files dropped after a
         crash, a deleted index directory): the store only re-dispatches from its checkpoint."""
+        self._drain()  # they come first in the CommitLog
         cl = self.store.commitlog
         offset = max(self._covered or 0, cl.min_offset)
         scanned = _Scanned()
@@ -629,7 +669,8 @@ class IndexService:
         key_hash = int(index_hashes([f"{topic}#{key}"])[0])
         out: list[int] = []
         with self._lock:
-            for f in reversed(self.files):
+            self._drain()
+            for f in reversed(self._files):
                 if len(out) >= max_num:
                     break
                 if f.time_matched(begin_ms, end_ms):
@@ -641,7 +682,8 @@ class IndexService:
     @property
     def key_count(self) -> int:
         with self._lock:
-            return sum(f.key_count for f in self.files)
+            self._drain()
+            return sum(f.key_count for f in self._files)
 
     # --- lifecycle -----------------------------------------------------------------------------
     def flush(self) -> None:
@@ -653,12 +695,13 @@ class IndexService:
                 if self._closed:
                     return
                 done = self.store.dispatched_offset
+                self._drain()
                 if self._covered is None or self._covered < done:
                     self._catch_up(done)
-                dirty = [f for f in self.files if f.dirty]
+                dirty = [f for f in self._files if f.dirty]
                 for f in dirty:
                     f.dirty = False
-                last = next((f for f in reversed(self.files) if f.index_count > 1), None)
+                last = next((f for f in reversed(self._files) if f.index_count > 1), None)
                 last_ts = last.end_ts if last is not None else None
             for f in dirty:
                 f.sync()
@@ -667,7 +710,8 @@ class IndexService:
 
     def close(self) -> None:
         with self._flush_lock, self._lock:
+            self._drain()
             self._closed = True
-            for f in self.files:
+            for f in self._files:
                 f.close()
-            self.files = []
+            self._files = []

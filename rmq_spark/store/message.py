@@ -155,6 +155,7 @@ class UniqIdGenerator:
 
     def __init__(self, ip: bytes = b"\x7f\x00\x00\x01") -> None:
         self._prefix = ip + struct.pack(">hi", os.getpid() & 0x7FFF, id(self) & 0x7FFFFFFF)
+        self._prefix_hex = self._prefix.hex().upper()
         self._lock = threading.Lock()
         self._counter = 0
         self._month_start_ms = 0
@@ -175,10 +176,14 @@ class UniqIdGenerator:
             if now_ms is None:
                 now_ms = time.time_ns() // 1_000_000
             with self._lock:
-                elapsed = (now_ms - self._month_base(now_ms)) & 0x7FFFFFFF
+                base = self._month_start_ms
+                if not base <= now_ms < self._month_end_ms:
+                    base = self._month_base(now_ms)
                 first = self._counter
                 self._counter = (first + n) & 0xFFFF
-            head = self._prefix.hex().upper() + f"{elapsed:08X}"
+            head = f"{self._prefix_hex}{(now_ms - base) & 0x7FFFFFFF:08X}"
+            if n == 1:
+                return [f"{head}{first:04X}"]
             return [f"{head}{(first + k) & 0xFFFF:04X}" for k in range(n)]
         return split_ids(self.next_ids_array(n, now_ms))
 

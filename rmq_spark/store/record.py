@@ -546,6 +546,23 @@ def encode_messages(  # type: ignore[no-untyped-def]
     )  # fmt: skip
 
 
+def encode_few(  # type: ignore[no-untyped-def]
+    topics: list[str], queue_ids: list[int], bodies: list[bytes], properties: list[dict[str, str]],
+    encoded_properties: list[bytes], tags_codes: list[int], flags: list[int], sys_flags: list[int],
+    born_timestamps: list[int], born_hosts: list[str], born_ports: list[int],
+    reconsume_times: list[int], prepared_offsets: list[int], store_host: bytes, store_port: int,
+    prop_crc: bool,
+) -> EncodedBatch:
+    """Records of a few checked messages given as columns (lists of Python values; bodies bytes,
+    born hosts as text, properties encoded with their UNIQ_KEY), encoded one by one as
+    :func:`encode_messages` does, without Message objects."""
+    return _encode_rows(
+        topics, queue_ids, bodies, properties, encoded_properties, flags, sys_flags,
+        born_timestamps, [host_bytes(h) for h in born_hosts], born_ports, reconsume_times,
+        prepared_offsets, store_host, store_port, prop_crc, tags_codes,
+    )  # fmt: skip
+
+
 def _encode_rows(  # type: ignore[no-untyped-def]
     topic_list, qids, bodies, properties, encoded_properties, flg, sfl, bts, hosts, bports, rts, prep,
     store_host, store_port, prop_crc, codes,

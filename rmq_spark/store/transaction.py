@@ -41,7 +41,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -72,7 +71,7 @@ from rmq_spark.store.message import (
     new_uniq_ids,
     tags_code,
 )
-from rmq_spark.store.record import PROP_CRC_BYTES, EncodedBatch, encode_messages
+from rmq_spark.store.record import PROP_CRC_BYTES, EncodedBatch, encode_few
 from rmq_spark.store.redeliver import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic
@@ -109,6 +108,7 @@ _HOST = "127.0.0.1"  # born host of op messages (the Message default)
 # through the columns encode_rows builds (measured: a fifth to a quarter cheaper for one or two
 # records, even at about 16)
 FEW_RECORDS = 8
+_OP_HEADS: dict[tuple[TransactionAction, int], bytes] = {}  # an op's properties but its UNIQ_KEY
 
 
 class TransactionAction(enum.Enum):
@@ -238,17 +238,12 @@ class TransactionService:
                 msgs = [replace(m, body=bytes(m.body)) for m in msgs]
                 break
         rows, reals = self._halves(msgs, producer_group, force=True)
-        # a few: encoded from their Message objects, which the cache keeps for the lookups
-        few = [message_of(row) for row in rows] if len(rows) <= FEW_RECORDS else None
-        if few is not None:
-            r = self.store.put_encoded(self._encode_few(few, [row[4] for row in rows]))
-        else:
-            r = self.store.put_encoded(encode_rows(self.store, rows))
+        r = self._put(rows)
         a = r.append
-        phys, qoffs = a.phys_offsets.tolist(), a.queue_offsets.tolist()
+        phys, qoffs = a.phys_list(), a.queue_list()
         entries = [
-            (p, Half(p, q, row[3][L.P_UNIQ_KEY], m, real, row))
-            for p, q, row, real, m in zip(phys, qoffs, rows, reals, few or repeat(None))
+            (p, Half(p, q, row[3][L.P_UNIQ_KEY], None, real, row))
+            for p, q, row, real in zip(phys, qoffs, rows, reals)
         ]
         with self._cache_lock:
             self._cache.update(entries)
@@ -282,22 +277,20 @@ class TransactionService:
     def _put(self, rows: list[Row], tail: EncodedBatch | None = None) -> PutResult:
         """Write ``rows``, then the records of ``tail``, as one append."""
         if tail is None and len(rows) <= FEW_RECORDS:
-            return self.store.put_encoded(
-                self._encode_few([message_of(row) for row in rows], [row[4] for row in rows])
-            )
+            return self.store.put_encoded(self._encode_few(rows))
         return self.store.put_encoded(encode_rows(self.store, rows, tail))
 
-    def _encode_few(self, msgs: list[Message], encs: list[bytes]) -> EncodedBatch:
-        """The records of a few checked messages whose properties are encoded (``encs``, each
-        with its UNIQ_KEY), record by record as ``store.put_messages`` encodes a few."""
+    def _encode_few(self, rows: list[Row]) -> EncodedBatch:
+        """The records of a few checked rows (properties encoded, each with its UNIQ_KEY), record
+        by record as ``store.put_messages`` encodes a few."""
         cfg = self.store.config
+        cols = [list(c) for c in zip(*rows)]
+        encs = cols[4]
         reserve = PROP_CRC_BYTES if cfg.append_prop_crc else 0
         if max(map(len, encs)) + reserve > L.PROPERTY_MAX_BYTES:
             for e in encs:
                 check_properties_size(e + bytes(reserve))
-        return encode_messages(
-            msgs, encs, self.clock.now_ms(), self._store_host, cfg.store_port, cfg.append_prop_crc
-        )
+        return encode_few(*cols, self._store_host, cfg.store_port, cfg.append_prop_crc)
 
     def _on_dispatch(self, batch: DispatchBatch) -> None:
         """Remember halves stored through ``transform`` by CommitLog offset."""
@@ -395,12 +388,10 @@ class TransactionService:
             (h,) = self._lookup([commitlog_offset])
             if h is None:
                 return EndTxStatus.NOT_FOUND
-        msg = h.msg
-        if not from_check and L.P_CHECK_IMMUNITY_TIME_IN_SECONDS in msg.properties:
-            limit = C.immunity_time_ms(
-                msg.properties[L.P_CHECK_IMMUNITY_TIME_IN_SECONDS], self.timeout_ms
-            )
-            if self.clock.now_ms() - msg.born_timestamp_ms > limit:
+        props = h.properties
+        if not from_check and L.P_CHECK_IMMUNITY_TIME_IN_SECONDS in props:
+            limit = C.immunity_time_ms(props[L.P_CHECK_IMMUNITY_TIME_IN_SECONDS], self.timeout_ms)
+            if self.clock.now_ms() - h.born_timestamp_ms > limit:
                 return EndTxStatus.ILLEGAL_OPERATION
         bad = _mismatch(h, tran_state_table_offset, producer_group, transaction_id)
         return bad if bad is not None else self._end([h], act)[0]
@@ -454,6 +445,8 @@ class TransactionService:
         self, halves: list[Half], act: TransactionAction
     ) -> tuple[EndTxStatus, PutResult | None, list[str], dict[int, EndTxStatus]]:
         """:meth:`end_halves` as (status, put, transaction ids ended, rejected)."""
+        if len(halves) == 1:
+            return self._end_one(halves[0], act)
         rejected: dict[int, EndTxStatus] = {}
         commit = act is TransactionAction.COMMIT
         with self._lock:
@@ -494,6 +487,33 @@ class TransactionService:
         status = EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT
         return status, put, ids, rejected
 
+    def _end_one(
+        self, h: Half, act: TransactionAction
+    ) -> tuple[EndTxStatus, PutResult | None, list[str], dict[int, EndTxStatus]]:
+        """:meth:`_end` of one half (what EndTransaction asks): no grouping to do."""
+        tid = h.txn_id
+        commit = act is TransactionAction.COMMIT
+        with self._lock:
+            done = self._state.get(tid)
+            if done is not None or tid in self._inflight:
+                why = EndTxStatus.IN_PROGRESS if done is None else _ALREADY[done]
+                return why, None, [], {h.phys: why}
+            self._inflight.add(tid)
+        put: PutResult | None = None
+        try:
+            rows = [self._op_row([h.queue_offset], act, 1 if commit else 0)]
+            if commit:
+                self._add_reals([h], rows)
+            put = self._put(rows)
+        finally:
+            with self._lock:
+                self._inflight.discard(tid)
+                if put is not None and put.append is not None:
+                    self._state[tid] = TxnState.COMMITTED if commit else TxnState.ROLLED_BACK
+        with self._cache_lock:
+            self._cache.pop(h.phys, None)
+        return (EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT), put, [tid], {}
+
     def _op_row(self, half_offsets: list[int], act: TransactionAction, reals: int) -> Row:
         body = "".join([f"{q}{C.OFFSET_SEPARATOR}" for q in half_offsets]).encode()
         limit = max(OP_BODY_MAX_BYTES, self.store.config.body_max_bytes)
@@ -505,8 +525,13 @@ class TransactionService:
         props = {L.P_TAGS: C.REMOVE_TAG, P_OP_ACTION: act.value}
         if reals:
             props[P_OP_GROUP] = str(reals)
-        props[L.P_UNIQ_KEY] = new_uniq_ids(1)[0]
-        enc = encode_props(props)
+        head = _OP_HEADS.get((act, reals))
+        if head is None:
+            head = encode_props(props)
+            if len(_OP_HEADS) < 1024:
+                _OP_HEADS[(act, reals)] = head
+        uniq = props[L.P_UNIQ_KEY] = new_uniq_ids(1)[0]
+        enc = head + f"{L.P_UNIQ_KEY}\x01{uniq}\x02".encode()
         now = self.clock.now_ms()
         return (L.TRANS_OP_HALF_TOPIC, 0, body, props, enc, _REMOVE_CODE, 0, 0, now, _HOST, 0, 0, 0)
 
@@ -654,7 +679,7 @@ def _mismatch(
 ) -> EndTxStatus | None:
     """checkPrepareMessage: producer group, tranStateTableOffset, (transaction id); None when
     not given."""
-    if producer_group is not None and h.msg.properties.get(L.P_PGROUP, "") != producer_group:
+    if producer_group is not None and h.properties.get(L.P_PGROUP, "") != producer_group:
         return EndTxStatus.PRODUCER_GROUP_MISMATCH
     if queue_offset is not None and int(queue_offset) != h.queue_offset:
         return EndTxStatus.QUEUE_OFFSET_MISMATCH
