@@ -145,8 +145,7 @@ def half_rows(
 ) -> tuple[list[Row], list[Real]]:
     """The records of the halves of ``msgs`` and what each one's commit will store.  A half's
     properties are its real message's followed by REAL_TOPIC, REAL_QID (and TRAN_MSG)."""
-    missing = sum(1 for m in msgs if not m.properties.get(L.P_UNIQ_KEY))
-    ids = iter(new_uniq_ids(missing)) if missing else iter(())
+    ids = None  # new ids for the messages without one (made at the first of them)
     queues: dict[str, int] = {}
     tails = _TAILS
     added = _ADDED if group is None else _ADDED_WITH_GROUP
@@ -166,7 +165,11 @@ def half_rows(
             raise MessageIllegalError(
                 f"queueId {qid} is out of range for topic {topic!r} ({n} queues)"
             )
-        uniq = p.get(L.P_UNIQ_KEY) or next(ids)
+        uniq = p.get(L.P_UNIQ_KEY)
+        if not uniq:
+            if ids is None:
+                ids = iter(new_uniq_ids(len(msgs)))
+            uniq = next(ids)
         tran = "true" if force else p.get(L.P_TRAN_MSG)
         if added.isdisjoint(p):
             real = p.copy()

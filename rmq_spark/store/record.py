@@ -231,7 +231,7 @@ class EncodedBatch:
                 end = rel + size - PROP_CRC_BYTES
                 crc = crc32(mv[rel:end]) & 0x7FFFFFFF
                 at = end + len(PROP_CRC_PREFIX)
-                buf[at : at + 10] = f"{crc:010d}"[::-1].encode()
+                buf[at : at + 10] = (b"%010d" % crc)[::-1]
         if mv is not None:
             mv.release()
 
@@ -547,19 +547,20 @@ def encode_messages(  # type: ignore[no-untyped-def]
 
 
 def encode_few(  # type: ignore[no-untyped-def]
-    topics: list[str], queue_ids: list[int], bodies: list[bytes], properties: list[dict[str, str]],
-    encoded_properties: list[bytes], tags_codes: list[int], flags: list[int], sys_flags: list[int],
-    born_timestamps: list[int], born_hosts: list[str], born_ports: list[int],
-    reconsume_times: list[int], prepared_offsets: list[int], store_host: bytes, store_port: int,
-    prop_crc: bool,
+    topics: Sequence[str], queue_ids: Sequence[int], bodies: Sequence[bytes],
+    properties: Sequence[dict[str, str]], encoded_properties: Sequence[bytes],
+    tags_codes: Sequence[int], flags: Sequence[int], sys_flags: Sequence[int],
+    born_timestamps: Sequence[int], born_hosts: Sequence[str], born_ports: Sequence[int],
+    reconsume_times: Sequence[int], prepared_offsets: Sequence[int], store_host: bytes,
+    store_port: int, prop_crc: bool,
 ) -> EncodedBatch:
-    """Records of a few checked messages given as columns (lists of Python values; bodies bytes,
-    born hosts as text, properties encoded with their UNIQ_KEY), encoded one by one as
-    :func:`encode_messages` does, without Message objects."""
+    """Records of a few checked messages given as columns (lists or tuples of Python values;
+    bodies bytes, born hosts as text, properties encoded with their UNIQ_KEY), encoded one by one
+    as :func:`encode_messages` does, without Message objects."""
     return _encode_rows(
-        topics, queue_ids, bodies, properties, encoded_properties, flags, sys_flags,
+        list(topics), list(queue_ids), bodies, properties, encoded_properties, flags, sys_flags,
         born_timestamps, [host_bytes(h) for h in born_hosts], born_ports, reconsume_times,
-        prepared_offsets, store_host, store_port, prop_crc, tags_codes,
+        prepared_offsets, store_host, store_port, prop_crc, list(tags_codes),
     )  # fmt: skip
 
 
@@ -572,17 +573,14 @@ def _encode_rows(  # type: ignore[no-untyped-def]
     store_field = store_host + _INT.pack(store_port)
     crc_tail = PROP_CRC_PLACEHOLDER if prop_crc else b""
     chunks, sizes, ts_pos, flags_out, rel, at = [], [], [], [], [], 0
-    v6_bits = L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6
+    keep = ~(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6)
+    fixed = FIXED_V4_BYTES + 4 + 2  # + BODYLEN's body, + PROPERTIES_LENGTH's properties
     for i, body in enumerate(bodies):
-        tb = _topic_bytes(topic_list[i])
+        magic, tfield = _topic_field(topic_list[i])
         pb = encoded_properties[i] + crc_tail
         host = hosts[i]
-        sf = sfl[i] & ~v6_bits
-        if len(tb) > 127:
-            magic, tfield = L.MAGIC_V2, _SHORT.pack(len(tb)) + tb
-        else:
-            magic, tfield = L.MAGIC_V1, bytes((len(tb),)) + tb
-        size = FIXED_V4_BYTES + 4 + len(body) + len(tfield) + 2 + len(pb)
+        sf = sfl[i] & keep
+        size = fixed + len(body) + len(tfield) + len(pb)
         if len(host) == 4 and not store_v6:
             head = _HEAD_V4.pack(
                 size, magic, crc32(body) & 0x7FFFFFFF, qids[i], flg[i], 0, 0, sf, bts[i], host,
@@ -606,25 +604,25 @@ def _encode_rows(  # type: ignore[no-untyped-def]
         flags_out.append(sf)
         rel.append(at)
         at += size
-    return EncodedBatch(
-        buf=bytearray(b"".join(chunks)),
-        rel_pos=rel,
-        sizes=sizes,
-        store_ts_pos=ts_pos,
-        queue_ids=qids,
-        topics=topic_list,
-        tags_codes=codes,
-        sys_flags=flags_out,
-        keys=[p.get(L.P_KEYS) for p in properties],
-        uniq_keys=[p.get(L.P_UNIQ_KEY) for p in properties],
-        properties=list(properties),
-        prop_crc=prop_crc,
-    )
+    return EncodedBatch(  # buf, rel_pos, sizes, store_ts_pos, queue_ids, topics, tags_codes,
+        bytearray(b"".join(chunks)), rel, sizes, ts_pos, qids, topic_list, codes,  # sys_flags,
+        flags_out, [p.get(L.P_KEYS) for p in properties],  # keys, uniq_keys, properties, prop_crc
+        [p.get(L.P_UNIQ_KEY) for p in properties], list(properties), prop_crc,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)
 def _topic_bytes(topic: str) -> bytes:
     return topic.encode("utf-8")
+
+
+@functools.lru_cache(maxsize=1024)
+def _topic_field(topic: str) -> tuple[int, bytes]:
+    """The record's magic code and TOPIC field (length byte, or short for a long name, + name)."""
+    tb = _topic_bytes(topic)
+    if len(tb) > 127:
+        return L.MAGIC_V2, _SHORT.pack(len(tb)) + tb
+    return L.MAGIC_V1, bytes((len(tb),)) + tb
 
 
 def _lst(value, n: int) -> list:  # type: ignore[no-untyped-def]

@@ -108,7 +108,9 @@ _HOST = "127.0.0.1"  # born host of op messages (the Message default)
 # through the columns encode_rows builds (measured: a fifth to a quarter cheaper for one or two
 # records, even at about 16)
 FEW_RECORDS = 8
-_OP_HEADS: dict[tuple[TransactionAction, int], bytes] = {}  # an op's properties but its UNIQ_KEY
+# an op message's properties (and those encoded) by action and group size; like RocketMQ's, it has
+# no UNIQ_KEY (its message id is its offset id)
+_OP_PROPS: dict[tuple[TransactionAction, int], tuple[dict[str, str], bytes]] = {}
 
 
 class TransactionAction(enum.Enum):
@@ -237,18 +239,27 @@ class TransactionService:
                     check_body(m.body, limit)
                 msgs = [replace(m, body=bytes(m.body)) for m in msgs]
                 break
-        rows, reals = self._halves(msgs, producer_group, force=True)
+        rows, reals = half_rows(self.store, self.clock.now_ms(), msgs, producer_group, True)
         r = self._put(rows)
         a = r.append
         phys, qoffs = a.phys_list(), a.queue_list()
+        cache = self._cache
+        if len(rows) == 1:
+            (p,), (row,) = phys, rows
+            half = Half(p, qoffs[0], row[3][L.P_UNIQ_KEY], None, reals[0], row)
+            with self._cache_lock:
+                cache[p] = half
+                if len(cache) > HALF_CACHE_ENTRIES:
+                    cache.popitem(last=False)
+            return r
         entries = [
             (p, Half(p, q, row[3][L.P_UNIQ_KEY], None, real, row))
             for p, q, row, real in zip(phys, qoffs, rows, reals)
         ]
         with self._cache_lock:
-            self._cache.update(entries)
-            while len(self._cache) > HALF_CACHE_ENTRIES:
-                self._cache.popitem(last=False)
+            cache.update(entries)
+            while len(cache) > HALF_CACHE_ENTRIES:
+                cache.popitem(last=False)
         return r
 
     def prepare_bodies(
@@ -284,7 +295,7 @@ class TransactionService:
         """The records of a few checked rows (properties encoded, each with its UNIQ_KEY), record
         by record as ``store.put_messages`` encodes a few."""
         cfg = self.store.config
-        cols = [list(c) for c in zip(*rows)]
+        cols = list(zip(*rows))
         encs = cols[4]
         reserve = PROP_CRC_BYTES if cfg.append_prop_crc else 0
         if max(map(len, encs)) + reserve > L.PROPERTY_MAX_BYTES:
@@ -382,8 +393,7 @@ class TransactionService:
         act = action if action.__class__ is TransactionAction else as_action(action)
         if act is TransactionAction.UNKNOWN:
             return EndTxStatus.NOT_HANDLED
-        with self._cache_lock:
-            h = self._cache.get(commitlog_offset)
+        h = self._cache.get(commitlog_offset)  # one call on the C OrderedDict: no lock needed
         if h is None:
             (h,) = self._lookup([commitlog_offset])
             if h is None:
@@ -394,7 +404,7 @@ class TransactionService:
             if self.clock.now_ms() - h.born_timestamp_ms > limit:
                 return EndTxStatus.ILLEGAL_OPERATION
         bad = _mismatch(h, tran_state_table_offset, producer_group, transaction_id)
-        return bad if bad is not None else self._end([h], act)[0]
+        return bad if bad is not None else self._end_one(h, act)[0]
 
     def commit_group(self, halves: Iterable[int | tuple | HalfRef]) -> GroupResult:
         """Commit every half in ONE append (op message first, then all real messages), so that a
@@ -515,25 +525,27 @@ class TransactionService:
         return (EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT), put, [tid], {}
 
     def _op_row(self, half_offsets: list[int], act: TransactionAction, reals: int) -> Row:
-        body = "".join([f"{q}{C.OFFSET_SEPARATOR}" for q in half_offsets]).encode()
+        if len(half_offsets) == 1:
+            body = f"{half_offsets[0]}{C.OFFSET_SEPARATOR}".encode()
+        else:
+            body = "".join([f"{q}{C.OFFSET_SEPARATOR}" for q in half_offsets]).encode()
         limit = max(OP_BODY_MAX_BYTES, self.store.config.body_max_bytes)
         if len(body) > limit:
             raise MessageIllegalError(
                 f"a group of {len(half_offsets)} halves needs a {len(body)}-byte op message; "
                 f"the limit is {limit} bytes: commit smaller groups"
             )
-        props = {L.P_TAGS: C.REMOVE_TAG, P_OP_ACTION: act.value}
-        if reals:
-            props[P_OP_GROUP] = str(reals)
-        head = _OP_HEADS.get((act, reals))
-        if head is None:
-            head = encode_props(props)
-            if len(_OP_HEADS) < 1024:
-                _OP_HEADS[(act, reals)] = head
-        uniq = props[L.P_UNIQ_KEY] = new_uniq_ids(1)[0]
-        enc = head + f"{L.P_UNIQ_KEY}\x01{uniq}\x02".encode()
+        known = _OP_PROPS.get((act, reals))
+        if known is None:
+            props = {L.P_TAGS: C.REMOVE_TAG, P_OP_ACTION: act.value}
+            if reals:
+                props[P_OP_GROUP] = str(reals)
+            known = (props, encode_props(props))
+            if len(_OP_PROPS) < 1024:
+                _OP_PROPS[(act, reals)] = known
+        props, enc = known
         now = self.clock.now_ms()
-        return (L.TRANS_OP_HALF_TOPIC, 0, body, props, enc, _REMOVE_CODE, 0, 0, now, _HOST, 0, 0, 0)
+        return (L.TRANS_OP_HALF_TOPIC, 0, body, dict(props), enc, _REMOVE_CODE, 0, 0, now, _HOST, 0, 0, 0)
 
     def _patched_reals(self, todo: list[Half]) -> EncodedBatch | None:
         """The real messages of a large group of halves no longer in memory, made from their
@@ -573,7 +585,7 @@ class TransactionService:
             topic, qid = row[0], row[1]
             n = queues.get(topic)
             if n is None:
-                cfg = self.store.topics.get_or_create(topic)
+                cfg = self.store.topics.topics.get(topic) or self.store.topics.get_or_create(topic)
                 n = queues[topic] = max(cfg.write_queue_nums, cfg.read_queue_nums)
             if not 0 <= qid < n:
                 raise MessageIllegalError(
