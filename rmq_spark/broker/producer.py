@@ -89,14 +89,15 @@ class ProducerPath:
             rr = self._rr.setdefault(out.topic.topic_name, itertools.count())
         return next(rr) % n
 
-    def send(self, request: S.SendMessageRequest, topics: Sequence[TopicConfig], client_id: str,
+    def send(self, messages: Sequence[D.Message], topics: Sequence[TopicConfig], client_id: str,
              peer_host: Callable[[], str]) -> S.SendMessageResponse:
+        """The messages of one SendMessage request (``topics``: each one's checked topic)."""
         core = self.core
         now = self.clock.now_ms()
         max_delay_ms = int(core.config.timer_max_delay_s) * 1000
         body_max_bytes = self.store.config.body_max_bytes
         outs = []
-        for pm, cfg in zip(request.messages, topics):
+        for pm, cfg in zip(messages, topics):
             out = parse_send(pm, cfg, now_ms=now, body_max_bytes=body_max_bytes, max_delay_ms=max_delay_ms,
                              peer_host=peer_host)
             if out.deliver_ms and core.timer is None:
@@ -117,15 +118,15 @@ class ProducerPath:
         entries = response.entries
         phys: list[int] | None = None
         for i, (o, qoff) in enumerate(zip(outs, written.queue_offsets())):
-            handle = ""
             if o.deliver_ms:
-                handle = self._recall_handle(o) or ""
-            elif o.type == MessageType.TRANSACTION:
+                entries.add(status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff,
+                            recall_handle=self._recall_handle(o) or "")
+                continue
+            if o.type == MessageType.TRANSACTION:
                 if phys is None:
                     phys = written.phys_offsets()
                 self._remember(o.message_id, HalfRef(phys[i], qoff, o.topic.topic_name, o.topic.topic_name))
-            entries.add(status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff,
-                        recall_handle=handle)
+            entries.add(status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff)
         noted = None
         for cfg in topics:
             if cfg is not noted:

@@ -210,7 +210,8 @@ class MessagingService(MessagingServiceServicer):
 
     # --- common checks ----------------------------------------------------------------------------
     def _meta(self, context: grpc.ServicerContext) -> dict[str, str]:
-        meta = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        # text headers are str, ``-bin`` ones bytes; only text ones are ever read
+        meta = dict(context.invocation_metadata() or ())
         if not meta.get(CLIENT_ID):
             raise RpcStatusError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
         return meta
@@ -326,20 +327,21 @@ class MessagingService(MessagingServiceServicer):
     @_unary(S.SendMessageResponse)
     def SendMessage(self, request: S.SendMessageRequest, context: grpc.ServicerContext) -> S.SendMessageResponse:
         meta = self._meta(context)
-        messages = request.messages
+        messages = list(request.messages)  # the messages' wrappers made once
         if not messages:
             raise RpcStatusError(Code.BAD_REQUEST, "a SendMessage request needs at least one message")
         topics = []
         name: str | None = None
         for pm in messages:
-            if pm.topic.name != name:  # the messages of a request usually share a topic: check it once
-                name = checked_topic(pm.topic.name)
+            given = pm.topic.name
+            if given != name:  # the messages of a request usually share a topic: check it once
+                name = checked_topic(given)
                 self._allow(meta, topic=name, need=Perm.PUB)
                 cfg = self._topic(name, create=True)
                 if not cfg.writable:
                     raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} has no writable queue")
             topics.append(cfg)
-        return self.producer.send(request, topics, meta[CLIENT_ID], lambda: _peer_host(context))
+        return self.producer.send(messages, topics, meta[CLIENT_ID], lambda: _peer_host(context))
 
     @_unary(S.EndTransactionResponse)
     def EndTransaction(self, request: S.EndTransactionRequest, context: grpc.ServicerContext) -> S.EndTransactionResponse:
