@@ -115,6 +115,7 @@ class PopService:
         self._epoch = format(clock.now_ms(), "x")
         self._cond = threading.Condition()
         self._version = 0
+        self._waiting = 0  # long polls asleep on _cond (counted under it)
         self._closing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -139,9 +140,23 @@ class PopService:
         self.persist()
 
     def notify(self) -> None:
+        # the version moves first, then sleepers are woken: a waiter counts itself before it
+        # compares versions (both under the lock), so either it sees the new version or this sees
+        # it counted, and takes the lock, which the waiter only lets go of inside wait()
+        self._version += 1
+        if self._waiting:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _sleep(self, version: int, timeout_s: float) -> None:
+        """Sleep up to ``timeout_s`` unless :attr:`version` moved past ``version`` (or closing)."""
         with self._cond:
-            self._version += 1
-            self._cond.notify_all()
+            self._waiting += 1
+            try:
+                if self._version == version and not self._closing:
+                    self._cond.wait(timeout_s)
+            finally:
+                self._waiting -= 1
 
     @property
     def version(self) -> int:
@@ -152,10 +167,8 @@ class PopService:
         """Wait until :attr:`version` moves past ``version``; False on timeout or when closing."""
         if timeout_s <= 0 or self._closing:
             return False
-        with self._cond:
-            if self._version == version:
-                self._cond.wait(timeout_s)
-            return self._version != version and not self._closing
+        self._sleep(version, timeout_s)
+        return self._version != version and not self._closing
 
     def _run(self) -> None:
         interval_s = self.config.revive_interval_ms / 1000
@@ -227,9 +240,7 @@ class PopService:
             remaining = give_up - time.monotonic()
             if remaining <= 0:
                 return out
-            with self._cond:  # in slices, so a cancelled call lets go of its thread soon
-                if self._version == version and not self._closing:
-                    self._cond.wait(min(remaining, WAIT_SLICE_S))
+            self._sleep(version, min(remaining, WAIT_SLICE_S))  # in slices: a cancelled call lets go soon
 
     def pop(
         self,

@@ -442,7 +442,8 @@ class IndexService:
         self._lock = threading.RLock()  # the file list and contents (dispatch, queries)
         self._flush_lock = threading.Lock()  # one flush at a time; close waits for it
         self._files: list[IndexFile] = []
-        self._held = _Scanned()  # small dispatches not indexed yet, in CommitLog order
+        self._held: list[DispatchBatch] = []  # small dispatches not indexed yet, in CommitLog order
+        self._held_records = 0
         self.rebuilt_records = 0  # records indexed from this service's own CommitLog scan
         self._closed = False
         self._load(getattr(store, "last_exit_abnormal", False), store.checkpoint)
@@ -494,35 +495,40 @@ class IndexService:
         with self._lock:
             if self._closed:
                 return
-            phys = batch.column_list("phys")
-            if self._covered is None or self._covered < phys[0]:
-                self._catch_up(phys[0])
+            first = batch.column_list("phys")[0]
+            if self._covered is None or self._covered < first:
+                self._catch_up(first)
             if n < HOLD_BATCH_MAX:
-                h = self._held
-                h.phys.extend(phys)
-                h.topics.extend(batch.topics)
-                h.sys_flags.extend(batch.column_list("sys_flags"))
-                h.store_ts.extend(batch.column_list("store_timestamps"))
-                for mine, given in ((h.keys, batch.keys), (h.uniq_keys, batch.uniq_keys)):
-                    mine.extend(given[:n])
-                    if len(given) < n:
-                        mine.extend([None] * (n - len(given)))
-                if len(h.phys) >= HOLD_RECORDS:
+                self._held.append(batch)
+                self._held_records += n
+                if self._held_records >= HOLD_RECORDS:
                     self._drain()
             else:
                 self._drain()
                 self._index(
-                    phys, batch.topics, batch.column_list("sys_flags"),
+                    batch.column_list("phys"), batch.topics, batch.column_list("sys_flags"),
                     batch.column_list("store_timestamps"), batch.keys, batch.uniq_keys,
                 )  # fmt: skip
-            self._covered = max(self._covered or 0, batch.end_offset)
+            end = batch.end_offset
+            if self._covered is None or end > self._covered:
+                self._covered = end
 
     def _drain(self) -> None:
-        """Index the held records (under the lock)."""
-        h = self._held
-        if h.phys:
-            self._held = _Scanned()
-            self._index(h.phys, h.topics, h.sys_flags, h.store_ts, h.keys, h.uniq_keys)
+        """Index the held records (under the lock), in one pass."""
+        held = self._held
+        if not held:
+            return
+        self._held, self._held_records = [], 0
+        s = _Scanned()
+        for b in held:
+            n = len(b)
+            s.phys += b.column_list("phys")
+            s.topics += b.topics
+            s.sys_flags += b.column_list("sys_flags")
+            s.store_ts += b.column_list("store_timestamps")
+            for mine, given in ((s.keys, b.keys), (s.uniq_keys, b.uniq_keys)):
+                mine += given if len(given) == n else [*given[:n], *[None] * (n - len(given))]
+        self._index(s.phys, s.topics, s.sys_flags, s.store_ts, s.keys, s.uniq_keys)
 
     def _index(
         self,
