@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmq_spark.store import layout as L
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.message import Message
 from rmq_spark.store.redeliver import DELIVERY_REQUEST_KEYS
@@ -26,6 +27,9 @@ SERVICES: tuple[tuple[str, str, str], ...] = (
     ("timer", "rmq_spark.store.timer", "TimerService"),
 )
 INDEX = ("rmq_spark.store.index", "IndexService")
+# the properties without which every service's put hook returns its message unchanged: TRAN_MSG
+# for transactions, the delay and timer requests (and their services' own markers) for the others
+HOOK_KEYS = frozenset((L.P_TRAN_MSG, *DELIVERY_REQUEST_KEYS))
 
 
 @dataclass
@@ -77,6 +81,8 @@ class BrokerCore:
     def transform(self, msg: Message) -> Message:
         """Run the put hooks.  A message that became a half stops there: its delay or delivery
         time applies to the real message written when it is committed (``_delivery_hooks``)."""
+        if HOOK_KEYS.isdisjoint(msg.properties):
+            return msg  # a plain message: no hook acts on it
         if self.transactions is not None:
             half = self.transactions.transform(msg)
             if half is not msg:
