@@ -475,8 +475,8 @@ def test_prepare_bodies_stores_what_prepare_stores(env, n):
 
 @pytest.mark.parametrize("prop_crc", [False, True])
 def test_a_few_records_are_encoded_as_the_columns_encode_them(tmp_path, monkeypatch, prop_crc):
-    """Prepares and ends of a few messages encode their records from Message objects, larger
-    ones through the columns of ``encode_rows``: the same records either way (IPv6 born hosts,
+    """Prepares and ends of up to FEW_RECORDS messages encode their records straight from their
+    rows, larger ones through the columns of ``encode_rows``: the same records either way (IPv6 born hosts,
     flags, clients' own ids and half-only properties included)."""
     import rmq_spark.store.transaction as T
 
