@@ -713,6 +713,25 @@ def test_seed_example_pending_half_two_holds_the_op_offset_at_one(env):
     assert env.store.offsets.query_topic(CHECK_GROUP, OP) == {0: 4}
 
 
+def test_ends_older_than_the_file_reserved_time_are_forgotten_and_their_halves_refused(env):
+    hour = 3_600_000
+    (old,) = env.prepare(1)
+    assert env.end(old, A.COMMIT) is EndTxStatus.SUCCESS
+    env.svc.check_once()  # a check round marks how many transactions ended so far
+    env.clock.advance(48 * hour)
+    (new,) = env.prepare(1)
+    assert env.end(new, A.COMMIT) is EndTxStatus.SUCCESS
+    env.svc.check_once()
+    assert env.svc.transaction_state(old[2]) is TxnState.COMMITTED
+    env.clock.advance(25 * hour)  # 73 h after the first end (72 h kept), 25 h after the second
+    env.svc.check_once()
+    assert env.svc.transaction_state(old[2]) is TxnState.PENDING  # forgotten ...
+    assert env.svc.transaction_state(new[2]) is TxnState.COMMITTED
+    assert env.end(old, A.COMMIT) is EndTxStatus.EXPIRED  # ... so a late retry is refused
+    assert env.end(new, A.COMMIT) is EndTxStatus.ALREADY_COMMITTED
+    assert len(env.real()) == 2  # each committed once
+
+
 def test_check_counts_checks_and_moves_a_half_to_max_time_topic(store_dir):
     env = Env(store_dir, transaction_check_max=3)
     (h,) = env.prepare(1)

@@ -194,6 +194,7 @@ _TXN_CODES = {
     EndTxStatus.QUEUE_OFFSET_MISMATCH: (Code.INVALID_TRANSACTION_ID, "the half message is not at that queue offset"),
     EndTxStatus.TRANSACTION_ID_MISMATCH: (Code.INVALID_TRANSACTION_ID, "the half message has another transaction id"),
     EndTxStatus.ILLEGAL_OPERATION: (Code.BAD_REQUEST, "too late: past its check immunity time, the check-back decides"),
+    EndTxStatus.EXPIRED: (Code.INVALID_TRANSACTION_ID, "the half message is older than the store keeps transactions"),
     EndTxStatus.ALREADY_RESOLVED: (Code.BAD_REQUEST, "the transaction was already ended"),
     EndTxStatus.CONFLICT: (Code.BAD_REQUEST, "the transaction conflicts with one already ended"),
     EndTxStatus.IN_PROGRESS: (Code.TOO_MANY_REQUESTS, "another end of this transaction is being written; retry"),

@@ -73,7 +73,7 @@ class Half:
     """A half to end: where it is, its transaction, the half as stored (a MessageExt when read
     back, else built on first use from ``row``, the half's record as prepare wrote it)."""
 
-    __slots__ = ("phys", "queue_offset", "txn_id", "_msg", "row", "real", "store")
+    __slots__ = ("phys", "queue_offset", "txn_id", "_msg", "row", "real", "store", "stored_ms")
 
     def __init__(
         self,
@@ -84,10 +84,19 @@ class Half:
         real: Real | None = None,
         row: Row | None = None,
         store: MessageStore | None = None,
+        stored_ms: int | None = None,
     ) -> None:
         self.phys, self.queue_offset, self.txn_id = phys, queue_offset, txn_id
         self._msg, self.real, self.row = msg, real, row
         self.store = store  # where to read the half from when neither msg nor row is given
+        self.stored_ms = stored_ms  # its store time when known without reading it back
+
+    @property
+    def store_timestamp_ms(self) -> int | None:
+        """When the half was stored (the broker's clock, unlike its born time); None: unknown."""
+        if self.stored_ms is not None:
+            return self.stored_ms
+        return getattr(self.msg, "store_timestamp_ms", None)  # a MessageExt read back has it
 
     @property
     def properties(self) -> dict[str, str]:

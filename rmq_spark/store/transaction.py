@@ -38,7 +38,8 @@ import enum
 import logging
 import struct
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import islice
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -131,6 +132,7 @@ class EndTxStatus(enum.Enum):
     ALREADY_ROLLED_BACK = "ALREADY_ROLLED_BACK"
     ALREADY_RESOLVED = "ALREADY_RESOLVED"  # ended by an op that does not say how
     IN_PROGRESS = "IN_PROGRESS"  # another end of the same transaction is being written
+    EXPIRED = "EXPIRED"  # a half stored longer ago than the store keeps files (file reserved time)
     CONFLICT = "CONFLICT"  # a group mixes pending and ended halves (or commits and rollbacks)
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"  # written (so ended), not yet durable
 
@@ -200,6 +202,10 @@ class TransactionService:
         self._lock = threading.Lock()  # guards _state and _inflight
         self._state: dict[str, TxnState] = {}  # transaction id -> how it ended
         self._inflight: set[str] = set()
+        # _state is in the order transactions ended; each check round marks (now, how many ended
+        # so far), and the ends older than the file reserved time are forgotten (_forget_old_ends)
+        self._ended_marks: deque[tuple[int, int]] = deque()
+        self._forgotten = 0
         self._cache_lock = threading.Lock()
         self._cache: OrderedDict[int, Half] = OrderedDict()  # half CommitLog offset -> half
         # transformed, not yet dispatched: UNIQ_KEY -> (half, what its commit stores)
@@ -243,17 +249,17 @@ class TransactionService:
         r = self._put(rows)
         a = r.append
         phys, qoffs = a.phys_list(), a.queue_list()
-        cache = self._cache
+        cache, stored = self._cache, a.store_timestamp_ms
         if len(rows) == 1:
             (p,), (row,) = phys, rows
-            half = Half(p, qoffs[0], row[3][L.P_UNIQ_KEY], None, reals[0], row)
+            half = Half(p, qoffs[0], row[3][L.P_UNIQ_KEY], None, reals[0], row, None, stored)
             with self._cache_lock:
                 cache[p] = half
                 if len(cache) > HALF_CACHE_ENTRIES:
                     cache.popitem(last=False)
             return r
         entries = [
-            (p, Half(p, q, row[3][L.P_UNIQ_KEY], None, real, row))
+            (p, Half(p, q, row[3][L.P_UNIQ_KEY], None, real, row, None, stored))
             for p, q, row, real in zip(phys, qoffs, rows, reals)
         ]
         with self._cache_lock:
@@ -318,7 +324,8 @@ class TransactionService:
                     phys = int(batch.phys[i])
                     msg, real = fresh
                     self._cache[phys] = Half(
-                        phys, int(batch.queue_offsets[i]), msg.properties[L.P_UNIQ_KEY], msg, real
+                        phys, int(batch.queue_offsets[i]), msg.properties[L.P_UNIQ_KEY], msg, real,
+                        stored_ms=int(batch.store_timestamps[i]),
                     )
             while len(self._cache) > HALF_CACHE_ENTRIES:
                 self._cache.popitem(last=False)
@@ -399,9 +406,12 @@ class TransactionService:
             if h is None:
                 return EndTxStatus.NOT_FOUND
         props = h.properties
+        now, stored = self.clock.now_ms(), h.store_timestamp_ms
+        if stored is not None and now - stored > self.file_reserved_ms:
+            return EndTxStatus.EXPIRED  # how it ended may be forgotten by now (_forget_old_ends)
         if not from_check and L.P_CHECK_IMMUNITY_TIME_IN_SECONDS in props:
             limit = C.immunity_time_ms(props[L.P_CHECK_IMMUNITY_TIME_IN_SECONDS], self.timeout_ms)
-            if self.clock.now_ms() - h.born_timestamp_ms > limit:
+            if now - h.born_timestamp_ms > limit:
                 return EndTxStatus.ILLEGAL_OPERATION
         bad = _mismatch(h, tran_state_table_offset, producer_group, transaction_id)
         return bad if bad is not None else self._end_one(h, act)[0]
@@ -489,7 +499,7 @@ class TransactionService:
                 inflight.difference_update(ids)
                 if put is not None and put.append is not None:
                     ended = TxnState.COMMITTED if commit else TxnState.ROLLED_BACK
-                    state.update(dict.fromkeys(ids, ended))
+                    self._state.update(dict.fromkeys(ids, ended))  # (a new dict if trimmed)
         with self._cache_lock:
             pop = self._cache.pop
             for h in todo:
@@ -637,7 +647,21 @@ class TransactionService:
     def check_once(self) -> CheckReport:
         """One check round (what the thread does every interval); tests drive it directly."""
         with self._check_lock:
+            self._forget_old_ends(self.clock.now_ms())
             return C.run_check(self)
+
+    def _forget_old_ends(self, now_ms: int) -> None:
+        """Drop how transactions ended from before the file reserved time (as RocketMQ, whose
+        check discards such halves): the state stays as large as the ends of that time.  A half
+        stored longer ago than that is refused (EXPIRED) rather than found pending."""
+        with self._lock:
+            self._ended_marks.append((now_ms, len(self._state) + self._forgotten))
+            upto = self._forgotten
+            while self._ended_marks and self._ended_marks[0][0] < now_ms - self.file_reserved_ms:
+                upto = self._ended_marks.popleft()[1]
+            if upto > self._forgotten:
+                self._state = dict(islice(self._state.items(), upto - self._forgotten, None))
+                self._forgotten = upto
 
     tick = check_once
 
