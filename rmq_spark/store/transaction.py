@@ -530,16 +530,16 @@ class TransactionService:
                 self._inflight.discard(tid)
                 if put is not None and put.append is not None:
                     self._state[tid] = TxnState.COMMITTED if commit else TxnState.ROLLED_BACK
-        with self._cache_lock:
-            self._cache.pop(h.phys, None)
+        self._cache.pop(h.phys, None)  # one call on the C OrderedDict: no lock needed
         return (EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT), put, [tid], {}
 
     def _op_row(self, half_offsets: list[int], act: TransactionAction, reals: int) -> Row:
-        if len(half_offsets) == 1:
+        if len(half_offsets) == 1:  # a few bytes: no limit to check
             body = f"{half_offsets[0]}{C.OFFSET_SEPARATOR}".encode()
+            limit = OP_BODY_MAX_BYTES
         else:
             body = "".join([f"{q}{C.OFFSET_SEPARATOR}" for q in half_offsets]).encode()
-        limit = max(OP_BODY_MAX_BYTES, self.store.config.body_max_bytes)
+            limit = max(OP_BODY_MAX_BYTES, self.store.config.body_max_bytes)
         if len(body) > limit:
             raise MessageIllegalError(
                 f"a group of {len(half_offsets)} halves needs a {len(body)}-byte op message; "
