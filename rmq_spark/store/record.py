@@ -604,11 +604,20 @@ def _encode_rows(  # type: ignore[no-untyped-def]
         flags_out.append(sf)
         rel.append(at)
         at += size
-    return EncodedBatch(  # buf, rel_pos, sizes, store_ts_pos, queue_ids, topics, tags_codes,
-        bytearray(b"".join(chunks)), rel, sizes, ts_pos, qids, topic_list, codes,  # sys_flags,
-        flags_out, [p.get(L.P_KEYS) for p in properties],  # keys, uniq_keys, properties, prop_crc
-        [p.get(L.P_UNIQ_KEY) for p in properties], list(properties), prop_crc,
-    )  # fmt: skip
+    return EncodedBatch(
+        buf=bytearray(b"".join(chunks)),
+        rel_pos=rel,
+        sizes=sizes,
+        store_ts_pos=ts_pos,
+        queue_ids=qids,
+        topics=topic_list,
+        tags_codes=codes,
+        sys_flags=flags_out,
+        keys=[p.get(L.P_KEYS) for p in properties],
+        uniq_keys=[p.get(L.P_UNIQ_KEY) for p in properties],
+        properties=list(properties),
+        prop_crc=prop_crc,
+    )
 
 
 @functools.lru_cache(maxsize=1024)
