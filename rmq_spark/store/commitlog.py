@@ -184,10 +184,13 @@ class CommitLog:
         if mf.wrote_position + total + L.END_FILE_MIN_BLANK_BYTES > self.segment_bytes:
             return None
         base = mf.from_offset + mf.wrote_position
-        phys = [base + r for r in as_list(batch._rel_pos)]  # noqa: SLF001 - list columns
+        rel, qids, sflags = batch._rel_pos, batch._queue_ids, batch._sys_flags  # noqa: SLF001 - list columns
+        if rel.__class__ is not list or qids.__class__ is not list or sflags.__class__ is not list:
+            rel, qids, sflags = as_list(rel), as_list(qids), as_list(sflags)
+        phys = [base] if len(rel) == 1 else [base + r for r in rel]  # the first record is at 0
         qoffs = []
         table = self.queue_table
-        for topic, qid, sf in zip(batch.topics, as_list(batch._queue_ids), as_list(batch._sys_flags)):  # noqa: SLF001
+        for topic, qid, sf in zip(batch.topics, qids, sflags):
             tran = sf & L.TRANSACTION_MASK
             if tran == L.TRANSACTION_NOT_TYPE or tran == L.TRANSACTION_COMMIT_TYPE:
                 key = (topic, qid)
@@ -200,7 +203,7 @@ class CommitLog:
         if now < self.last_store_timestamp_ms:
             now = self.last_store_timestamp_ms
         self.last_store_timestamp_ms = now
-        batch.finalize(phys, qoffs, now)
+        batch.finalize_few(phys, qoffs, now)
         mf.write(batch.buf)
         return self._results(batch, phys, qoffs, now, base, base + total, len(phys))
 
@@ -229,6 +232,7 @@ class CommitLog:
             batch.keys,
             batch.uniq_keys,
             batch.properties,
+            end,
         )
         return result, dispatch
 

@@ -54,7 +54,7 @@ class DispatchBatch:
 
     __slots__ = (
         "_phys", "_sizes", "topics", "_queue_ids", "_queue_offsets", "_tags_codes", "_sys_flags",
-        "_store_timestamps", "keys", "uniq_keys", "properties",
+        "_store_timestamps", "keys", "uniq_keys", "properties", "_end",
     )  # fmt: skip
     phys = Column(np.int64)  # CommitLog offsets
     sizes = Column(np.int32)  # record sizes
@@ -77,6 +77,7 @@ class DispatchBatch:
         keys: list[str | None] | None = None,
         uniq_keys: list[str | None] | None = None,
         properties: list[dict[str, str]] | None = None,
+        end_offset: int | None = None,
     ) -> None:
         self._phys = phys
         self._sizes = sizes
@@ -89,6 +90,7 @@ class DispatchBatch:
         self.keys = [] if keys is None else keys
         self.uniq_keys = [] if uniq_keys is None else uniq_keys
         self.properties = [] if properties is None else properties
+        self._end = end_offset  # CommitLog end of the last record, when the builder knows it
 
     def __len__(self) -> int:
         return len(self._phys)
@@ -98,6 +100,8 @@ class DispatchBatch:
 
     @property
     def end_offset(self) -> int:
+        if self._end is not None:
+            return self._end
         phys, sizes = self._phys, self._sizes
         return int(phys[-1]) + int(sizes[-1]) if len(phys) else 0
 
@@ -118,10 +122,12 @@ class DispatchBatch:
     def lists(self) -> tuple[list, list, list, list, list, list]:
         """(phys, sizes, tags_codes, queue_offsets, queue_ids, sys_flags) as lists of Python ints
         (no numpy round trip for a batch built from lists)."""
-        return (
-            as_list(self._phys), as_list(self._sizes), as_list(self._tags_codes),
-            as_list(self._queue_offsets), as_list(self._queue_ids), as_list(self._sys_flags),
-        )  # fmt: skip
+        cols = (self._phys, self._sizes, self._tags_codes, self._queue_offsets, self._queue_ids, self._sys_flags)
+        phys, sizes, tags, qoffs, qids, flags = cols
+        if (phys.__class__ is list and sizes.__class__ is list and tags.__class__ is list
+                and qoffs.__class__ is list and qids.__class__ is list and flags.__class__ is list):
+            return cols  # a put of a few records: the usual case
+        return tuple(map(as_list, cols))  # type: ignore[return-value]
 
 
 def group_by_queue(topics: list[str], queue_ids: np.ndarray) -> dict[tuple[str, int], np.ndarray]:

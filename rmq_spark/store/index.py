@@ -56,7 +56,7 @@ import numpy as np
 
 from rmq_spark.errors import ConfigError, CorruptStoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.dispatch import DispatchBatch
+from rmq_spark.store.dispatch import DispatchBatch, as_list
 from rmq_spark.store.record import RecordCheck, check_record
 
 __all__ = [
@@ -442,7 +442,7 @@ class IndexService:
         self._lock = threading.RLock()  # the file list and contents (dispatch, queries)
         self._flush_lock = threading.Lock()  # one flush at a time; close waits for it
         self._files: list[IndexFile] = []
-        self._held: list[DispatchBatch] = []  # small dispatches not indexed yet, in CommitLog order
+        self._held = _Scanned()  # columns of small dispatches not indexed yet, in CommitLog order
         self._held_records = 0
         self.rebuilt_records = 0  # records indexed from this service's own CommitLog scan
         self._closed = False
@@ -495,12 +495,12 @@ class IndexService:
         with self._lock:
             if self._closed:
                 return
-            first = batch.column_list("phys")[0]
+            phys = batch._phys  # noqa: SLF001 - a list for a put of a few records
+            first = phys[0] if phys.__class__ is list else int(phys[0])
             if self._covered is None or self._covered < first:
                 self._catch_up(first)
             if n < HOLD_BATCH_MAX:
-                self._held.append(batch)
-                self._held_records += n
+                self._hold(batch, n)
                 if self._held_records >= HOLD_RECORDS:
                     self._drain()
             else:
@@ -513,21 +513,25 @@ class IndexService:
             if self._covered is None or end > self._covered:
                 self._covered = end
 
+    def _hold(self, b: DispatchBatch, n: int) -> None:
+        """Add the columns :meth:`_index` reads of a small dispatch to the held ones."""
+        h = self._held
+        phys, flags, ts = b._phys, b._sys_flags, b._store_timestamps  # noqa: SLF001 - lists, or arrays
+        h.phys += phys if phys.__class__ is list else as_list(phys)
+        h.topics += b.topics
+        h.sys_flags += flags if flags.__class__ is list else as_list(flags)
+        h.store_ts += ts if ts.__class__ is list else as_list(ts)
+        keys, uniq = b.keys, b.uniq_keys
+        h.keys += keys if len(keys) == n else [*keys[:n], *[None] * (n - len(keys))]
+        h.uniq_keys += uniq if len(uniq) == n else [*uniq[:n], *[None] * (n - len(uniq))]
+        self._held_records += n
+
     def _drain(self) -> None:
         """Index the held records (under the lock), in one pass."""
-        held = self._held
-        if not held:
+        if not self._held_records:
             return
-        self._held, self._held_records = [], 0
-        s = _Scanned()
-        for b in held:
-            n = len(b)
-            s.phys += b.column_list("phys")
-            s.topics += b.topics
-            s.sys_flags += b.column_list("sys_flags")
-            s.store_ts += b.column_list("store_timestamps")
-            for mine, given in ((s.keys, b.keys), (s.uniq_keys, b.uniq_keys)):
-                mine += given if len(given) == n else [*given[:n], *[None] * (n - len(given))]
+        s = self._held
+        self._held, self._held_records = _Scanned(), 0
         self._index(s.phys, s.topics, s.sys_flags, s.store_ts, s.keys, s.uniq_keys)
 
     def _index(

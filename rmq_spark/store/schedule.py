@@ -128,7 +128,7 @@ class ScheduleService(DeliveryLifecycle):
         self._thread = ServiceThread(
             "rmq-schedule", self.run_once, self.next_wait_ms, lambda: store.closed, round_gap_ms
         )
-        store.add_listener(self._on_dispatch)
+        store.add_listener(self._on_dispatch, self.TOPIC)
         data = read_json(path) or {}
         self._load(data)
         pending = any(off < self._queue_end(q) for q, off in self.offsets.items())

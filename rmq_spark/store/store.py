@@ -156,14 +156,14 @@ class MessageStore:
             tags_code_for=self._special_tags_code,
         )
         self.publish_lock = threading.RLock()
-        self.new_messages = threading.Condition(self.publish_lock)
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._pending: list[DispatchBatch] = []  # sync flush: appended, not yet durable
         self._pending_lock = threading.Lock()
         self.dispatched_offset = 0
         self.dispatchers: list[Dispatcher] = [ConsumeQueueDispatcher(self)]
         self.dispatchers.extend(factory(self) for factory in dispatchers)
-        self._listeners: list[Callable[[DispatchBatch], None]] = []
+        # (listener, topic or None); replaced, never changed in place: publishers read it unlocked
+        self._listeners: list[tuple[Callable[[DispatchBatch], None], str | None]] = []
 
         self.commitlog.mfq.load()
         self._load_consume_queues()
@@ -482,17 +482,19 @@ class MessageStore:
             for d in self.dispatchers:
                 d.dispatch(dispatch)
             self.dispatched_offset = dispatch.end_offset
-            self.new_messages.notify_all()
-        for listener in tuple(self._listeners):
-            listener(dispatch)
+        topics = dispatch.topics
+        for listener, wanted in self._listeners:
+            if wanted is None or wanted in topics:
+                listener(dispatch)
 
-    def add_listener(self, listener: Callable[[DispatchBatch], None]) -> None:
-        """Called after each dispatched batch (outside the publish lock): long polling, services."""
-        self._listeners.append(listener)
+    def add_listener(self, listener: Callable[[DispatchBatch], None], topic: str | None = None) -> None:
+        """Called after each dispatched batch (outside the publish lock): long polling, services;
+        with ``topic``, only after batches holding a record of that topic."""
+        self._listeners = [*self._listeners, (listener, topic)]
 
     def remove_listener(self, listener: Callable[[DispatchBatch], None]) -> None:
         """Stop calling ``listener`` (a service that shuts down before the store)."""
-        self._listeners = [x for x in self._listeners if x != listener]
+        self._listeners = [x for x in self._listeners if x[0] != listener]
 
     def _dispatch_pending(self, durable_offset: int) -> None:
         with self._pending_lock:

@@ -309,7 +309,7 @@ class TimerService(DeliveryLifecycle):
         self._thread = ServiceThread(
             "rmq-timer", self.run_once, self.next_wait_ms, lambda: store.closed, round_gap_ms
         )
-        store.add_listener(self._on_dispatch)
+        store.add_listener(self._on_dispatch, self.TOPIC)
         self._rebuild(read_json(path) or {})
 
     # --- put hook ---------------------------------------------------------------------------------

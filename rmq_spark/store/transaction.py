@@ -215,7 +215,7 @@ class TransactionService:
         self._thread: threading.Thread | None = None
         self.needs_source_scan = store.last_exit_abnormal
         self._state.update(C.load_resolved(self))
-        store.add_listener(self._on_dispatch)
+        store.add_listener(self._on_dispatch, L.TRANS_HALF_TOPIC)
 
     # --- put hook and prepare ------------------------------------------------------------------------
     def transform(self, msg: Message) -> Message:
