@@ -28,7 +28,7 @@ from rocketmq.grpc_protocol import definition_pb2 as D
 from rocketmq.grpc_protocol import service_pb2 as S
 
 from rmq_spark.broker import codes
-from rmq_spark.broker.batcher import SendBatcher
+from rmq_spark.broker.batcher import SendBatcher, Written
 from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.broker.messages import MessageType, Outgoing, parse_send
 from rmq_spark.broker.telemetry import ClientRegistry, StreamTransactionChecker
@@ -84,10 +84,13 @@ class ProducerPath:
         group = out.message.properties.get(L.P_SHARDING_KEY)
         if group is not None:
             return abs(java_string_hash(group)) % n
-        rr = self._rr.get(out.topic.topic_name)
+        return next(self._round_robin(out.topic.topic_name)) % n
+
+    def _round_robin(self, topic: str) -> itertools.count[int]:
+        rr = self._rr.get(topic)
         if rr is None:
-            rr = self._rr.setdefault(out.topic.topic_name, itertools.count())
-        return next(rr) % n
+            rr = self._rr.setdefault(topic, itertools.count())
+        return rr
 
     def send(self, messages: Sequence[D.Message], topics: Sequence[TopicConfig], client_id: str,
              peer_host: Callable[[], str]) -> S.SendMessageResponse:
@@ -97,17 +100,27 @@ class ProducerPath:
         max_delay_ms = int(core.config.timer_max_delay_s) * 1000
         body_max_bytes = self.store.config.body_max_bytes
         outs = []
+        msgs = []
+        plain = True  # every message NORMAL: the answer needs no per-type handling
         for pm, cfg in zip(messages, topics):
             out = parse_send(pm, cfg, now_ms=now, body_max_bytes=body_max_bytes, max_delay_ms=max_delay_ms,
                              peer_host=peer_host)
-            if out.deliver_ms and core.timer is None:
-                raise RpcStatusError(Code.UNSUPPORTED, "delayed delivery needs the timer service, which is not installed")
-            if out.type == MessageType.TRANSACTION and core.transactions is None:
-                raise RpcStatusError(Code.UNSUPPORTED, "transactions need the transaction service, which is not installed")
-            out.message.queue_id = self._queue_for(out)
+            msg = out.message
+            if out.type != MessageType.NORMAL:
+                plain = False
+                if out.deliver_ms and core.timer is None:
+                    raise RpcStatusError(Code.UNSUPPORTED, "delayed delivery needs the timer service, which is not installed")
+                if out.type == MessageType.TRANSACTION and core.transactions is None:
+                    raise RpcStatusError(Code.UNSUPPORTED, "transactions need the transaction service, which is not installed")
+                msg.queue_id = self._queue_for(out)
+            elif L.P_SHARDING_KEY in msg.properties:
+                msg.queue_id = self._queue_for(out)
+            else:
+                msg.queue_id = next(self._round_robin(cfg.topic_name)) % max(1, cfg.write_queue_nums)
             outs.append(out)
+            msgs.append(msg)
         try:
-            written = self._batcher.send([o.message for o in outs])
+            written = self._batcher.send(msgs)
         except MessageIllegalError as e:
             raise RpcStatusError(Code.BAD_REQUEST, str(e)) from None
         if not written.ok:
@@ -116,6 +129,21 @@ class ProducerPath:
         ok = codes.ok()
         response = S.SendMessageResponse(status=ok)
         entries = response.entries
+        if plain:
+            for o, qoff in zip(outs, written.queue_offsets()):
+                entries.add(status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff)
+        else:
+            self._typed_entries(entries, outs, written)
+        noted = None
+        for cfg in topics:
+            if cfg is not noted:
+                self.clients.note_sent(client_id, cfg.topic_name)
+                noted = cfg
+        return response
+
+    def _typed_entries(self, entries: Any, outs: list[Outgoing], written: Written) -> None:
+        """The answer's entries for a request holding delayed or transactional messages."""
+        ok = codes.ok()
         phys: list[int] | None = None
         for i, (o, qoff) in enumerate(zip(outs, written.queue_offsets())):
             if o.deliver_ms:
@@ -127,12 +155,6 @@ class ProducerPath:
                     phys = written.phys_offsets()
                 self._remember(o.message_id, HalfRef(phys[i], qoff, o.topic.topic_name, o.topic.topic_name))
             entries.add(status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff)
-        noted = None
-        for cfg in topics:
-            if cfg is not noted:
-                self.clients.note_sent(client_id, cfg.topic_name)
-                noted = cfg
-        return response
 
     # --- transactions -----------------------------------------------------------------------------
     def _remember(self, transaction_id: str, ref: HalfRef) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -53,22 +54,22 @@ class Activity:
     mounted on the server are counted by :meth:`wrap`."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.active = 0
+        self._open: deque[None] = deque()  # one entry per call in progress (deque ops are atomic)
         self._last_s = time.monotonic()
 
+    @property
+    def active(self) -> int:
+        return len(self._open)
+
     def begin(self) -> None:
-        with self._lock:
-            self.active += 1
+        self._open.append(None)
 
     def end(self) -> None:
-        with self._lock:
-            self.active -= 1
-            self._last_s = time.monotonic()
+        self._last_s = time.monotonic()  # before the count drops: an idle reader sees this end
+        self._open.pop()
 
     def idle_s(self) -> float:
-        with self._lock:
-            return 0.0 if self.active else time.monotonic() - self._last_s
+        return 0.0 if self._open else time.monotonic() - self._last_s
 
     def wrap(self, handler: Any) -> Any:
         """An ``RpcMethodHandler`` whose behaviour is counted."""
