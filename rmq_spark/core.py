@@ -14,7 +14,9 @@ from typing import Any
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
+from rmq_spark.store.halves import message_of
 from rmq_spark.store.message import Message
+from rmq_spark.store.record import SMALL_BATCH, Row
 from rmq_spark.store.redeliver import DELIVERY_REQUEST_KEYS
 from rmq_spark.store.store import MessageStore, PutResult, StoreConfig
 
@@ -96,9 +98,17 @@ class BrokerCore:
                 msg = svc.transform(msg)
         return msg
 
-    def send(self, messages: Sequence[Message]) -> PutResult:
-        """Store producer messages (after the services' put hooks) as one write."""
-        return self.store.put_messages([self.transform(m) for m in messages], allow_system=True)
+    def send(self, messages: Sequence[Message | Row]) -> PutResult:
+        """Store producer messages (after the services' put hooks) as one write.  A message no
+        hook acts on may come as a checked row (``store.put_rows``: no Message object made)."""
+        first = messages[0]
+        if first.__class__ is tuple and len(messages) <= SMALL_BATCH:
+            if len(messages) == 1 or all(m.__class__ is tuple for m in messages):
+                return self.store.put_rows(messages)  # type: ignore[arg-type]
+        return self.store.put_messages(
+            [message_of(m) if m.__class__ is tuple else self.transform(m) for m in messages],  # type: ignore[arg-type]
+            allow_system=True,
+        )
 
     def shutdown(self) -> None:
         for svc in reversed(self.services):

@@ -390,3 +390,31 @@ def test_group_commit_leader_flushes_in_its_own_thread_and_hands_over():
     assert results == {"a": True, "b": True}
     assert flushers == [first.ident, second.ident]
     assert (gc.flushes, gc.served) == (2, 2)
+
+
+@pytest.mark.parametrize("crc", [False, True])
+def test_put_rows_writes_the_records_put_messages_writes(store_dir, crc):
+    """The broker's and the transactions' put of checked rows stores what put_messages stores."""
+    from rmq_spark.store.message import encode_properties
+
+    props = {"TAGS": "tg", "KEYS": "k1 k2", "user": "v", L.P_UNIQ_KEY: "7F0000010000000000000000000000AA"}
+    msgs = [Message("Rows", b"body-%d" % i, dict(props), queue_id=1, flag=3, born_timestamp_ms=1234,
+                    born_host=host, born_port=77) for i, host in enumerate(("10.0.0.9", "::1"))]  # fmt: skip
+    with open_store(store_dir, append_prop_crc=crc) as s:
+        a = s.put_messages(msgs)
+        rows = [(m.topic, m.queue_id, m.body, m.properties, encode_properties(m.properties),
+                 tags_code(m.properties["TAGS"]), m.flag, m.sys_flag, m.born_timestamp_ms, m.born_host,
+                 m.born_port, m.reconsume_times, m.prepared_transaction_offset) for m in msgs]  # fmt: skip
+        b = s.put_rows(rows)
+        assert a.ok and b.ok and b.uniq_keys == [props[L.P_UNIQ_KEY]] * 2
+        assert b.append.queue_list() == [2, 3] and b.append.wrote_bytes == a.append.wrote_bytes
+        got = s.get_messages("Rows", 1, 0).messages
+        assert [m.queue_offset for m in got] == [0, 1, 2, 3]
+        for x, y in zip(got[:2], got[2:]):
+            for f in ("topic", "body", "properties", "flag", "sys_flag", "born_timestamp_ms", "born_host",
+                      "born_port", "store_size", "store_timestamp_ms", "body_crc"):  # fmt: skip
+                assert getattr(x, f) == getattr(y, f), f
+        cq = s.consume_queue("Rows", 1)
+        assert set(cq.units(0, 4)["tags_code"].tolist()) == {tags_code("tg")}
+        with pytest.raises(StoreError, match="at least one row"):
+            s.put_rows([])

@@ -969,9 +969,11 @@ class _Model:
                 raise _Crash()
             return commit_many(*a, **k)
 
-        # the service writes through put_encoded (prepare, end), the check through put_messages
+        # the service writes through put_rows (a few records) or put_encoded (prepare, end), the
+        # check through put_messages
         env.store.put_messages = crashing(env.store.put_messages)  # type: ignore[method-assign]
         env.store.put_encoded = crashing(env.store.put_encoded)  # type: ignore[method-assign]
+        env.store.put_rows = crashing(env.store.put_rows)  # type: ignore[method-assign]
         env.store.offsets.commit_many = crashing_commit  # type: ignore[method-assign]
         env.svc.register_resolver(PG, self.resolve)
         self.tear = None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from rmq_spark.store.commitlog import AppendResult
 from rmq_spark.store.message import Message
+from rmq_spark.store.record import Row
 from rmq_spark.store.status import PutStatus
 from rmq_spark.store.store import PutResult
 
@@ -48,7 +49,7 @@ class Written:
 
 @dataclass
 class _Call:
-    messages: Sequence[Message]
+    messages: Sequence[Message | Row]
     nbytes: int
     done: threading.Event | None = None  # made only for a call that has to wait
     lead: bool = False
@@ -61,7 +62,7 @@ class _Call:
 
 
 class SendBatcher:
-    def __init__(self, write: Callable[[list[Message]], PutResult]) -> None:
+    def __init__(self, write: Callable[[list[Message | Row]], PutResult]) -> None:
         self._write = write
         self._lock = threading.Lock()
         self._pending: list[_Call] = []
@@ -69,12 +70,12 @@ class SendBatcher:
         self.calls = 0  # statistics: calls served and writes made
         self.writes = 0
 
-    def send(self, messages: Sequence[Message]) -> Written:
+    def send(self, messages: Sequence[Message | Row]) -> Written:
         with self._lock:
             solo = not self._busy
             self._busy = True
             if not solo:
-                call = _Call(messages, sum(len(m.body) for m in messages), threading.Event())
+                call = _Call(messages, _body_bytes(messages), threading.Event())
                 self._pending.append(call)
         if solo:  # no write in progress: write at once, no queue entry
             self.calls += 1
@@ -142,6 +143,11 @@ class SendBatcher:
                     c.error = e2
             return
         _hand_out(batch, result)
+
+
+def _body_bytes(items: Sequence[Message | Row]) -> int:
+    """Body bytes of messages given as Message objects or store rows (body third)."""
+    return sum(len(m[2]) if m.__class__ is tuple else len(m.body) for m in items)  # type: ignore[index, union-attr]
 
 
 def _hand_out(batch: list[_Call], result: PutResult) -> None:

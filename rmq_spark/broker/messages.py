@@ -24,7 +24,8 @@ from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.store.message import Message, MessageExt
+from rmq_spark.store.message import Message, MessageExt, encode_properties, tags_code
+from rmq_spark.store.record import Row
 from rmq_spark.store.transaction_check import P_CHECK_SOURCE
 from rmq_spark.store.validation import check_group, check_topic_cached
 
@@ -87,13 +88,37 @@ _TYPE_NAMES = {
 
 @dataclass(slots=True)
 class Outgoing:
-    """A validated message of a SendMessage request, ready for ``BrokerCore.send``."""
+    """A validated message of a SendMessage request (its queue chosen later)."""
 
-    message: Message
     message_id: str
     type: int
     topic: TopicConfig
+    body: bytes
+    properties: dict[str, str]  # with UNIQ_KEY
+    sys_flag: int
+    born_ms: int
+    born_host: str
     deliver_ms: int = 0  # a delayed message's delivery time, else 0
+    queue_id: int = 0
+    _message: Message | None = None
+
+    @property
+    def message(self) -> Message:
+        """The store message (made once: the put hooks and the recall handle read the same one)."""
+        if self._message is None:
+            self._message = Message(
+                topic=self.topic.topic_name, body=self.body, properties=self.properties, queue_id=self.queue_id,
+                sys_flag=self.sys_flag, born_timestamp_ms=self.born_ms, born_host=self.born_host,
+            )  # fmt: skip
+        return self._message
+
+    def row(self) -> Row:
+        """The record to store, for a message no put hook acts on (``BrokerCore.send``)."""
+        p = self.properties
+        return (
+            self.topic.topic_name, self.queue_id, self.body, p, encode_properties(p), tags_code(p.get(L.P_TAGS)),
+            0, self.sys_flag, self.born_ms, self.born_host, 0, 0, 0,
+        )  # fmt: skip
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -225,15 +250,10 @@ def parse_send(
         sys_flag = L.TRANSACTION_PREPARED_TYPE
     born = sp.born_timestamp  # unset: zero
     born_ms = born.seconds * 1000 + born.nanos // 1_000_000
-    msg = Message(
-        topic=topic.topic_name,
-        body=body,
-        properties=props,
-        sys_flag=sys_flag,
-        born_timestamp_ms=born_ms if born_ms > 0 else now_ms,
-        born_host=_born_host(sp.born_host, peer_host),
-    )
-    return Outgoing(msg, mid, mtype, topic, deliver_ms)
+    return Outgoing(
+        mid, mtype, topic, body, props, sys_flag, born_ms if born_ms > 0 else now_ms,
+        _born_host(sp.born_host, peer_host), deliver_ms,
+    )  # fmt: skip
 
 
 def _user_properties(user: Mapping[str, str]) -> dict[str, str]:

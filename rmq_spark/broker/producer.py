@@ -32,10 +32,12 @@ from rmq_spark.broker.batcher import SendBatcher, Written
 from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.broker.messages import MessageType, Outgoing, parse_send
 from rmq_spark.broker.telemetry import ClientRegistry, StreamTransactionChecker
+from rmq_spark.core import HOOK_KEYS
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.store.message import MessageExt, java_string_hash
+from rmq_spark.store.message import Message, MessageExt, java_string_hash
+from rmq_spark.store.record import Row
 from rmq_spark.store.timer import RecallError
 from rmq_spark.store.transaction import TransactionAction
 from rmq_spark.store.transaction_check import CHECK_GROUP
@@ -81,7 +83,7 @@ class ProducerPath:
     # --- send -----------------------------------------------------------------------------------
     def _queue_for(self, out: Outgoing) -> int:
         n = max(1, out.topic.write_queue_nums)
-        group = out.message.properties.get(L.P_SHARDING_KEY)
+        group = out.properties.get(L.P_SHARDING_KEY)
         if group is not None:
             return abs(java_string_hash(group)) % n
         return next(self._round_robin(out.topic.topic_name)) % n
@@ -100,27 +102,26 @@ class ProducerPath:
         max_delay_ms = int(core.config.timer_max_delay_s) * 1000
         body_max_bytes = self.store.config.body_max_bytes
         outs = []
-        msgs = []
+        items: list[Message | Row] = []  # a row for a message no put hook acts on
         plain = True  # every message NORMAL: the answer needs no per-type handling
         for pm, cfg in zip(messages, topics):
             out = parse_send(pm, cfg, now_ms=now, body_max_bytes=body_max_bytes, max_delay_ms=max_delay_ms,
                              peer_host=peer_host)
-            msg = out.message
             if out.type != MessageType.NORMAL:
                 plain = False
                 if out.deliver_ms and core.timer is None:
                     raise RpcStatusError(Code.UNSUPPORTED, "delayed delivery needs the timer service, which is not installed")
                 if out.type == MessageType.TRANSACTION and core.transactions is None:
                     raise RpcStatusError(Code.UNSUPPORTED, "transactions need the transaction service, which is not installed")
-                msg.queue_id = self._queue_for(out)
-            elif L.P_SHARDING_KEY in msg.properties:
-                msg.queue_id = self._queue_for(out)
+                out.queue_id = self._queue_for(out)
+            elif L.P_SHARDING_KEY in out.properties:
+                out.queue_id = self._queue_for(out)
             else:
-                msg.queue_id = next(self._round_robin(cfg.topic_name)) % max(1, cfg.write_queue_nums)
+                out.queue_id = next(self._round_robin(cfg.topic_name)) % max(1, cfg.write_queue_nums)
             outs.append(out)
-            msgs.append(msg)
+            items.append(out.row() if HOOK_KEYS.isdisjoint(out.properties) else out.message)
         try:
-            written = self._batcher.send(msgs)
+            written = self._batcher.send(items)
         except MessageIllegalError as e:
             raise RpcStatusError(Code.BAD_REQUEST, str(e)) from None
         if not written.ok:

@@ -26,7 +26,7 @@ from rmq_spark.store.message import (
     split_ids,
     tags_code,
 )
-from rmq_spark.store.record import HEADER_V4, PROP_CRC_BYTES, EncodedBatch, concat_encoded, encode_batch
+from rmq_spark.store.record import HEADER_V4, PROP_CRC_BYTES, EncodedBatch, Row, concat_encoded, encode_batch
 from rmq_spark.store.redeliver import ParsedRecords, parse_records, record_sizes
 from rmq_spark.store.store import MessageStore
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
@@ -60,10 +60,6 @@ _TAILS: dict[tuple[str, int, str | None], tuple[dict[str, str], bytes]] = {}
 _TAILS_MAX = 4096
 
 
-# One record to write, as the columns of ``record.encode_batch`` (:func:`encode_rows` makes one
-# append of a list of them): topic, queue id, body, properties, the properties encoded, tagsCode, flag, sys
-# flag, born time, born host, born port, reconsume times, prepared transaction offset.
-Row = tuple[str, int, bytes, dict[str, str], bytes, int, int, int, int, str, int, int, int]
 # what a commit stores for a half, built once (at prepare, so that a commit encodes nothing
 # again): real topic, real queue, properties, the properties encoded, tagsCode
 Real = tuple[str, int, dict[str, str], bytes, int]

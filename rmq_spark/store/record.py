@@ -554,6 +554,12 @@ def encode_messages(  # type: ignore[no-untyped-def]
     )  # fmt: skip
 
 
+# One record to write, as the columns of :func:`encode_few` / :func:`encode_batch`: topic, queue id,
+# body, properties, the properties encoded (with their UNIQ_KEY), tagsCode, flag, sys flag, born
+# time, born host, born port, reconsume times, prepared transaction offset.
+Row = tuple[str, int, bytes, dict[str, str], bytes, int, int, int, int, str, int, int, int]
+
+
 def encode_few(  # type: ignore[no-untyped-def]
     topics: Sequence[str], queue_ids: Sequence[int], bodies: Sequence[bytes],
     properties: Sequence[dict[str, str]], encoded_properties: Sequence[bytes],

@@ -36,10 +36,13 @@ from rmq_spark.store.message import (
 )
 from rmq_spark.store.offsets import ConsumerOffsetManager
 from rmq_spark.store.record import (
+    PROP_CRC_BYTES,
     PROP_CRC_PLACEHOLDER,
     SMALL_BATCH,
     EncodedBatch,
+    Row,
     encode_batch,
+    encode_few,
     encode_messages,
 )
 from rmq_spark.store.status import GetStatus, PutStatus
@@ -377,6 +380,26 @@ class MessageStore:
                 prop_crc=cfg.append_prop_crc,
             )
         return self._put_encoded(batch, [m.properties[L.P_UNIQ_KEY] for m in msgs])
+
+    def put_rows(self, rows: Sequence[Row]) -> PutResult:
+        """Store a few records given as rows (:data:`~rmq_spark.store.record.Row`) as one write:
+        for callers that checked their topics, bodies and queue ids as :meth:`put_messages` does
+        and encoded each one's properties with its UNIQ_KEY (the broker's sends, transactions)."""
+        batch = self.encode_rows_few(rows)
+        return self._put_encoded(batch, batch.uniq_keys)
+
+    def encode_rows_few(self, rows: Sequence[Row]) -> EncodedBatch:
+        """The records of :meth:`put_rows`, encoded one by one (at most ``SMALL_BATCH`` of them)."""
+        if not rows:
+            raise StoreError("put_rows needs at least one row")
+        cfg = self.config
+        cols = list(zip(*rows))
+        encs = cols[4]
+        reserve = PROP_CRC_BYTES if cfg.append_prop_crc else 0
+        if max(map(len, encs)) + reserve > L.PROPERTY_MAX_BYTES:
+            for e in encs:
+                check_properties_size(e + bytes(reserve))
+        return encode_few(*cols, self._store_host, cfg.store_port, cfg.append_prop_crc)
 
     def _check_messages(self, msgs: Sequence[Message], allow_system: bool) -> None:
         """Topic names, bodies and queue ids (before anything is changed or written)."""

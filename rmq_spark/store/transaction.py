@@ -68,14 +68,13 @@ from rmq_spark.store.halves import (
 from rmq_spark.store.message import (
     Message,
     MessageExt,
-    host_bytes,
     new_uniq_ids,
     tags_code,
 )
-from rmq_spark.store.record import PROP_CRC_BYTES, SMALL_BATCH, EncodedBatch, encode_few
+from rmq_spark.store.record import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.redeliver import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
-from rmq_spark.store.validation import check_body, check_properties_size, check_topic
+from rmq_spark.store.validation import check_body, check_topic
 
 __all__ = [
     "P_OP_ACTION",
@@ -191,7 +190,6 @@ class TransactionService:
         self.interval_s = float(config.transaction_check_interval_s)
         self.check_max = int(config.transaction_check_max)
         self.file_reserved_ms = int(float(extra.get("file_reserved_time_h", 72)) * 3_600_000)
-        self._store_host = host_bytes(store.config.store_host)
         # e.g. delay / timer; like every put hook it returns the message it was given when it
         # does not change it, and never modifies the given one (its properties included)
         self.real_message_hook: Callable[[Message], Message] | None = None
@@ -294,20 +292,8 @@ class TransactionService:
     def _put(self, rows: list[Row], tail: EncodedBatch | None = None) -> PutResult:
         """Write ``rows``, then the records of ``tail``, as one append."""
         if tail is None and len(rows) <= FEW_RECORDS:
-            return self.store.put_encoded(self._encode_few(rows))
+            return self.store.put_rows(rows)
         return self.store.put_encoded(encode_rows(self.store, rows, tail))
-
-    def _encode_few(self, rows: list[Row]) -> EncodedBatch:
-        """The records of a few checked rows (properties encoded, each with its UNIQ_KEY), record
-        by record as ``store.put_messages`` encodes a few."""
-        cfg = self.store.config
-        cols = list(zip(*rows))
-        encs = cols[4]
-        reserve = PROP_CRC_BYTES if cfg.append_prop_crc else 0
-        if max(map(len, encs)) + reserve > L.PROPERTY_MAX_BYTES:
-            for e in encs:
-                check_properties_size(e + bytes(reserve))
-        return encode_few(*cols, self._store_host, cfg.store_port, cfg.append_prop_crc)
 
     def _on_dispatch(self, batch: DispatchBatch) -> None:
         """Remember halves stored through ``transform`` by CommitLog offset."""
