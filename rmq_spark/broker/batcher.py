@@ -7,6 +7,10 @@ first one to find no write in progress becomes the leader, writes everything que
 led by the oldest of them.  An uncontended call writes at once (a leader never waits for company:
 measured, lingering made bigger writes but cost more CPU than it saved).  When a combined write
 fails, each call's messages are written on their own, so an error reaches only its call.
+
+The broker batches with synchronous flush, where a write waits for its fdatasync and calls gather
+meanwhile; with asynchronous flush a write never lets the GIL go, no call can arrive during one,
+and sends go to the store directly.
 """
 
 from __future__ import annotations

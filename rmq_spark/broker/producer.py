@@ -70,7 +70,9 @@ class ProducerPath:
         self._halves: OrderedDict[str, HalfRef] = OrderedDict()
         self._lock = threading.Lock()
         self.checker = StreamTransactionChecker(clients, self._remember_checked)
-        self._batcher = SendBatcher(core.send)
+        # group commit pays where a write waits for its fdatasync; with asynchronous flush a write
+        # never lets the GIL go, so no call could join another's and each goes to the store at once
+        self._batcher = SendBatcher(core.send) if self.store.config.flush == "sync" else None
         if core.transactions is not None:
             core.transactions.set_checker(self.checker)
 
@@ -121,7 +123,11 @@ class ProducerPath:
             outs.append(out)
             items.append(out.row() if HOOK_KEYS.isdisjoint(out.properties) else out.message)
         try:
-            written = self._batcher.send(items)
+            if self._batcher is None:
+                put = core.send(items)
+                written = Written(put.status, put.append, 0, len(items))
+            else:
+                written = self._batcher.send(items)
         except MessageIllegalError as e:
             raise RpcStatusError(Code.BAD_REQUEST, str(e)) from None
         if not written.ok:
