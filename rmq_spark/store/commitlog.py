@@ -187,7 +187,7 @@ class CommitLog:
         rel, qids, sflags = batch._rel_pos, batch._queue_ids, batch._sys_flags  # noqa: SLF001 - list columns
         if rel.__class__ is not list or qids.__class__ is not list or sflags.__class__ is not list:
             rel, qids, sflags = as_list(rel), as_list(qids), as_list(sflags)
-        phys = [base] if len(rel) == 1 else [base + r for r in rel]  # the first record is at 0
+        phys = [base + rel[0]] if len(rel) == 1 else [base + r for r in rel]
         qoffs = []
         table = self.queue_table
         for topic, qid, sf in zip(batch.topics, qids, sflags):
