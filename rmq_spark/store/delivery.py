@@ -217,5 +217,5 @@ class DeliveryLifecycle:
         self._checkpoint.write_now()
 
     def _on_dispatch(self, batch: DispatchBatch) -> None:
-        if self.TOPIC in batch.topics:
-            self._thread.wake()
+        """A batch holding a record of :attr:`TOPIC` was stored (the store filters by topic)."""
+        self._thread.wake()

@@ -177,7 +177,7 @@ class EncodedBatch:
         """Write PHYSICALOFFSET, QUEUEOFFSET and STORETIMESTAMP of every record (vectorized)."""
         n = len(self._sizes)
         if n <= SMALL_BATCH:
-            self._finalize_small(phys_offsets, queue_offsets, store_ts_ms)
+            self.finalize_few(as_list(phys_offsets), as_list(queue_offsets), store_ts_ms)
             return
         sizes = self.sizes
         size = int(sizes[0])
@@ -220,16 +220,6 @@ class EncodedBatch:
         rels, sizes, ts_positions = self._rel_pos, self._sizes, self._store_ts_pos
         if rels.__class__ is not list or sizes.__class__ is not list or ts_positions.__class__ is not list:
             rels, sizes, ts_positions = as_list(rels), as_list(sizes), as_list(ts_positions)
-        self._finalize_rows(rels, sizes, ts_positions, phys_offsets, queue_offsets, store_ts_ms)
-
-    def _finalize_small(self, phys_offsets, queue_offsets, store_ts_ms: int) -> None:  # type: ignore[no-untyped-def]
-        self._finalize_rows(
-            as_list(self._rel_pos), as_list(self._sizes), as_list(self._store_ts_pos), as_list(phys_offsets),
-            as_list(queue_offsets), store_ts_ms,
-        )  # fmt: skip
-
-    def _finalize_rows(self, rels: list[int], sizes: list[int], ts_positions: list[int], phys_offsets: list[int],
-                       queue_offsets: list[int], store_ts_ms: int) -> None:
         buf = self.buf
         mv = memoryview(buf) if self.prop_crc else None
         for rel, size, ts_pos, phys, qoff in zip(rels, sizes, ts_positions, phys_offsets, queue_offsets):

@@ -297,7 +297,7 @@ class TransactionService:
 
     def _on_dispatch(self, batch: DispatchBatch) -> None:
         """Remember halves stored through ``transform`` by CommitLog offset."""
-        if not self._fresh or L.TRANS_HALF_TOPIC not in batch.topics:
+        if not self._fresh:  # (the store calls this only for batches holding a half)
             return
         with self._cache_lock:
             for i, topic in enumerate(batch.topics):
