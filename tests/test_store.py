@@ -393,6 +393,61 @@ def test_group_commit_leader_flushes_in_its_own_thread_and_hands_over():
 
 
 @pytest.mark.parametrize("crc", [False, True])
+def test_one_row_puts_write_the_bytes_batch_puts_write(tmp_path, monkeypatch, crc):
+    """A put of one row (the broker's usual send) skips the batch objects; the CommitLog, the
+    ConsumeQueues and the index it leaves are byte for byte those of the batch path, across
+    segment rolls, IPv6 hosts, transaction records and keys."""
+    from rmq_spark.store.commitlog import CommitLog
+    from rmq_spark.store.index import IndexService
+    from rmq_spark.store.message import encode_properties
+
+    fast = [0]
+    real = CommitLog.append_one
+
+    def counted(self, *a):  # type: ignore[no-untyped-def]
+        placed = real(self, *a)
+        fast[0] += placed is not None
+        return placed
+
+    monkeypatch.setattr(CommitLog, "append_one", counted)
+    flags = (0, L.TRANSACTION_PREPARED_TYPE, L.TRANSACTION_COMMIT_TYPE, L.TRANSACTION_ROLLBACK_TYPE)
+    msgs = []
+    for i in range(240):
+        props = {"TAGS": f"t{i % 3}", L.P_UNIQ_KEY: f"7F00000100000000000000000000{i:04X}", "n": str(i)}
+        if i % 4 == 1:
+            props["KEYS"] = f"order-{i} shared"
+        msgs.append(Message(f"One{i % 2}", b"b" * (50 + 37 * (i % 13)), props, queue_id=i % 3, flag=i % 5,
+                            sys_flag=flags[i % 7 % 4], born_timestamp_ms=1000 + i, born_port=4000 + i,
+                            born_host="::1" if i % 17 == 5 else "10.0.0.9", reconsume_times=i % 2))  # fmt: skip
+
+    def fill(d, one_rows):  # type: ignore[no-untyped-def]
+        clock = FakeClock(5_000)
+        cfg = StoreConfig(commitlog_segment_bytes=16 * 1024, cq_segment_units=50, append_prop_crc=crc,
+                          extra={"index_slots": 16, "index_entries": 64})  # fmt: skip
+        with MessageStore(str(d), cfg, clock=clock, dispatchers=[IndexService], start_services=False) as s:
+            for m in msgs:
+                if one_rows:
+                    row = (m.topic, m.queue_id, m.body, m.properties, encode_properties(m.properties),
+                           tags_code(m.properties["TAGS"]), m.flag, m.sys_flag, m.born_timestamp_ms, m.born_host,
+                           m.born_port, m.reconsume_times, m.prepared_transaction_offset)  # fmt: skip
+                    assert s.put_rows([row]).ok
+                else:
+                    assert s.put_messages([m]).ok
+                clock.advance(1)
+
+    a, b = tmp_path / "rows", tmp_path / "messages"
+    fill(a, True)
+    assert 200 <= fast[0] < 240  # most went the one-record way; rolls and IPv6 hosts did not
+    fill(b, False)
+    for sub in (L.COMMITLOG_DIR, L.CONSUMEQUEUE_DIR, L.INDEX_DIR):
+        names = sorted(os.path.relpath(os.path.join(r, f), a) for r, _, fs in os.walk(a / sub) for f in fs)
+        assert names == sorted(os.path.relpath(os.path.join(r, f), b) for r, _, fs in os.walk(b / sub) for f in fs)
+        assert names, sub
+        for n in names:
+            assert (a / n).read_bytes() == (b / n).read_bytes(), n
+
+
+@pytest.mark.parametrize("crc", [False, True])
 def test_put_rows_writes_the_records_put_messages_writes(store_dir, crc):
     """The broker's and the transactions' put of checked rows stores what put_messages stores."""
     from rmq_spark.store.message import encode_properties

@@ -24,6 +24,7 @@ from rmq_spark.store.record import (
     blank_record,
     check_record,
     decode_record,
+    place_one,
 )
 
 import struct
@@ -206,6 +207,34 @@ class CommitLog:
         batch.finalize_few(phys, qoffs, now)
         mf.write(batch.buf)
         return self._results(batch, phys, qoffs, now, base, base + total, len(phys))
+
+    def append_one(self, buf: bytearray, topic: str, queue_id: int, sys_flag: int, prop_crc: bool) -> tuple[int, int, int] | None:
+        """Append one :func:`~rmq_spark.store.record.encode_one` record at the end of the current
+        segment (caller holds ``put_lock``): its (physical offset, queue offset, store time), or
+        None, nothing changed, when it does not fit there (:meth:`append` rolls the segment)."""
+        files = self.mfq.files
+        if not files:
+            return None
+        mf = files[-1]
+        pos = mf.wrote_position
+        if pos + len(buf) + L.END_FILE_MIN_BLANK_BYTES > self.segment_bytes:
+            return None
+        phys = mf.from_offset + pos
+        tran = sys_flag & L.TRANSACTION_MASK
+        if tran == L.TRANSACTION_NOT_TYPE or tran == L.TRANSACTION_COMMIT_TYPE:
+            table = self.queue_table
+            key = (topic, queue_id)
+            qoff = table.get(key, 0)
+            table[key] = qoff + 1
+        else:
+            qoff = 0  # PREPARED / ROLLBACK records take none
+        now = self._now_ms()
+        if now < self.last_store_timestamp_ms:
+            now = self.last_store_timestamp_ms
+        self.last_store_timestamp_ms = now
+        place_one(buf, qoff, phys, now, prop_crc)
+        mf.write(buf)
+        return phys, qoff, now
 
     def _results(  # type: ignore[no-untyped-def]
         self, batch: EncodedBatch, phys, qoffs, now: int, base: int, end: int, n: int

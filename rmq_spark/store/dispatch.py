@@ -154,7 +154,10 @@ def group_by_queue(topics: list[str], queue_ids: np.ndarray) -> dict[tuple[str, 
 
 class Dispatcher(Protocol):
     """Something built from the CommitLog. ``dispatch`` must be idempotent: after a crash the
-    same records can be dispatched again."""
+    same records can be dispatched again.  A dispatcher may also take single records by
+    ``dispatch_one(phys, size, topic, queue_id, queue_offset, tags_code, sys_flag, store_ts_ms,
+    keys, uniq_key, end_offset)``, the same as a batch of that one record; the store then hands
+    a one-record put to it that way (no batch object)."""
 
     def dispatch(self, batch: DispatchBatch) -> None: ...
 
@@ -188,6 +191,16 @@ class ConsumeQueueDispatcher:
                 batch.sizes[idx],
                 batch.tags_codes[idx],
             )
+
+    def dispatch_one(  # type: ignore[no-untyped-def]
+        self, phys: int, size: int, topic: str, queue_id: int, queue_offset: int, tags_code: int, sys_flag: int, *_
+    ) -> None:
+        tran = sys_flag & L.TRANSACTION_MASK
+        if tran != L.TRANSACTION_NOT_TYPE and tran != L.TRANSACTION_COMMIT_TYPE:
+            return
+        store = self._store
+        cq = store._cqs.get((topic, queue_id)) or store.consume_queue(topic, queue_id, create=True)  # noqa: SLF001
+        cq.put_unit(queue_offset, phys, size, tags_code)
 
     def _dispatch_small(self, batch: DispatchBatch) -> None:
         """A few records, unit by unit (numpy's per-call cost dominates there)."""

@@ -513,6 +513,30 @@ class IndexService:
             if self._covered is None or end > self._covered:
                 self._covered = end
 
+    def dispatch_one(  # type: ignore[no-untyped-def]
+        self, phys: int, size: int, topic: str, queue_id: int, queue_offset: int, tags_code: int,
+        sys_flag: int, store_ts_ms: int, keys: str | None, uniq_key: str | None, end_offset: int,
+    ) -> None:
+        """:meth:`dispatch` of a batch of one record (held like the records of small batches)."""
+        with self._lock:
+            if self._closed:
+                return
+            covered = self._covered
+            if covered is None or covered < phys:
+                self._catch_up(phys)
+            h = self._held
+            h.phys.append(phys)
+            h.topics.append(topic)
+            h.sys_flags.append(sys_flag)
+            h.store_ts.append(store_ts_ms)
+            h.keys.append(keys)
+            h.uniq_keys.append(uniq_key)
+            self._held_records += 1
+            if self._held_records >= HOLD_RECORDS:
+                self._drain()
+            if self._covered is None or end_offset > self._covered:
+                self._covered = end_offset
+
     def _hold(self, b: DispatchBatch, n: int) -> None:
         """Add the columns :meth:`_index` reads of a small dispatch to the held ones."""
         h = self._held

@@ -550,6 +550,11 @@ def encode_messages(  # type: ignore[no-untyped-def]
 Row = tuple[str, int, bytes, dict[str, str], bytes, int, int, int, int, str, int, int, int]
 
 
+# the sys flag of a record with IPv4 born and store hosts (the IPv6 host bits cleared)
+V4_SYS_FLAG_MASK = ~(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6)
+_FIXED_PARTS = FIXED_V4_BYTES + 4 + 2  # + BODYLEN's body, + PROPERTIES_LENGTH's properties
+
+
 def encode_few(  # type: ignore[no-untyped-def]
     topics: Sequence[str], queue_ids: Sequence[int], bodies: Sequence[bytes],
     properties: Sequence[dict[str, str]], encoded_properties: Sequence[bytes],
@@ -577,8 +582,7 @@ def _encode_rows(  # type: ignore[no-untyped-def]
     store_field = store_host + _INT.pack(store_port)
     crc_tail = PROP_CRC_PLACEHOLDER if prop_crc else b""
     chunks, sizes, ts_pos, flags_out, rel, at = [], [], [], [], [], 0
-    keep = ~(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6)
-    fixed = FIXED_V4_BYTES + 4 + 2  # + BODYLEN's body, + PROPERTIES_LENGTH's properties
+    keep, fixed = V4_SYS_FLAG_MASK, _FIXED_PARTS
     for i, body in enumerate(bodies):
         magic, tfield = _topic_field(topic_list[i])
         pb = encoded_properties[i] + crc_tail
@@ -622,6 +626,39 @@ def _encode_rows(  # type: ignore[no-untyped-def]
         properties=list(properties),
         prop_crc=prop_crc,
     )
+
+
+
+
+def encode_one(  # type: ignore[no-untyped-def]
+    topic: str, queue_id: int, body: bytes, encoded_properties: bytes, flag: int, sys_flag: int,
+    born_ms: int, born_host: bytes, born_port: int, reconsume_times: int, prepared_offset: int,
+    store_host: bytes, store_port: int, prop_crc: bool,
+) -> bytearray | None:
+    """One checked record with IPv4 born and store hosts (``sys_flag`` masked with
+    ``V4_SYS_FLAG_MASK``), as :func:`encode_few` encodes it; QUEUEOFFSET, PHYSICALOFFSET,
+    STORETIMESTAMP and the properties' CRC are left for :func:`place_one`.  None for an IPv6
+    host (the batch encoders handle those)."""
+    if len(born_host) != 4 or len(store_host) != 4:
+        return None
+    magic, tfield = _topic_field(topic)
+    pb = encoded_properties + PROP_CRC_PLACEHOLDER if prop_crc else encoded_properties
+    blen = len(body)
+    head = _HEAD_V4.pack(
+        _FIXED_PARTS + blen + len(tfield) + len(pb), magic, crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0,
+        sys_flag, born_ms, born_host, born_port, 0, store_host, store_port, reconsume_times, prepared_offset, blen,
+    )  # fmt: skip
+    return bytearray().join((head, body, tfield, _SHORT.pack(len(pb)), pb))
+
+
+def place_one(buf: bytearray, queue_offset: int, phys: int, store_ts_ms: int, prop_crc: bool) -> None:
+    """Write the offsets and store time of an :func:`encode_one` record (and its CRC)."""
+    _QP.pack_into(buf, POS_QUEUE_OFFSET, queue_offset, phys)
+    _TS.pack_into(buf, POS_STORE_TIMESTAMP_V4, store_ts_ms)
+    if prop_crc:
+        end = len(buf) - PROP_CRC_BYTES
+        at = end + len(PROP_CRC_PREFIX)
+        buf[at : at + 10] = (b"%010d" % (crc32(buf[:end]) & 0x7FFFFFFF))[::-1]
 
 
 @functools.lru_cache(maxsize=1024)

@@ -39,11 +39,13 @@ from rmq_spark.store.record import (
     PROP_CRC_BYTES,
     PROP_CRC_PLACEHOLDER,
     SMALL_BATCH,
+    V4_SYS_FLAG_MASK,
     EncodedBatch,
     Row,
     encode_batch,
     encode_few,
     encode_messages,
+    encode_one,
 )
 from rmq_spark.store.status import GetStatus, PutStatus
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
@@ -165,6 +167,9 @@ class MessageStore:
         self.dispatched_offset = 0
         self.dispatchers: list[Dispatcher] = [ConsumeQueueDispatcher(self)]
         self.dispatchers.extend(factory(self) for factory in dispatchers)
+        # one-record puts skip the batch objects when every dispatcher takes single records; with
+        # sync flush a put waits for its fdatasync, the batch path's group commit
+        self._one_by_one = cfg.flush == "async" and all(hasattr(d, "dispatch_one") for d in self.dispatchers)
         # (listener, topic or None); replaced, never changed in place: publishers read it unlocked
         self._listeners: list[tuple[Callable[[DispatchBatch], None], str | None]] = []
 
@@ -385,8 +390,50 @@ class MessageStore:
         """Store a few records given as rows (:data:`~rmq_spark.store.record.Row`) as one write:
         for callers that checked their topics, bodies and queue ids as :meth:`put_messages` does
         and encoded each one's properties with its UNIQ_KEY (the broker's sends, transactions)."""
+        if len(rows) == 1 and self._one_by_one:
+            done = self._put_one(rows[0])
+            if done is not None:
+                return done
         batch = self.encode_rows_few(rows)
         return self._put_encoded(batch, batch.uniq_keys)
+
+    def _put_one(self, row: Row) -> PutResult | None:
+        """:meth:`put_rows` of one record with asynchronous flush: encoded, appended and handed to
+        the dispatchers without batch objects.  None, nothing written, for a record the batch path
+        must take: an IPv6 host, a delay-level record, oversized properties, a segment to roll."""
+        topic, qid, body, props, pb, tags, flag, sf, born_ms, born_host, born_port, rts, prep = row
+        cfg = self.config
+        prop_crc = cfg.append_prop_crc
+        if topic == L.SCHEDULE_TOPIC or len(pb) + PROP_CRC_BYTES > L.PROPERTY_MAX_BYTES:
+            return None
+        sf &= V4_SYS_FLAG_MASK
+        buf = encode_one(topic, qid, body, pb, flag, sf, born_ms, host_bytes(born_host), born_port, rts, prep,
+                         self._store_host, cfg.store_port, prop_crc)  # fmt: skip
+        if buf is None:
+            return None
+        if self._closed:
+            raise StoreError(f"store {self.root} is shut down")
+        cl = self.commitlog
+        size = len(buf)
+        with cl.put_lock:
+            placed = cl.append_one(buf, topic, qid, sf, prop_crc)
+            if placed is None:
+                return None
+            phys, qoff, now = placed
+            end = phys + size
+            keys, uniq = props.get(L.P_KEYS), props.get(L.P_UNIQ_KEY)
+            with self.publish_lock:
+                for d in self.dispatchers:
+                    d.dispatch_one(phys, size, topic, qid, qoff, tags, sf, now, keys, uniq, end)  # type: ignore[attr-defined]
+                self.dispatched_offset = end
+            batch = None
+            for listener, wanted in self._listeners:
+                if wanted is None or wanted == topic:
+                    if batch is None:
+                        batch = DispatchBatch([phys], [size], [topic], [qid], [qoff], [tags], [sf], [now], [keys],
+                                              [uniq], [props], end)  # fmt: skip
+                    listener(batch)
+        return PutResult(PutStatus.PUT_OK, AppendResult(phys, size, [phys], [qoff], now, self._store_host, cfg.store_port), [uniq])
 
     def encode_rows_few(self, rows: Sequence[Row]) -> EncodedBatch:
         """The records of :meth:`put_rows`, encoded one by one (at most ``SMALL_BATCH`` of them)."""
