@@ -120,7 +120,7 @@ class PopService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_persist_ms = 0
-        store.add_listener(lambda batch: self.notify())
+        store.add_listener(self.notify, batch=False)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:

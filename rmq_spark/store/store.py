@@ -171,7 +171,7 @@ class MessageStore:
         # sync flush a put waits for its fdatasync, the batch path's group commit
         self._one_by_one = cfg.flush == "async" and all(hasattr(d, "dispatch_one") for d in self.dispatchers)
         # (listener, topic or None); replaced, never changed in place: publishers read it unlocked
-        self._listeners: list[tuple[Callable[[DispatchBatch], None], str | None]] = []
+        self._listeners: list[tuple[Callable[..., None], str | None, bool]] = []
 
         self.commitlog.mfq.load()
         self._load_consume_queues()
@@ -427,8 +427,11 @@ class MessageStore:
                     d.dispatch_one(phys, size, topic, qid, qoff, tags, sf, now, keys, uniq, end)  # type: ignore[attr-defined]
                 self.dispatched_offset = end
             batch = None
-            for listener, wanted in self._listeners:
+            for listener, wanted, with_batch in self._listeners:
                 if wanted is None or wanted == topic:
+                    if not with_batch:
+                        listener()
+                        continue
                     if batch is None:
                         batch = DispatchBatch([phys], [size], [topic], [qid], [qoff], [tags], [sf], [now], [keys],
                                               [uniq], [props], end)  # fmt: skip
@@ -553,14 +556,15 @@ class MessageStore:
                 d.dispatch(dispatch)
             self.dispatched_offset = dispatch.end_offset
         topics = dispatch.topics
-        for listener, wanted in self._listeners:
+        for listener, wanted, with_batch in self._listeners:
             if wanted is None or wanted in topics:
-                listener(dispatch)
+                listener(dispatch) if with_batch else listener()
 
-    def add_listener(self, listener: Callable[[DispatchBatch], None], topic: str | None = None) -> None:
-        """Called after each dispatched batch (outside the publish lock): long polling, services;
-        with ``topic``, only after batches holding a record of that topic."""
-        self._listeners = [*self._listeners, (listener, topic)]
+    def add_listener(self, listener: Callable[..., None], topic: str | None = None, *, batch: bool = True) -> None:
+        """Called after each dispatched batch (outside the publish lock) with the DispatchBatch:
+        long polling, services; with ``topic``, only after batches holding a record of that topic;
+        with ``batch=False`` called with no argument (a waker: a one-record put makes no batch)."""
+        self._listeners = [*self._listeners, (listener, topic, batch)]
 
     def remove_listener(self, listener: Callable[[DispatchBatch], None]) -> None:
         """Stop calling ``listener`` (a service that shuts down before the store)."""
