@@ -732,6 +732,26 @@ def test_ends_older_than_the_file_reserved_time_are_forgotten_and_their_halves_r
     assert len(env.real()) == 2  # each committed once
 
 
+def test_group_ends_refuse_halves_older_than_the_file_reserved_time(env):
+    """commit_group / rollback_group apply end_transaction's EXPIRED rule: nothing is written."""
+    hour = 3_600_000
+    old = env.prepare(2)
+    env.clock.advance(73 * hour)  # 72 h kept
+    (new,) = env.prepare(1)
+    offsets = [h[0] for h in [*old, new]]
+    expired = {old[0][0]: EndTxStatus.EXPIRED, old[1][0]: EndTxStatus.EXPIRED}
+    g = env.svc.commit_group(offsets)  # a group commits whole or not at all
+    assert g.status is EndTxStatus.EXPIRED and not g.ok and g.rejected == expired
+    assert env.real() == [] and env.store.max_offset(OP, 0) == 0
+    assert env.svc.commit_group([new[0]]).ok  # the young one alone still commits
+    assert [m.body for m in env.real()] == [b"m0"]
+    (young,) = env.prepare(1)
+    g = env.svc.rollback_group([old[0][0], young[0]])  # a rollback ends the young one
+    assert g.ok and g.rejected == {old[0][0]: EndTxStatus.EXPIRED} and g.transaction_ids == [young[2]]
+    assert env.svc.transaction_state(young[2]) is TxnState.ROLLED_BACK
+    assert env.svc.rollback_group([h[0] for h in old]).status is EndTxStatus.EXPIRED
+
+
 def test_check_counts_checks_and_moves_a_half_to_max_time_topic(store_dir):
     env = Env(store_dir, transaction_check_max=3)
     (h,) = env.prepare(1)

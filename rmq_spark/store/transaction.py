@@ -437,8 +437,25 @@ class TransactionService:
                     bad = _mismatch(h, ref.queue_offset, ref.producer_group, ref.transaction_id)
                 if bad is not None:
                     rejected[off] = bad
+        # as end_transaction: how a half this old ended may be forgotten by now, so a commit of it
+        # is refused (the whole group: it is atomic); a rollback ends the others
+        oldest = self.clock.now_ms() - self.file_reserved_ms
+        expired = {}
+        for h in found:
+            stored = None if h is None else h.store_timestamp_ms
+            if stored is not None and stored < oldest:
+                expired[h.phys] = EndTxStatus.EXPIRED  # type: ignore[union-attr]
+        if expired and (rejected or act is TransactionAction.COMMIT):
+            rejected = {**expired, **rejected}
         if rejected:
             return GroupResult(next(iter(rejected.values())), rejected=rejected)
+        if expired:
+            found = [h for h in found if h.phys not in expired]  # type: ignore[union-attr]
+            if not found:
+                return GroupResult(EndTxStatus.EXPIRED, rejected=expired)
+            r = self.end_halves(found, act)  # type: ignore[arg-type]
+            r.rejected = {**expired, **r.rejected}
+            return r
         if not found:
             return GroupResult(EndTxStatus.SUCCESS)
         return self.end_halves(found, act)  # type: ignore[arg-type]
