@@ -103,12 +103,20 @@ class ProducerPath:
         now = self.clock.now_ms()
         max_delay_ms = int(core.config.timer_max_delay_s) * 1000
         body_max_bytes = self.store.config.body_max_bytes
+        parsed = [
+            parse_send(pm, cfg, now_ms=now, body_max_bytes=body_max_bytes, max_delay_ms=max_delay_ms,
+                       peer_host=peer_host)
+            for pm, cfg in zip(messages, topics)
+        ]  # fmt: skip
+        if len(parsed) == 1 and self._batcher is None:
+            out = parsed[0]
+            props = out.properties
+            if out.type == MessageType.NORMAL and L.P_SHARDING_KEY not in props and HOOK_KEYS.isdisjoint(props):
+                return self._send_plain(out, client_id)
         outs = []
         items: list[Message | Row] = []  # a row for a message no put hook acts on
         plain = True  # every message NORMAL: the answer needs no per-type handling
-        for pm, cfg in zip(messages, topics):
-            out = parse_send(pm, cfg, now_ms=now, body_max_bytes=body_max_bytes, max_delay_ms=max_delay_ms,
-                             peer_host=peer_host)
+        for out, cfg in zip(parsed, topics):
             if out.type != MessageType.NORMAL:
                 plain = False
                 if out.deliver_ms and core.timer is None:
@@ -146,6 +154,25 @@ class ProducerPath:
             if cfg is not noted:
                 self.clients.note_sent(client_id, cfg.topic_name)
                 noted = cfg
+        return response
+
+    def _send_plain(self, out: Outgoing, client_id: str) -> S.SendMessageResponse:
+        """:meth:`send` of a request of one message no put hook acts on, without a group (the
+        usual send: a queue by round robin, no batcher, no per-type answer)."""
+        cfg = out.topic
+        out.queue_id = next(self._round_robin(cfg.topic_name)) % max(1, cfg.write_queue_nums)
+        try:
+            put = self.core.send([out.row()])
+        except MessageIllegalError as e:
+            raise RpcStatusError(Code.BAD_REQUEST, str(e)) from None
+        if not put.ok:
+            code = codes.put_code(put.status)
+            return S.SendMessageResponse(status=codes.status(code, f"put failed: {put.status.value}"))
+        ok = codes.ok()
+        response = S.SendMessageResponse(status=ok)
+        mid = out.message_id
+        response.entries.add(status=ok, message_id=mid, transaction_id=mid, offset=put.append.queue_list()[0])
+        self.clients.note_sent(client_id, cfg.topic_name)
         return response
 
     def _typed_entries(self, entries: Any, outs: list[Outgoing], written: Written) -> None:

@@ -167,9 +167,13 @@ class MessageStore:
         self.dispatched_offset = 0
         self.dispatchers: list[Dispatcher] = [ConsumeQueueDispatcher(self)]
         self.dispatchers.extend(factory(self) for factory in dispatchers)
-        # one-record puts skip the batch objects when every dispatcher takes single records; with
-        # sync flush a put waits for its fdatasync, the batch path's group commit
-        self._one_by_one = cfg.flush == "async" and all(hasattr(d, "dispatch_one") for d in self.dispatchers)
+        # one-record puts skip the batch objects when every dispatcher takes single records (and
+        # the store host is IPv4); with sync flush a put waits for its fdatasync, the batch path's
+        # group commit
+        self._one_by_one = (
+            cfg.flush == "async" and len(self._store_host) == 4
+            and all(hasattr(d, "dispatch_one") for d in self.dispatchers)
+        )  # fmt: skip
         # (listener, topic or None); replaced, never changed in place: publishers read it unlocked
         self._listeners: list[tuple[Callable[..., None], str | None, bool]] = []
 
