@@ -13,6 +13,7 @@ from rmq_spark.broker.popstate import OffsetSet
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.filter import make_filter
+from rmq_spark.errors import StoreError
 from rmq_spark.store.message import Message
 from rmq_spark.store.store import MessageStore, StoreConfig
 
@@ -104,6 +105,35 @@ def test_redelivery_through_the_retry_topic_then_dead_letters(env):
     # everything of the group is finished: its committed offsets moved past the message
     assert core.store.offsets.query("g", "T", 0) == 1
     assert core.store.offsets.query("g", retry_topic("g"), 0) == 2
+
+
+def test_a_message_that_cannot_be_read_back_stays_to_redeliver_and_the_others_move(env, monkeypatch, caplog):
+    """An expired message whose record fails to read (a damaged file) is not lost or stuck: the
+    error is logged, it is delivered again from its queue, and the round's other messages move."""
+    core, pop, clock = env
+    put(core, "T", [b"a", b"b", b"c"])
+    got = pop.pop("g", "T", ALL, 5, 1000)
+    assert bodies(got) == [b"a", b"b", b"c"]
+    bad = got[1].message.commitlog_offset
+    real = core.store.look_message_by_offset
+
+    def damaged(phys, size=None):  # type: ignore[no-untyped-def]
+        if phys == bad:
+            raise StoreError(f"commitlog/00000000000000000000: bad record at {phys}")
+        return real(phys, size)
+
+    monkeypatch.setattr(core.store, "look_message_by_offset", damaged)
+    clock.advance(1001)
+    pop.revive_once()
+    assert "bad record at" in caplog.text
+    assert core.store.max_offset(retry_topic("g"), 0) == 2  # a and c moved
+    monkeypatch.setattr(core.store, "look_message_by_offset", real)
+    again = {d.message.body: d for d in pop.pop("g", "T", ALL, 5, 1000)}
+    assert sorted(again) == [b"a", b"b", b"c"]  # b from its queue, a and c from the retry topic
+    assert again[b"b"].message.commitlog_offset == bad and again[b"a"].attempt == again[b"c"].attempt == 2
+    for d in again.values():
+        assert pop.ack("g", "T", d.handle) is AckOutcome.OK
+    assert core.store.offsets.query("g", "T", 0) == 3  # nothing left behind in the queue
 
 
 def test_forward_to_dead_letter_queue_is_idempotent(env):

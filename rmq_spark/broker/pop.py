@@ -511,7 +511,13 @@ class PopService:
         msgs: list[Message] = []
         kept = []
         for g, q, off, phys, size, reconsume, origin, to_dlq in moves:
-            ext = self.store.look_message_by_offset(phys, size)
+            try:
+                ext = self.store.look_message_by_offset(phys, size)
+            except Exception:  # unreadable (the error names file and position): it stays to redeliver
+                log.exception("reading message %s of %s (CommitLog offset %d) to move it failed", off, q.topic, phys)
+                with g.lock:
+                    q.pending[off] = Pending(phys, size, None, reconsume, origin)
+                continue
             if ext is None:  # gone from the store: nothing to redeliver
                 kept.append((g, q, off))
                 continue
@@ -527,7 +533,8 @@ class PopService:
             if not ok:  # redeliver from where they are rather than lose them
                 for g, q, off, phys, size, reconsume, origin, _dlq in moves:
                     with g.lock:
-                        q.pending[off] = Pending(phys, size, None, reconsume, origin)
+                        if off not in q.pending:
+                            q.pending[off] = Pending(phys, size, None, reconsume, origin)
                 return
         for g, q, off in kept:
             with g.lock:
