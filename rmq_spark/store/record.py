@@ -628,8 +628,6 @@ def _encode_rows(  # type: ignore[no-untyped-def]
     )
 
 
-
-
 def encode_one(  # type: ignore[no-untyped-def]
     topic: str, queue_id: int, body: bytes, encoded_properties: bytes, flag: int, sys_flag: int,
     born_ms: int, born_host: bytes, born_port: int, reconsume_times: int, prepared_offset: int,
