@@ -232,7 +232,8 @@ def send_rate(endpoints: str, topic: str, threads: int, seconds: float, window: 
                 one()
                 count[i] += 1
 
-        window and window.start()
+        if window is not None:
+            window.start()
         t0 = time.perf_counter()
         ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
         for t in ts:
@@ -240,7 +241,8 @@ def send_rate(endpoints: str, topic: str, threads: int, seconds: float, window: 
         for t in ts:
             t.join()
         elapsed = time.perf_counter() - t0
-        window and window.stop()
+        if window is not None:
+            window.stop()
     finally:
         producer.shutdown()
     return sum(count) / elapsed, sum(count)
@@ -273,7 +275,8 @@ def send_async_rate(endpoints: str, topic: str, in_flight: int, seconds: float, 
     try:
         for _ in range(20):
             producer.send(message())
-        window and window.start()
+        if window is not None:
+            window.start()
         t0 = time.perf_counter()
         stop_at = t0 + seconds
         while time.perf_counter() < stop_at:
@@ -282,7 +285,8 @@ def send_async_rate(endpoints: str, topic: str, in_flight: int, seconds: float, 
         for _ in range(in_flight):
             slots.acquire()
         elapsed = time.perf_counter() - t0
-        window and window.stop()
+        if window is not None:
+            window.stop()
     finally:
         producer.shutdown()
     return done[0] / elapsed, done[0]
@@ -314,7 +318,8 @@ def receive_ack_rate(endpoints: str, topic: str, group: str, threads: int, total
                     consumer.ack(m)
                     count[i] += 1
 
-        window and window.start()
+        if window is not None:
+            window.start()
         t0 = time.perf_counter()
         ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
         for t in ts:
@@ -322,7 +327,8 @@ def receive_ack_rate(endpoints: str, topic: str, group: str, threads: int, total
         for t in ts:
             t.join()
         elapsed = time.perf_counter() - t0
-        window and window.stop()
+        if window is not None:
+            window.stop()
     finally:
         consumer.shutdown()
     return sum(count) / elapsed, sum(count)
