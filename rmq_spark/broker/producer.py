@@ -38,6 +38,7 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt, java_string_hash
 from rmq_spark.store.record import Row
+from rmq_spark.store.status import PutStatus
 from rmq_spark.store.timer import RecallError
 from rmq_spark.store.transaction import TransactionAction
 from rmq_spark.store.transaction_check import CHECK_GROUP
@@ -49,6 +50,11 @@ log = logging.getLogger("rmq_spark.broker.producer")
 MAX_REMEMBERED_HALVES = 1 << 20
 # the answer to a one-message send, copied and filled in (a copy costs half of building it)
 _ONE_SENT = S.SendMessageResponse(status=codes.ok(), entries=[S.SendResultEntry(status=codes.ok())])
+
+
+def _put_failed(status: PutStatus) -> S.SendMessageResponse:
+    """The answer to a send whose write the store refused (or did not make durable in time)."""
+    return S.SendMessageResponse(status=codes.status(codes.put_code(status), f"put failed: {status.value}"))
 SCAN_CHUNK = 65536
 
 
@@ -141,8 +147,7 @@ class ProducerPath:
         except MessageIllegalError as e:
             raise RpcStatusError(Code.BAD_REQUEST, str(e)) from None
         if not written.ok:
-            code = codes.put_code(written.status)
-            return S.SendMessageResponse(status=codes.status(code, f"put failed: {written.status.value}"))
+            return _put_failed(written.status)
         ok = codes.ok()
         response = S.SendMessageResponse(status=ok)
         entries = response.entries
@@ -168,8 +173,7 @@ class ProducerPath:
         except MessageIllegalError as e:
             raise RpcStatusError(Code.BAD_REQUEST, str(e)) from None
         if not put.ok:
-            code = codes.put_code(put.status)
-            return S.SendMessageResponse(status=codes.status(code, f"put failed: {put.status.value}"))
+            return _put_failed(put.status)
         response = S.SendMessageResponse()
         response.CopyFrom(_ONE_SENT)
         entry = response.entries[0]

@@ -421,6 +421,14 @@ class _Scanned:
     keys: list[str | None] = field(default_factory=list)
     uniq_keys: list[str | None] = field(default_factory=list)
 
+    def add(self, phys: int, topic: str, sys_flag: int, store_ts: int, keys: str | None, uniq: str | None) -> None:
+        self.phys.append(phys)
+        self.topics.append(topic)
+        self.sys_flags.append(sys_flag)
+        self.store_ts.append(store_ts)
+        self.keys.append(keys)
+        self.uniq_keys.append(uniq)
+
 
 class IndexService:
     """The dispatcher that keeps the index files: ``MessageStore(...,
@@ -524,13 +532,7 @@ class IndexService:
             covered = self._covered
             if covered is None or covered < phys:
                 self._catch_up(phys)
-            h = self._held
-            h.phys.append(phys)
-            h.topics.append(topic)
-            h.sys_flags.append(sys_flag)
-            h.store_ts.append(store_ts_ms)
-            h.keys.append(keys)
-            h.uniq_keys.append(uniq_key)
+            self._held.add(phys, topic, sys_flag, store_ts_ms, keys, uniq_key)
             self._held_records += 1
             if self._held_records >= HOLD_RECORDS:
                 self._drain()
@@ -672,13 +674,7 @@ class IndexService:
                 continue
             if kind != RecordCheck.VALID:
                 break
-            topic, sys_flag, store_ts, keys, uniq = _index_fields(mf.mm, pos)
-            scanned.phys.append(offset)
-            scanned.topics.append(topic)
-            scanned.sys_flags.append(sys_flag)
-            scanned.store_ts.append(store_ts)
-            scanned.keys.append(keys)
-            scanned.uniq_keys.append(uniq)
+            scanned.add(offset, *_index_fields(mf.mm, pos))
             offset += size
             if len(scanned.phys) >= _SCAN_BATCH_RECORDS:
                 self._index_scanned(scanned)
