@@ -48,6 +48,7 @@ __all__ = ["ProducerPath", "HalfRef"]
 log = logging.getLogger("rmq_spark.broker.producer")
 
 MAX_REMEMBERED_HALVES = 1 << 20
+SCAN_CHUNK = 65536
 # the answer to a one-message send, copied and filled in (a copy costs half of building it)
 _ONE_SENT = S.SendMessageResponse(status=codes.ok(), entries=[S.SendResultEntry(status=codes.ok())])
 
@@ -55,7 +56,6 @@ _ONE_SENT = S.SendMessageResponse(status=codes.ok(), entries=[S.SendResultEntry(
 def _put_failed(status: PutStatus) -> S.SendMessageResponse:
     """The answer to a send whose write the store refused (or did not make durable in time)."""
     return S.SendMessageResponse(status=codes.status(codes.put_code(status), f"put failed: {status.value}"))
-SCAN_CHUNK = 65536
 
 
 @dataclass(frozen=True)

@@ -562,7 +562,10 @@ class MessageStore:
         topics = dispatch.topics
         for listener, wanted, with_batch in self._listeners:
             if wanted is None or wanted in topics:
-                listener(dispatch) if with_batch else listener()
+                if with_batch:
+                    listener(dispatch)
+                else:
+                    listener()
 
     def add_listener(self, listener: Callable[..., None], topic: str | None = None, *, batch: bool = True) -> None:
         """Called after each dispatched batch (outside the publish lock) with the DispatchBatch:
