@@ -136,6 +136,80 @@ def test_a_message_that_cannot_be_read_back_stays_to_redeliver_and_the_others_mo
     assert core.store.offsets.query("g", "T", 0) == 3  # nothing left behind in the queue
 
 
+def test_a_copy_that_cannot_be_made_stays_to_redeliver_and_the_others_move(env, monkeypatch, caplog):
+    """Making one message's retry copy raises: that message is delivered again from its queue, the
+    round's other messages move, nothing is lost."""
+    core, pop, clock = env
+    put(core, "T", [b"a", b"b", b"c"])
+    assert bodies(pop.pop("g", "T", ALL, 5, 1000)) == [b"a", b"b", b"c"]
+    real = PopService._copy
+
+    def copy(ext, *args):  # type: ignore[no-untyped-def]
+        if ext.body == b"b":
+            raise ValueError("a property the copy cannot take")
+        return real(ext, *args)
+
+    monkeypatch.setattr(PopService, "_copy", staticmethod(copy))
+    clock.advance(1001)
+    assert pop.revive_once() == 3
+    assert "a property the copy cannot take" in caplog.text
+    assert core.store.max_offset(retry_topic("g"), 0) == 2  # a and c moved
+    monkeypatch.setattr(PopService, "_copy", staticmethod(real))
+    again = {d.message.body: d.attempt for d in pop.pop("g", "T", ALL, 5, 1000)}
+    assert again == {b"a": 2, b"b": 1, b"c": 2}  # b from its queue (it was never copied)
+
+
+@pytest.mark.parametrize("failure", ["raises", "refused"])
+def test_a_failed_move_leaves_every_message_to_redeliver(env, monkeypatch, caplog, failure):
+    """The write of the round's retry copies fails (an exception, or a status the store refuses
+    with): every message of the round is delivered again from its own queue."""
+    core, pop, clock = env
+    put(core, "T", [b"a", b"b"])
+    assert bodies(pop.pop("g", "T", ALL, 5, 1000)) == [b"a", b"b"]
+    real = core.store.put_messages
+
+    def broken(msgs, **kw):  # type: ignore[no-untyped-def]
+        if failure == "raises":
+            raise OSError("No space left on device")
+        return type("Refused", (), {"ok": False})()
+
+    monkeypatch.setattr(core.store, "put_messages", broken)
+    clock.advance(1001)
+    pop.revive_once()
+    assert "moving 2 expired messages failed" in caplog.text
+    monkeypatch.setattr(core.store, "put_messages", real)
+    assert core.store.max_offset(retry_topic("g"), 0) == 0
+    again = pop.pop("g", "T", ALL, 5, 1000)
+    assert sorted(bodies(again)) == [b"a", b"b"]
+    for d in again:
+        assert pop.ack("g", "T", d.handle) is AckOutcome.OK
+    assert core.store.offsets.query("g", "T", 0) == 2
+
+
+def test_a_round_that_raises_midway_leaves_the_rest_in_flight_for_the_next(env, monkeypatch):
+    """Something raises while a round looks at its due messages: the ones it already handled are
+    moved, the rest stay in flight and expire in the next round."""
+    core, pop, clock = env
+    put(core, "T", [b"a", b"b", b"c"])
+    pop.pop("g", "T", ALL, 1, 1000, client_id="c1", auto_renew=True)
+    pop.pop("g", "T", ALL, 2, 1000)
+    calls = []
+
+    def flaky(cid):  # type: ignore[no-untyped-def]
+        calls.append(cid)
+        raise RuntimeError("client registry unavailable")
+
+    pop.is_client_alive = flaky
+    clock.advance(1001)
+    with pytest.raises(RuntimeError):
+        pop.revive_once()  # a (auto-renewed) comes first and raises
+    assert calls == ["c1"]
+    assert core.store.max_offset(retry_topic("g"), 0) == 0 and pop.inflight_count("g") == 3
+    pop.is_client_alive = lambda cid: False
+    assert pop.revive_once() == 3
+    assert core.store.max_offset(retry_topic("g"), 0) == 3 and pop.inflight_count("g") == 0
+
+
 def test_forward_to_dead_letter_queue_is_idempotent(env):
     core, pop, clock = env
     put(core, "T", [b"x"])

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from rmq_spark.broker.codes import AckOutcome
 from rmq_spark.broker.popstate import MAIN, RETRY, InFlight, OffsetSet, Pending, PopStateFile, QueueState
+from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
 from rmq_spark.store.filter import SqlFilter, TagFilter
@@ -473,73 +474,87 @@ class PopService:
         moves = []
         renewed = []
         requeued = 0
-        for deadline, _seq, gname, key, off in due:
-            g = self._groups.get(gname)
-            if g is None:
-                continue
-            with g.lock:
-                q = g.queues.get(key)
-                e = q.inflight.get(off) if q is not None else None
-                if e is None or e.deadline_ms != deadline:
-                    continue  # acked, or its deadline moved
-                if e.auto_renew and self.is_client_alive(e.client_id):
-                    e.deadline_ms = now + self.config.auto_renew_invisible_ms
-                    renewed.append((e.deadline_ms, next(self._seq), gname, key, off))
+        at = 0  # the entry of ``due`` in hand: if anything raises, it and those after go back
+        try:
+            for at, (deadline, _seq, gname, key, off) in enumerate(due):
+                g = self._groups.get(gname)
+                if g is None:
                     continue
-                del q.inflight[off]
-                q.untrack(e)
-                last = e.reconsume + 1 >= self.config.max_delivery_attempts
-                if e.msg_group is not None and q.kind == MAIN and not last:
-                    # FIFO: stays in its queue, delivered again before anything later of its group
-                    q.pending[off] = Pending(e.phys, e.size, e.msg_group, e.reconsume + 1, e.origin)
-                    requeued += 1
-                    continue
-                moves.append((g, q, off, e.phys, e.size, e.reconsume, e.origin, last))
-        if renewed:
-            with self._heap_lock:
-                for item in renewed:
-                    heapq.heappush(self._heap, item)
-        if moves:
-            self._move(moves)
-        if moves or requeued:
-            self.notify()
+                with g.lock:
+                    q = g.queues.get(key)
+                    e = q.inflight.get(off) if q is not None else None
+                    if e is None or e.deadline_ms != deadline:
+                        continue  # acked, or its deadline moved
+                    if e.auto_renew and self.is_client_alive(e.client_id):
+                        e.deadline_ms = now + self.config.auto_renew_invisible_ms
+                        renewed.append((e.deadline_ms, next(self._seq), gname, key, off))
+                        continue
+                    last = e.reconsume + 1 >= self.config.max_delivery_attempts
+                    if e.msg_group is not None and q.kind == MAIN and not last:
+                        # FIFO: stays in its queue, delivered again before anything later of its group
+                        q.pending[off] = Pending(e.phys, e.size, e.msg_group, e.reconsume + 1, e.origin)
+                        requeued += 1
+                    else:
+                        moves.append((g, q, off, e.phys, e.size, e.reconsume, e.origin, last))
+                    # out of flight only once it is pending or to be moved
+                    del q.inflight[off]
+                    q.untrack(e)
+            at = len(due)
+        finally:
+            if renewed or at < len(due):
+                with self._heap_lock:
+                    for item in renewed + due[at:]:
+                        heapq.heappush(self._heap, item)
+            if moves:
+                self._move(moves)
+            if moves or requeued:
+                self.notify()
         return len(moves) + requeued
 
     def _move(self, moves: list) -> None:  # type: ignore[type-arg]
         """Copy expired messages to the retry topic (or the DLQ when ``to_dlq``) in one write, then
-        finish them in their queues."""
+        finish them in their queues.  Whatever fails, each message ends either finished or pending
+        in its queue (delivered again from there), never out of both."""
+        settled: set[int] = set()  # indexes into ``moves`` finished or made pending
+        try:
+            self._move_all(moves, settled)
+        except Exception:
+            log.exception("moving %d expired messages failed: they are delivered again from their queues",
+                          len(moves) - len(settled))
+            for i, (g, q, off, phys, size, reconsume, origin, _dlq) in enumerate(moves):
+                if i not in settled:
+                    self._redeliver_later(g, q, off, phys, size, reconsume, origin)
+
+    @staticmethod
+    def _redeliver_later(g: _Group, q: QueueState, off: int, phys: int, size: int, reconsume: int,
+                         origin: str) -> None:
+        with g.lock:
+            if off not in q.pending:
+                q.pending[off] = Pending(phys, size, None, reconsume, origin)
+
+    def _move_all(self, moves: list, settled: set[int]) -> None:  # type: ignore[type-arg]
         msgs: list[Message] = []
         kept = []
-        for g, q, off, phys, size, reconsume, origin, to_dlq in moves:
+        for i, (g, q, off, phys, size, reconsume, origin, to_dlq) in enumerate(moves):
             try:
                 ext = self.store.look_message_by_offset(phys, size)
+                copy = None if ext is None else self._copy(ext, g.name, origin, reconsume + 1, to_dlq)
             except Exception:  # unreadable (the error names file and position): it stays to redeliver
                 log.exception("reading message %s of %s (CommitLog offset %d) to move it failed", off, q.topic, phys)
-                with g.lock:
-                    q.pending[off] = Pending(phys, size, None, reconsume, origin)
+                self._redeliver_later(g, q, off, phys, size, reconsume, origin)
+                settled.add(i)
                 continue
-            if ext is None:  # gone from the store: nothing to redeliver
-                kept.append((g, q, off))
-                continue
-            msgs.append(self._copy(ext, g.name, origin, reconsume + 1, to_dlq))
-            kept.append((g, q, off))
-        if msgs:
-            try:
-                result = self.store.put_messages(msgs, allow_system=True)
-                ok = result.ok
-            except Exception:
-                log.exception("moving %d messages to retry/DLQ topics failed", len(msgs))
-                ok = False
-            if not ok:  # redeliver from where they are rather than lose them
-                for g, q, off, phys, size, reconsume, origin, _dlq in moves:
-                    with g.lock:
-                        if off not in q.pending:
-                            q.pending[off] = Pending(phys, size, None, reconsume, origin)
-                return
-        for g, q, off in kept:
+            if copy is not None:  # None: gone from the store, nothing to redeliver
+                msgs.append(copy)
+            kept.append(i)
+        if msgs and not self.store.put_messages(msgs, allow_system=True).ok:
+            raise StoreError(f"the store refused the {len(msgs)} retry/DLQ copies")
+        for i in kept:
+            g, q, off = moves[i][:3]
             with g.lock:
                 q.finish(off)
                 self._commit(g, q)
+            settled.add(i)
 
     @staticmethod
     def _copy(ext: MessageExt, group: str, origin: str, reconsume: int, to_dlq: bool) -> Message:
