@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from rmq_spark.broker import Broker
 from rmq_spark.broker.__main__ import main
-from rmq_spark.broker.options import parse_args
+from rmq_spark.broker.options import build_parser, parse_args
 from rmq_spark.broker.testing import BrokerProcess, metadata
 from rmq_spark.errors import ConfigError, StoreLockedError
 from rmq_spark.internal.client import InternalClient
@@ -131,6 +132,23 @@ def test_config_file_json_and_key_value_flags_win(tmp_path):
         parse_args(["--store", "s", "--config", str(bad)])
     with pytest.raises(ConfigError, match="--store"):
         parse_args([])
+
+
+def test_help_states_the_defaults_the_broker_uses(tmp_path):
+    """Each default --help names is what the broker runs with when the flag is left out."""
+    base = parse_args(["--store", str(tmp_path)])
+    checked = []
+    for action in build_parser()._actions:
+        m = re.search(r"\(default:? ([\w.-]+(?::\d+)?)", action.help or "")
+        if m is None or action.option_strings[0] in ("--acl", "--delay-levels"):
+            continue  # no access control / the 18 levels are the absence of a value
+        value = m.group(1)
+        if action.option_strings[0] == "--commitlog-segment-bytes":
+            value = str(1 << 30)  # "1 GiB"
+        given = parse_args(["--store", str(tmp_path), action.option_strings[0], value])
+        assert (given.config, given.options) == (base.config, base.options), action.option_strings[0]
+        checked.append(action.option_strings[0])
+    assert len(checked) >= 15
 
 
 def test_console_script_and_embedded_broker(tmp_path):

@@ -86,28 +86,32 @@ class ParsedArgs:
     options: BrokerOptions
 
 
-# (flag, config key, type, help); bool flags take no value
+# (flag = config key, type, help with the default); bool flags take no value
 _FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("listen", str, "HOST:PORT to serve on (port 0 picks a free port)"),
-    ("flush", str, "CommitLog flush: sync or async"),
-    ("delay-levels", str, 'delay levels, e.g. "1s 5s 10s"'),
-    ("transaction-timeout", float, "seconds before a half message is checked back"),
-    ("transaction-check-interval", float, "seconds between transaction check rounds"),
-    ("transaction-check-max", int, "check-backs before a half message is discarded"),
-    ("commitlog-segment-bytes", int, "CommitLog segment size in bytes"),
-    ("default-queue-nums", int, "queues of an auto-created topic"),
-    ("idle-exit-s", float, "exit after this many seconds with no RPC and no open stream"),
-    ("acl", str, "JSON file of access keys, secrets and permissions"),
-    ("max-delivery-attempts", int, "deliveries of a message before it goes to the DLQ"),
-    ("min-invisible-s", float, "least invisible time a receive may ask for"),
-    ("long-polling-max-s", float, "longest long-polling time of a receive"),
-    ("auto-renew-invisible-s", float, "invisible time of push-consumer deliveries"),
-    ("timer-precision-ms", int, "precision of timer (delivery-time) messages"),
-    ("timer-max-delay-s", int, "furthest delivery time accepted, in seconds"),
-    ("broker-name", str, "broker name shown in routes"),
-    ("workers", int, "gRPC worker threads"),
+    ("listen", str, f"HOST:PORT to serve on; port 0 picks a free port (default {DEFAULT_LISTEN})"),
+    ("flush", str, "CommitLog flush: sync or async (default async)"),
+    ("delay-levels", str, 'delay levels, e.g. "1s 5s 10s" (default: RocketMQ\'s 18 levels, 1s ... 2h)'),
+    ("transaction-timeout", float, "seconds before a half message is checked back (default 6)"),
+    ("transaction-check-interval", float, "seconds between transaction check rounds (default 30)"),
+    ("transaction-check-max", int, "check-backs before a half message is discarded (default 15)"),
+    ("commitlog-segment-bytes", int, "CommitLog segment size in bytes (default 1 GiB)"),
+    ("default-queue-nums", int, "queues of an auto-created topic (default 4)"),
+    ("idle-exit-s", float, "exit after this many seconds with no RPC and no open stream (default 0: never)"),
+    ("acl", str, "JSON file of access keys, secrets and permissions (default: no access control)"),
+    ("max-delivery-attempts", int, "deliveries of a message before it goes to the DLQ (default 17)"),
+    ("min-invisible-s", float, "least invisible time a receive may ask for (default 10)"),
+    ("long-polling-max-s", float, "longest long-polling time of a receive (default 20)"),
+    ("auto-renew-invisible-s", float, "invisible time of push-consumer deliveries (default 60)"),
+    ("timer-precision-ms", int, "precision of timer (delivery-time) messages (default 100)"),
+    ("timer-max-delay-s", int, "furthest delivery time accepted, in seconds (default 259200: 3 days)"),
+    ("broker-name", str, "broker name shown in routes (default rmq-spark-broker)"),
+    ("workers", int, "gRPC worker threads (default 128)"),
 )
-_BOOL_FLAGS = ("no-auto-create-topics", "truncate-corrupt")
+_BOOL_FLAGS: tuple[tuple[str, str], ...] = (
+    ("no-auto-create-topics", "answer TOPIC_NOT_FOUND for unknown topics instead of creating them"),
+    ("truncate-corrupt", "on recovery, truncate a corrupt CommitLog tail instead of refusing to start"),
+)
+_BOOL_NAMES = tuple(name for name, _h in _BOOL_FLAGS)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -121,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="JSON object or key=value lines; flags win")
     for name, typ, help_ in _FLAGS:
         p.add_argument(f"--{name}", type=typ, default=None, help=help_)
-    for name in _BOOL_FLAGS:
-        p.add_argument(f"--{name}", action="store_true", default=None)
+    for name, help_ in _BOOL_FLAGS:
+        p.add_argument(f"--{name}", action="store_true", default=None, help=help_)
     return p
 
 
@@ -147,7 +151,7 @@ def _read_config(path: str) -> dict[str, Any]:
             if not sep:
                 raise ConfigError(f"config file {path} line {n}: expected key=value")
             data[key.strip()] = value.strip()
-    known = {name for name, _t, _h in _FLAGS} | set(_BOOL_FLAGS) | {"store"}
+    known = {name for name, _t, _h in _FLAGS} | set(_BOOL_NAMES) | {"store"}
     out: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).strip().replace("_", "-").lower()
@@ -158,7 +162,7 @@ def _read_config(path: str) -> dict[str, Any]:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    if name in _BOOL_FLAGS:
+    if name in _BOOL_NAMES:
         if isinstance(value, bool):
             return value
         text = str(value).strip().lower()
@@ -183,7 +187,7 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
         v = getattr(ns, name.replace("-", "_"))
         if v is not None:
             values[name] = v
-    for name in _BOOL_FLAGS:
+    for name in _BOOL_NAMES:
         if getattr(ns, name.replace("-", "_")):
             values[name] = True
     v = {k: _coerce(k, x) for k, x in values.items() if k != "store"}
