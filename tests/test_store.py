@@ -473,3 +473,38 @@ def test_put_rows_writes_the_records_put_messages_writes(store_dir, crc):
         assert set(cq.units(0, 4)["tags_code"].tolist()) == {tags_code("tg")}
         with pytest.raises(StoreError, match="at least one row"):
             s.put_rows([])
+
+
+@pytest.mark.parametrize("sizes", [[1], [3], [200], [1, 1, 4, 300]], ids=["one", "few", "many", "mixed"])
+def test_a_reader_never_sees_a_consume_queue_unit_before_it_is_whole(store_dir, monkeypatch, sizes):
+    """Every byte write of a ConsumeQueue is followed by a look a concurrent reader could take at
+    that instant: each unit below the queue's end must already have its size (a unit read with
+    size 0 was skipped by get_messages, and a new consumer group on a fresh queue lost the first
+    message of a racing put that way)."""
+    from rmq_spark.store.mapped import MappedFile
+
+    s = MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=1 << 20))
+    looks = []
+    real_write = MappedFile.write
+
+    def write(mf, data, position=None, publish=True):  # type: ignore[no-untyped-def]
+        if publish:
+            real_write(mf, data, position)
+        else:
+            real_write(mf, data, position, publish=False)
+        for (topic, qid), cq in list(s._cqs.items()):  # noqa: SLF001
+            if mf in cq.mfq.files:
+                units = cq.units(cq.min_offset, cq.max_offset)
+                looks.append(len(units))
+                assert (units["size"] > 0).all(), f"{topic}/{qid}: a unit visible without its size"
+
+    monkeypatch.setattr(MappedFile, "write", write)
+    sent = 0
+    for n in sizes:  # the first put of each size goes to a fresh queue (queue id = the round)
+        for qid in (len(looks) % 4, 3):
+            s.put_messages([Message("Race", b"m%d" % i, queue_id=qid) for i in range(n)])
+            sent += n
+    assert looks, "no ConsumeQueue write was looked at"
+    got = sum(len(s.get_messages("Race", q, 0, max_msgs=10_000).messages) for q in range(4))
+    assert got == sent
+    s.shutdown()

@@ -95,8 +95,9 @@ class ConsumeQueue:
             mf = self.mfq.files[-1]
             for k in range(skip, n):  # a few units: struct beats numpy's per-call cost
                 pos = mf.wrote_position
-                mf.write(_UNIT_NO_SIZE.pack(int(phys[k]), 0, int(tags_codes[k])))
+                mf.write(_UNIT_NO_SIZE.pack(int(phys[k]), 0, int(tags_codes[k])), publish=False)
                 _SIZE.pack_into(mf.mm, pos + 8, int(sizes[k]))
+                mf.wrote_position = pos + U  # a reader sees the unit once it is whole
             self.max_phys_end = int(phys[-1]) + int(sizes[-1])
             return
         units = np.empty(n - skip, dtype=CQ_UNIT)
@@ -113,11 +114,13 @@ class ConsumeQueue:
                 mf = self.mfq.new_file()
             k = min(total - done, mf.remaining_bytes // U)
             pos = mf.wrote_position
-            mf.write(raw[done * U : (done + k) * U].tobytes())
-            # publish: the size field last, 4-byte aligned stores
+            mf.write(raw[done * U : (done + k) * U].tobytes(), publish=False)
+            # the size field last (4-byte aligned stores), then the units are published: a reader
+            # never sees a unit below wrote_position without its size
             view = np.frombuffer(mf.mm, dtype=CQ_UNIT, count=k, offset=pos)
             view["size"] = size_be[done : done + k]
             del view
+            mf.wrote_position = pos + k * U
             done += k
         self.max_phys_end = int(phys[-1]) + int(sizes[-1])
 

@@ -69,7 +69,10 @@ class MappedFile:
     def remaining_bytes(self) -> int:
         return self.size_bytes - self.wrote_position
 
-    def write(self, data: bytes | bytearray | memoryview, position: int | None = None) -> None:
+    def write(self, data: bytes | bytearray | memoryview, position: int | None = None, publish: bool = True) -> None:
+        """Write ``data`` at ``position`` (default: the end) and, with ``publish``, move
+        ``wrote_position`` past it: readers take ``[0, wrote_position)`` as complete, so a writer
+        that still has bytes to fill in publishes afterwards by setting ``wrote_position``."""
         pos = self.wrote_position if position is None else position
         end = pos + len(data)
         if end > self.size_bytes:
@@ -84,7 +87,7 @@ class MappedFile:
             done = 0
             while done < len(view):
                 done += os.pwrite(self._fd, view[done:], pos + done)
-        if end > self.wrote_position:
+        if publish and end > self.wrote_position:
             self.wrote_position = end
 
     def flush(self) -> int:
