@@ -508,3 +508,18 @@ def test_a_reader_never_sees_a_consume_queue_unit_before_it_is_whole(store_dir, 
     got = sum(len(s.get_messages("Race", q, 0, max_msgs=10_000).messages) for q in range(4))
     assert got == sent
     s.shutdown()
+
+
+def test_a_unit_pointing_at_no_record_is_passed_over_and_reported(store_dir, caplog):
+    """A ConsumeQueue unit whose bytes in a live CommitLog segment hold no record (damage) is
+    passed over by get_messages and logged with both files and the position, not silently."""
+    s = MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=1 << 20))
+    s.put_messages([Message("T", b"a"), Message("T", b"b")])
+    cq = s.consume_queue("T", 0)
+    mf = cq.mfq.files[0]
+    np.frombuffer(mf.mm, dtype=CQ_UNIT, count=1, offset=0)["offset"] = 1 << 19  # unit 0: no record there
+    got = s.get_messages("T", 0, 0)
+    assert [m.body for m in got.messages] == [b"b"]
+    assert "ConsumeQueue T/0 unit 0" in caplog.text and "position 524288" in caplog.text
+    assert os.path.join("commitlog", "") in caplog.text
+    s.shutdown()

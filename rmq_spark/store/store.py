@@ -8,6 +8,7 @@ processes use :class:`rmq_spark.store.reader.StoreReader`.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -49,6 +50,8 @@ from rmq_spark.store.record import (
 )
 from rmq_spark.store.status import GetStatus, PutStatus
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
+
+log = logging.getLogger("rmq_spark.store")
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -709,6 +712,7 @@ class MessageStore:
                     continue
                 m = self.commitlog.read_record(phys, size)
                 if m is None:
+                    self._unreadable_unit(cq, next_offset - 1, phys, size)
                     continue
                 if match_msg is not None and not match_msg(m):
                     continue
@@ -719,6 +723,19 @@ class MessageStore:
             break
         status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, out, next_offset, lo, hi)
+
+    def _unreadable_unit(self, cq: ConsumeQueue, queue_offset: int, phys: int, size: int) -> None:
+        """A unit whose record cannot be read is passed over; unless its CommitLog segment was
+        deleted (expired messages, as RocketMQ passes them over), that is damage: logged with the
+        files and positions."""
+        mf = self.commitlog.mfq.find(phys)
+        if mf is None:
+            return
+        log.error(
+            "ConsumeQueue %s/%d unit %d (%s) points at %d bytes at position %d of %s, which hold no record: passed over",
+            cq.topic, cq.queue_id, queue_offset, cq.mfq.directory, size,
+            phys - mf.from_offset, mf.path,
+        )  # fmt: skip
 
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, **kw: object):  # type: ignore[no-untyped-def]
         """Messages ``[start, end)`` of one queue as a ``pyarrow.RecordBatch`` (source schema)."""
