@@ -115,8 +115,9 @@ class Outgoing:
     def row(self) -> Row:
         """The record to store, for a message no put hook acts on (``BrokerCore.send``)."""
         p = self.properties
+        tags = p.get(L.P_TAGS)
         return (
-            self.topic.topic_name, self.queue_id, self.body, p, encode_properties(p), tags_code(p.get(L.P_TAGS)),
+            self.topic.topic_name, self.queue_id, self.body, p, encode_properties(p), tags_code(tags) if tags else 0,
             0, self.sys_flag, self.born_ms, self.born_host, 0, 0, 0,
         )  # fmt: skip
 
@@ -178,10 +179,6 @@ def _ip_literal(text: str) -> str | None:
         return None
 
 
-def _born_host(text: str, peer_host: Callable[[], str]) -> str:
-    return _ip_literal(text) or peer_host()  # never resolve names a client sends
-
-
 def parse_send(
     pm: D.Message,
     topic: TopicConfig,
@@ -225,7 +222,8 @@ def parse_send(
     mtype = sp.message_type
     if mtype != MessageType.NORMAL or group is not None or deliver_ms:  # the plain case skips these
         mtype = _checked_type(mtype, group, deliver_ms)
-    if not topic.accepts(_TYPE_NAMES[mtype]):
+    accepted = topic.message_type
+    if accepted != _TYPE_NAMES[mtype] and accepted != "MIXED":  # TopicConfig.accepts, inlined
         raise RpcStatusError(
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
             f"topic {topic.topic_name!r} accepts {topic.message_type} messages, not {_TYPE_NAMES[mtype]}",
@@ -252,7 +250,7 @@ def parse_send(
     born_ms = born.seconds * 1000 + born.nanos // 1_000_000
     return Outgoing(
         mid, mtype, topic, body, props, sys_flag, born_ms if born_ms > 0 else now_ms,
-        _born_host(sp.born_host, peer_host), deliver_ms,
+        _ip_literal(sp.born_host) or peer_host(), deliver_ms,  # never resolve names a client sends
     )  # fmt: skip
 
 

@@ -81,6 +81,8 @@ class ProducerPath:
         # group commit pays where a write waits for its fdatasync; with asynchronous flush a write
         # never lets the GIL go, so no call could join another's and each goes to the store at once
         self._batcher = SendBatcher(core.send) if self.store.config.flush == "sync" else None
+        self._body_max_bytes = self.store.config.body_max_bytes
+        self._max_delay_ms = int(core.config.timer_max_delay_s) * 1000
         if core.transactions is not None:
             core.transactions.set_checker(self.checker)
 
@@ -107,20 +109,26 @@ class ProducerPath:
     def send(self, messages: Sequence[D.Message], topics: Sequence[TopicConfig], client_id: str,
              peer_host: Callable[[], str]) -> S.SendMessageResponse:
         """The messages of one SendMessage request (``topics``: each one's checked topic)."""
-        core = self.core
         now = self.clock.now_ms()
-        max_delay_ms = int(core.config.timer_max_delay_s) * 1000
-        body_max_bytes = self.store.config.body_max_bytes
         parsed = [
-            parse_send(pm, cfg, now_ms=now, body_max_bytes=body_max_bytes, max_delay_ms=max_delay_ms,
+            parse_send(pm, cfg, now_ms=now, body_max_bytes=self._body_max_bytes, max_delay_ms=self._max_delay_ms,
                        peer_host=peer_host)
             for pm, cfg in zip(messages, topics)
         ]  # fmt: skip
-        if len(parsed) == 1 and self._batcher is None:
-            out = parsed[0]
-            props = out.properties
-            if out.type == MessageType.NORMAL and L.P_SHARDING_KEY not in props and HOOK_KEYS.isdisjoint(props):
-                return self._send_plain(out, client_id)
+        return self._send_parsed(parsed, topics, client_id)
+
+    def send_one(self, pm: D.Message, cfg: TopicConfig, client_id: str, peer_host: Callable[[], str]) -> S.SendMessageResponse:
+        """:meth:`send` of a request of one message (the usual request)."""
+        out = parse_send(pm, cfg, now_ms=self.clock.now_ms(), body_max_bytes=self._body_max_bytes,
+                         max_delay_ms=self._max_delay_ms, peer_host=peer_host)  # fmt: skip
+        props = out.properties
+        if (out.type == MessageType.NORMAL and self._batcher is None and L.P_SHARDING_KEY not in props
+                and HOOK_KEYS.isdisjoint(props)):
+            return self._send_plain(out, client_id)
+        return self._send_parsed([out], (cfg,), client_id)
+
+    def _send_parsed(self, parsed: list[Outgoing], topics: Sequence[TopicConfig], client_id: str) -> S.SendMessageResponse:
+        core = self.core
         outs = []
         items: list[Message | Row] = []  # a row for a message no put hook acts on
         plain = True  # every message NORMAL: the answer needs no per-type handling
@@ -165,21 +173,31 @@ class ProducerPath:
 
     def _send_plain(self, out: Outgoing, client_id: str) -> S.SendMessageResponse:
         """:meth:`send` of a request of one message no put hook acts on, without a group (the
-        usual send: a queue by round robin, no batcher, no per-type answer)."""
+        usual send: a queue by round robin, no batcher, no per-type answer), written at once
+        when the store can (:meth:`~rmq_spark.store.store.MessageStore.try_put_row`)."""
         cfg = out.topic
-        out.queue_id = next(self._round_robin(cfg.topic_name)) % max(1, cfg.write_queue_nums)
-        try:
-            put = self.core.send([out.row()])
-        except MessageIllegalError as e:
-            raise RpcStatusError(Code.BAD_REQUEST, str(e)) from None
-        if not put.ok:
-            return _put_failed(put.status)
+        topic = cfg.topic_name
+        rr = self._rr.get(topic) or self._round_robin(topic)
+        n = cfg.write_queue_nums
+        out.queue_id = next(rr) % n if n > 0 else 0
+        row = out.row()
+        placed = self.store.try_put_row(row)
+        if placed is not None:
+            qoff = placed[2]
+        else:
+            try:
+                put = self.core.send([row])
+            except MessageIllegalError as e:
+                raise RpcStatusError(Code.BAD_REQUEST, str(e)) from None
+            if not put.ok:
+                return _put_failed(put.status)
+            qoff = put.append.queue_list()[0]
         response = S.SendMessageResponse()
         response.CopyFrom(_ONE_SENT)
         entry = response.entries[0]
         entry.message_id = entry.transaction_id = out.message_id
-        entry.offset = put.append.queue_list()[0]
-        self.clients.note_sent(client_id, cfg.topic_name)
+        entry.offset = qoff
+        self.clients.note_sent(client_id, topic)
         return response
 
     def _typed_entries(self, entries: Any, outs: list[Outgoing], written: Written) -> None:

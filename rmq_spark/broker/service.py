@@ -338,7 +338,12 @@ class MessagingService(MessagingServiceServicer):
     @_unary(S.SendMessageResponse)
     def SendMessage(self, request: S.SendMessageRequest, context: grpc.ServicerContext) -> S.SendMessageResponse:
         meta = self._meta(context)
-        messages = list(request.messages)  # the messages' wrappers made once
+        messages = request.messages
+        if len(messages) == 1:  # the usual request
+            pm = messages[0]
+            cfg = self._send_topic(pm.topic.name, meta)
+            return self.producer.send_one(pm, cfg, meta[CLIENT_ID], lambda: _peer_host(context))
+        messages = list(messages)  # the messages' wrappers made once
         if not messages:
             raise RpcStatusError(Code.BAD_REQUEST, "a SendMessage request needs at least one message")
         topics = []
@@ -346,13 +351,20 @@ class MessagingService(MessagingServiceServicer):
         for pm in messages:
             given = pm.topic.name
             if given != name:  # the messages of a request usually share a topic: check it once
-                name = checked_topic(given)
-                self._allow(meta, topic=name, need=Perm.PUB)
-                cfg = self._topic(name, create=True)
-                if not cfg.writable:
-                    raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} has no writable queue")
+                name = given
+                cfg = self._send_topic(given, meta)
             topics.append(cfg)
         return self.producer.send(messages, topics, meta[CLIENT_ID], lambda: _peer_host(context))
+
+    def _send_topic(self, given: str, meta: dict[str, str]) -> TopicConfig:
+        """The config of a topic a client sends to: a legal name it may publish to, created on
+        first use (when allowed), with a writable queue."""
+        name = checked_topic(given)
+        self._allow(meta, topic=name, need=Perm.PUB)
+        cfg = self._topic(name, create=True)
+        if not cfg.writable:
+            raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} has no writable queue")
+        return cfg
 
     @_unary(S.EndTransactionResponse)
     def EndTransaction(self, request: S.EndTransactionRequest, context: grpc.ServicerContext) -> S.EndTransactionResponse:

@@ -397,17 +397,24 @@ class MessageStore:
         """Store a few records given as rows (:data:`~rmq_spark.store.record.Row`) as one write:
         for callers that checked their topics, bodies and queue ids as :meth:`put_messages` does
         and encoded each one's properties with its UNIQ_KEY (the broker's sends, transactions)."""
-        if len(rows) == 1 and self._one_by_one:
-            done = self._put_one(rows[0])
-            if done is not None:
-                return done
+        if len(rows) == 1:
+            row = rows[0]
+            placed = self.try_put_row(row)
+            if placed is not None:
+                phys, size, qoff, now = placed
+                cfg = self.config
+                return PutResult(PutStatus.PUT_OK, AppendResult(phys, size, [phys], [qoff], now, self._store_host, cfg.store_port),
+                                 [row[3].get(L.P_UNIQ_KEY)])  # fmt: skip
         batch = self.encode_rows_few(rows)
         return self._put_encoded(batch, batch.uniq_keys)
 
-    def _put_one(self, row: Row) -> PutResult | None:
-        """:meth:`put_rows` of one record with asynchronous flush: encoded, appended and handed to
-        the dispatchers without batch objects.  None, nothing written, for a record the batch path
-        must take: an IPv6 host, a delay-level record, oversized properties, a segment to roll."""
+    def try_put_row(self, row: Row) -> tuple[int, int, int, int] | None:
+        """:meth:`put_rows` of one record, with asynchronous flush, encoded, appended and handed to
+        the dispatchers without batch objects: its (CommitLog offset, size, queue offset, store
+        time).  None, nothing written, where :meth:`put_rows` must take it: sync flush, an IPv6
+        host, a delay-level record, oversized properties, a segment to roll."""
+        if not self._one_by_one:
+            return None
         topic, qid, body, props, pb, tags, flag, sf, born_ms, born_host, born_port, rts, prep = row
         cfg = self.config
         prop_crc = cfg.append_prop_crc
@@ -443,7 +450,7 @@ class MessageStore:
                         batch = DispatchBatch([phys], [size], [topic], [qid], [qoff], [tags], [sf], [now], [keys],
                                               [uniq], [props], end)  # fmt: skip
                     listener(batch)
-        return PutResult(PutStatus.PUT_OK, AppendResult(phys, size, [phys], [qoff], now, self._store_host, cfg.store_port), [uniq])
+        return phys, size, qoff, now
 
     def encode_rows_few(self, rows: Sequence[Row]) -> EncodedBatch:
         """The records of :meth:`put_rows`, encoded one by one (at most ``SMALL_BATCH`` of them)."""
