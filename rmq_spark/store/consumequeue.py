@@ -61,8 +61,8 @@ class ConsumeQueue:
             mf = files[-1]
             pos = mf.wrote_position
             if mf.from_offset + pos == queue_offset * U and pos + U <= mf.size_bytes:
-                # the unit's bytes are zero (fresh or truncated): offset and tagsCode first, then
-                # the size that makes the unit visible
+                # the unit's bytes are zero (fresh or truncated): offset and tagsCode, then the
+                # size; moving wrote_position past the whole unit publishes it to readers
                 _UNIT_NO_SIZE.pack_into(mf.mm, pos, phys, 0, tags_code)
                 _SIZE.pack_into(mf.mm, pos + 8, size)
                 mf.wrote_position = pos + U
