@@ -222,8 +222,7 @@ def parse_send(
     mtype = sp.message_type
     if mtype != MessageType.NORMAL or group is not None or deliver_ms:  # the plain case skips these
         mtype = _checked_type(mtype, group, deliver_ms)
-    accepted = topic.message_type
-    if accepted != _TYPE_NAMES[mtype] and accepted != "MIXED":  # TopicConfig.accepts, inlined
+    if not topic.accepts(_TYPE_NAMES[mtype]):
         raise RpcStatusError(
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
             f"topic {topic.topic_name!r} accepts {topic.message_type} messages, not {_TYPE_NAMES[mtype]}",

@@ -177,9 +177,7 @@ class ProducerPath:
         when the store can (:meth:`~rmq_spark.store.store.MessageStore.try_put_row`)."""
         cfg = out.topic
         topic = cfg.topic_name
-        rr = self._rr.get(topic) or self._round_robin(topic)
-        n = cfg.write_queue_nums
-        out.queue_id = next(rr) % n if n > 0 else 0
+        out.queue_id = next(self._round_robin(topic)) % max(1, cfg.write_queue_nums)
         row = out.row()
         placed = self.store.try_put_row(row)
         if placed is not None:
