@@ -39,7 +39,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 from bench._util import Timer, scratch_dir  # noqa: E402
-from rmq_spark.store.filter import SqlFilter, TagFilter  # noqa: E402
+from rmq_spark.filter import SqlFilter, TagFilter  # noqa: E402
 from rmq_spark.store.index import IndexService  # noqa: E402
 from rmq_spark.store.message import Message  # noqa: E402
 from rmq_spark.store.query import MessageQuery  # noqa: E402

@@ -12,7 +12,7 @@ from rmq_spark.broker.pop import PopConfig, PopService, dlq_topic, retry_topic
 from rmq_spark.broker.popstate import OffsetSet
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
-from rmq_spark.store.filter import make_filter
+from rmq_spark.filter import make_filter
 from rmq_spark.errors import StoreError
 from rmq_spark.store.message import Message
 from rmq_spark.store.store import MessageStore, StoreConfig

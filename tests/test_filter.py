@@ -1,4 +1,4 @@
-"""Tests of rmq_spark.store.filter: TAG and SQL92 message filters.
+"""Tests of rmq_spark.filter: TAG and SQL92 message filters.
 
 Expected values follow RocketMQ's Java code (``filter/`` module, ``FilterAPI``,
 ``ExpressionMessageFilter``).  The property-based test checks ``SqlFilter.mask`` and
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmq_spark.errors import FilterExpressionError, RmqError
-from rmq_spark.store.filter import SqlFilter, TagFilter, java_string_hash, make_filter
+from rmq_spark.filter import SqlFilter, TagFilter, java_string_hash, make_filter
 
 MAP_TYPE = pa.map_(pa.string(), pa.string())
 

@@ -109,7 +109,7 @@ def test_columns_subset_skips_work_but_keeps_values(store_dir):
 
 
 class TagsIn:
-    """A minimal filter object with the interface of rmq_spark.store.filter.TagFilter."""
+    """A minimal filter object with the interface of rmq_spark.filter.TagFilter."""
 
     match_all = False
 
@@ -285,7 +285,7 @@ def test_store_reader_in_another_process(store_dir):
 
 
 def test_store_read_paths_take_tag_and_sql_filters(store_dir):
-    from rmq_spark.store.filter import SqlFilter, TagFilter
+    from rmq_spark.filter import SqlFilter, TagFilter
 
     with MessageStore(store_dir, StoreConfig(), clock=FakeClock()) as s:
         s.put_messages(

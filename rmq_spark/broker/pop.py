@@ -35,7 +35,7 @@ from rmq_spark.broker.popstate import MAIN, RETRY, InFlight, OffsetSet, Pending,
 from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
-from rmq_spark.store.filter import SqlFilter, TagFilter
+from rmq_spark.filter import SqlFilter, TagFilter
 from rmq_spark.store.message import Message, MessageExt
 from rmq_spark.store.status import GetStatus
 from rmq_spark.store.store import MessageStore

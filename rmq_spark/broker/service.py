@@ -35,7 +35,7 @@ from rmq_spark.broker.producer import ProducerPath
 from rmq_spark.broker.telemetry import ClientRegistry, SettingsPolicy, serve_telemetry
 from rmq_spark.errors import ConfigError
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.store.filter import make_filter
+from rmq_spark.filter import make_filter
 from rmq_spark.store.status import GetStatus
 
 __all__ = ["MessagingService", "Activity"]

@@ -392,7 +392,7 @@ def _check_filters(tags: str | None, sql: str | None) -> None:
     """Parse the filter expressions now, so a bad one fails the query before it starts."""
     if tags is None and sql is None:
         return
-    from rmq_spark.datasource.filters import make_filters
+    from rmq_spark.filter.options import make_filters
 
     make_filters(tags, sql)
 

@@ -133,7 +133,7 @@ def filters_for(tags: str | None, sql: str | None) -> tuple[Any, Any]:
     key = (tags, sql)
     f = _filters.get(key)
     if f is None:
-        from rmq_spark.datasource.filters import make_filters
+        from rmq_spark.filter.options import make_filters
 
         f = make_filters(tags, sql)
         _filters[key] = f
@@ -188,7 +188,7 @@ def _read_files(p: QueueRange) -> Iterator[Any]:
     start = _check_loss(p, reader.min_offset(p.topic, p.queue_id))
     tag_filter, sql_filter = filters_for(p.ctx.tags, p.ctx.sql)
     if p.bounds.tags_in is not None and tag_filter is None:
-        from rmq_spark.store.filter import TagFilter
+        from rmq_spark.filter import TagFilter
 
         tag_filter = TagFilter.parse(" || ".join(p.bounds.tags_in)) if p.bounds.tags_in else None
     yield from reader.read_chunks(

@@ -126,7 +126,7 @@ class ConnectorService:
 
     # --- reads -----------------------------------------------------------------------------------------------
     def read_arrow(self, req: dict) -> Iterator[bytes]:
-        from rmq_spark.datasource.filters import make_filters
+        from rmq_spark.filter.options import make_filters
 
         topic, qid = str(req["topic"]), int(req["queue_id"])
         start, end = int(req["start"]), int(req["end"])

@@ -38,7 +38,7 @@ from rmq_spark.errors import MessageIllegalError, StoreError
 from rmq_spark.internal.sinklog import SinkCommitLog
 from rmq_spark.internal.txn import HalfLedger, Outcome, Resolution
 from rmq_spark.store import layout as L
-from rmq_spark.store.filter import java_string_hash
+from rmq_spark.filter import java_string_hash
 from rmq_spark.store.message import Message
 from rmq_spark.store.validation import check_topic
 

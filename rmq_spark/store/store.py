@@ -694,7 +694,7 @@ class MessageStore:
         out: list[MessageExt] = []
         nbytes = 0
         next_offset = offset
-        from rmq_spark.store.filter import SqlFilter, TagFilter
+        from rmq_spark.filter import SqlFilter, TagFilter
 
         match_code = getattr(message_filter, "matches_code", None)
         match_msg = getattr(message_filter, "matches_message", None)

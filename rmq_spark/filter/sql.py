@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from rmq_spark.store.filter._common import _concat_masks
-from rmq_spark.store.filter.sql_compile import Node, _compile_sql
-from rmq_spark.store.filter.sql_eval import _JavaError, _eval
-from rmq_spark.store.filter.sql_mask import _VectorEvaluator, _check_map_type
+from rmq_spark.filter._common import _concat_masks
+from rmq_spark.filter.sql_compile import Node, _compile_sql
+from rmq_spark.filter.sql_eval import _JavaError, _eval
+from rmq_spark.filter.sql_mask import _VectorEvaluator, _check_map_type
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from lark import Token, Tree
 from lark.exceptions import UnexpectedInput
 
 from rmq_spark.errors import FilterExpressionError
-from rmq_spark.store.filter._common import _DOUBLE_MAX, _INT32_MAX, _INT64_MAX, _int32
-from rmq_spark.store.filter.sql_eval import _compare
-from rmq_spark.store.filter.sql_parse import _parser, _sql_error, _syntax_error
+from rmq_spark.filter._common import _DOUBLE_MAX, _INT32_MAX, _INT64_MAX, _int32
+from rmq_spark.filter.sql_eval import _compare
+from rmq_spark.filter.sql_parse import _parser, _sql_error, _syntax_error
 
 _MAX_DEPTH = 200
 

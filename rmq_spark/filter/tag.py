@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rmq_spark.store.filter._common import _JAVA_TRIM_CHARS, _concat_masks, _int32
+from rmq_spark.filter._common import _JAVA_TRIM_CHARS, _concat_masks, _int32
 from rmq_spark.store.message import java_string_hash
 
 SUB_ALL = "*"

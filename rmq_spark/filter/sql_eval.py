@@ -13,10 +13,10 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rmq_spark.store.filter._common import _JAVA_TRIM_CHARS
+from rmq_spark.filter._common import _JAVA_TRIM_CHARS
 
 if TYPE_CHECKING:
-    from rmq_spark.store.filter.sql_compile import Node, Plan
+    from rmq_spark.filter.sql_compile import Node, Plan
 
 # Java conversions, scalar (the vectorized twins are in sql_mask; both follow the same regexes)
 

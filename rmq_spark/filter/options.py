@@ -1,4 +1,4 @@
-"""The source's ``tags`` and ``sql`` options as store filters (``rmq_spark.store.filter``).
+"""The source's ``tags`` and ``sql`` options as store filters (``rmq_spark.filter``).
 
 The tag filter is checked on the ConsumeQueue's tagsCode first and then on the tag itself; the
 SQL92 filter on the properties column.  A message a filter drops leaves a gap in the queue
@@ -16,7 +16,7 @@ def make_filters(tags: str | None, sql: str | None) -> tuple[Any | None, Any | N
     """(tag filter or None, SQL filter or None); a bad expression raises ConfigError."""
     if tags is None and sql is None:
         return None, None
-    from rmq_spark.store.filter import SqlFilter, TagFilter
+    from rmq_spark.filter import SqlFilter, TagFilter
 
     tag_filter = sql_filter = None
     if tags is not None:

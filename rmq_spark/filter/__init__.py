@@ -58,10 +58,10 @@ not a number.
 from __future__ import annotations
 
 from rmq_spark.errors import FilterExpressionError
-from rmq_spark.store.filter.sql import SqlFilter
-from rmq_spark.store.filter.sql_compile import Node as Node
-from rmq_spark.store.filter.sql_compile import Plan as Plan
-from rmq_spark.store.filter.tag import SUB_ALL, TagFilter
+from rmq_spark.filter.sql import SqlFilter
+from rmq_spark.filter.sql_compile import Node as Node
+from rmq_spark.filter.sql_compile import Plan as Plan
+from rmq_spark.filter.tag import SUB_ALL, TagFilter
 from rmq_spark.store.message import java_string_hash
 
 __all__ = [
@@ -78,7 +78,7 @@ EXPRESSION_TYPE_TAG = "TAG"
 EXPRESSION_TYPE_SQL92 = "SQL92"
 
 # The classes keep the module path they had before this package was split, so that pickles (and
-# anything else naming a class by module and qualname) read ``rmq_spark.store.filter.TagFilter``.
+# anything else naming a class by module and qualname) read ``rmq_spark.filter.TagFilter``.
 TagFilter.__module__ = __name__
 SqlFilter.__module__ = __name__
 
