@@ -28,11 +28,11 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 from bench._util import Timer, scratch_dir  # noqa: E402
-from rmq_spark.core import BrokerConfig  # noqa: E402
+from rmq_spark.services.core import BrokerConfig  # noqa: E402
 from rmq_spark.store.message import Message  # noqa: E402
-from rmq_spark.store.schedule import ScheduleService  # noqa: E402
+from rmq_spark.services.schedule.service import ScheduleService  # noqa: E402
 from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
-from rmq_spark.store.timer import TimerService  # noqa: E402
+from rmq_spark.services.timer.service import TimerService  # noqa: E402
 
 TOPIC = "DelayBench"
 QUEUES = 4

@@ -26,10 +26,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._util import scratch_dir  # noqa: E402
-from rmq_spark.core import BrokerConfig  # noqa: E402
+from rmq_spark.services.core import BrokerConfig  # noqa: E402
 from rmq_spark.store.message import Message  # noqa: E402
 from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
-from rmq_spark.store.transaction import TransactionAction, TransactionService  # noqa: E402
+from rmq_spark.services.transaction.service import TransactionAction, TransactionService  # noqa: E402
 
 SEGMENT = 256 * 1024 * 1024
 BODIES = [os.urandom(256) for _ in range(64)]

@@ -21,8 +21,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "Broker": ("rmq_spark.broker.server", "Broker"),
     "register": ("rmq_spark.datasource", "register"),
-    "BrokerCore": ("rmq_spark.core", "BrokerCore"),
-    "BrokerConfig": ("rmq_spark.core", "BrokerConfig"),
+    "BrokerCore": ("rmq_spark.services.core", "BrokerCore"),
+    "BrokerConfig": ("rmq_spark.services.core", "BrokerConfig"),
 }
 
 

@@ -19,10 +19,10 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rmq_spark.core import BrokerConfig  # noqa: E402
-from rmq_spark.store.schedule import ScheduleService  # noqa: E402
+from rmq_spark.services.core import BrokerConfig  # noqa: E402
+from rmq_spark.services.schedule.service import ScheduleService  # noqa: E402
 from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
-from rmq_spark.store.timer import TimerService  # noqa: E402
+from rmq_spark.services.timer.service import TimerService  # noqa: E402
 
 
 # --- helpers for the tests: varied messages, and what a delivery wrote ----------------------------

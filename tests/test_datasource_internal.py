@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rmq_spark.core import BrokerCore
+from rmq_spark.services.core import BrokerCore
 from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
 from rmq_spark.internal.client import CHANNEL_OPTIONS, BrokerUnavailableError, InternalClient
 from rmq_spark.internal.server import make_internal_handler

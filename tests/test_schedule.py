@@ -16,12 +16,12 @@ from _delay_worker import (
     run_and_kill,
 )
 
-from rmq_spark.core import BrokerConfig
+from rmq_spark.services.core import BrokerConfig
 from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message, tags_code
-from rmq_spark.store.schedule import P_DELAY_SOURCE, ScheduleService
+from rmq_spark.services.schedule.service import P_DELAY_SOURCE, ScheduleService
 from rmq_spark.store.store import MessageStore, StoreConfig
 
 T0 = 1_700_000_000_000
@@ -433,7 +433,7 @@ def test_gather_runs_concatenates_the_runs():
     reused per-thread index that is larger than needed, and a gather bigger than it included."""
     import numpy as np
 
-    from rmq_spark.store.redeliver import gather_runs
+    from rmq_spark.services.redelivery.rewrite import gather_runs
 
     rng = np.random.default_rng(5)
     for size in [3000, 5, 40_000, 200, 1]:  # shrinking after growing reuses a longer index

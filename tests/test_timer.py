@@ -19,13 +19,13 @@ from _delay_worker import (
     run_and_kill,
 )
 
-from rmq_spark.core import BrokerConfig
+from rmq_spark.services.core import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message, tags_code
 from rmq_spark.store.store import MessageStore, StoreConfig
-from rmq_spark.store.timer import (
+from rmq_spark.services.timer.service import (
     ENTRY,
     P_TIMER_SOURCE,
     TIMER_CHECK_FILE,
@@ -535,7 +535,7 @@ def test_sigkilled_broker_delivers_exactly_once(tmp_path):
 
 
 def test_broker_core_send_recall_and_deliver(store_dir):
-    from rmq_spark.core import BrokerCore
+    from rmq_spark.services.core import BrokerCore
 
     clock = FakeClock(T0)
     cfg = BrokerConfig(store=StoreConfig(commitlog_segment_bytes=1 << 20), broker_name="broker-a")

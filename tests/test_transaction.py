@@ -17,7 +17,7 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
-from rmq_spark.core import BrokerConfig, BrokerCore
+from rmq_spark.services.core import BrokerConfig, BrokerCore
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock, SystemClock
@@ -26,10 +26,10 @@ from rmq_spark.store.message import Message, MessageExt
 from rmq_spark.store.store import MessageStore, StoreConfig
 from rmq_spark.store.index import IndexService
 from rmq_spark.store.query import MessageQuery
-from rmq_spark.store.redeliver import DELIVERY_REQUEST_KEYS
-from rmq_spark.store.transaction import EndTxStatus, HalfRef, TransactionService, TxnState
-from rmq_spark.store.transaction import TransactionAction as A
-from rmq_spark.store.transaction_check import (
+from rmq_spark.services.redelivery.rewrite import DELIVERY_REQUEST_KEYS
+from rmq_spark.services.transaction.service import EndTxStatus, HalfRef, TransactionService, TxnState
+from rmq_spark.services.transaction.service import TransactionAction as A
+from rmq_spark.services.transaction.check import (
     CHECK_GROUP,
     P_CHECK_SOURCE,
     calculate_op_offset,
@@ -401,7 +401,7 @@ def test_a_patched_group_commit_writes_what_the_general_path_writes(tmp_path, mo
     """Large groups of halves read back from the store are committed by patching their bytes;
     the records, their queues and tags codes, and the index entries of their keys equal those of
     the general path."""
-    import rmq_spark.store.transaction as T
+    import rmq_spark.services.transaction.service as T
 
     msgs = [m for m in _mixed_batch(400) if m.born_host != "::1"]  # IPv4: the patchable records
     runs, patched = [], []
@@ -478,7 +478,7 @@ def test_a_few_records_are_encoded_as_the_columns_encode_them(tmp_path, monkeypa
     """Prepares and ends of up to FEW_RECORDS messages encode their records straight from their
     rows, larger ones through the columns of ``encode_rows``: the same records either way (IPv6 born hosts,
     flags, clients' own ids and half-only properties included)."""
-    import rmq_spark.store.transaction as T
+    import rmq_spark.services.transaction.service as T
 
     msgs = _mixed_batch(7)
     runs = []
@@ -561,7 +561,7 @@ def test_a_group_with_a_delayed_half_is_committed_through_the_hooks(store_dir):
 
 def test_fast_property_encoding_equals_the_store_one():
     from rmq_spark.store.message import encode_properties
-    from rmq_spark.store.halves import encode_props as _encode_props
+    from rmq_spark.services.transaction.halves import encode_props as _encode_props
 
     cases = [
         {},

@@ -37,8 +37,8 @@ from rmq_spark.errors import (
     StoreError,
 )
 from rmq_spark.store.status import GetStatus, PutStatus
-from rmq_spark.store.timer import RecallFailure
-from rmq_spark.store.transaction import EndTxStatus
+from rmq_spark.services.timer.service import RecallFailure
+from rmq_spark.services.transaction.service import EndTxStatus
 
 __all__ = [
     "Code",

@@ -26,7 +26,7 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt, encode_properties, tags_code
 from rmq_spark.store.record import Row
-from rmq_spark.store.transaction_check import P_CHECK_SOURCE
+from rmq_spark.services.transaction.check import P_CHECK_SOURCE
 from rmq_spark.store.validation import check_group, check_topic_cached
 
 __all__ = [

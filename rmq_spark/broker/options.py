@@ -1,5 +1,5 @@
 """Broker settings: the command line, the ``--config`` file, and what they become
-(:class:`rmq_spark.core.BrokerConfig` with its :class:`StoreConfig`, plus :class:`BrokerOptions`
+(:class:`rmq_spark.services.core.BrokerConfig` with its :class:`StoreConfig`, plus :class:`BrokerOptions`
 for the gRPC side).
 
 =================================  =======================================  ====================
@@ -43,7 +43,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rmq_spark.core import BrokerConfig
+from rmq_spark.services.core import BrokerConfig
 from rmq_spark.errors import ConfigError
 from rmq_spark.store.store import StoreConfig
 

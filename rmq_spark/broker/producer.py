@@ -32,16 +32,16 @@ from rmq_spark.broker.batcher import SendBatcher, Written
 from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.broker.messages import MessageType, Outgoing, parse_send
 from rmq_spark.broker.telemetry import ClientRegistry, StreamTransactionChecker
-from rmq_spark.core import HOOK_KEYS
+from rmq_spark.services.core import HOOK_KEYS
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt, java_string_hash
 from rmq_spark.store.record import Row
 from rmq_spark.store.status import PutStatus
-from rmq_spark.store.timer import RecallError
-from rmq_spark.store.transaction import TransactionAction
-from rmq_spark.store.transaction_check import CHECK_GROUP
+from rmq_spark.services.timer.service import RecallError
+from rmq_spark.services.transaction.service import TransactionAction
+from rmq_spark.services.transaction.check import CHECK_GROUP
 
 __all__ = ["ProducerPath", "HalfRef"]
 

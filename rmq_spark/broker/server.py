@@ -22,7 +22,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer
 
 from rmq_spark.broker.options import BrokerOptions, split_listen
 from rmq_spark.broker.service import Activity, MessagingService
-from rmq_spark.core import BrokerConfig, BrokerCore
+from rmq_spark.services.core import BrokerConfig, BrokerCore
 from rmq_spark.errors import RmqError
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 

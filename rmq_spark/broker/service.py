@@ -1,4 +1,4 @@
-"""``apache.rocketmq.v2.MessagingService`` over a :class:`rmq_spark.core.BrokerCore`.
+"""``apache.rocketmq.v2.MessagingService`` over a :class:`rmq_spark.services.core.BrokerCore`.
 
 Every handler validates its request, checks access when an ACL is loaded, does its work and
 answers with a RocketMQ status; nothing escapes as a gRPC error (a fault becomes a status through

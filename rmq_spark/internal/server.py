@@ -70,7 +70,7 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
 
 
 class ConnectorService:
-    """The methods, on a :class:`rmq_spark.core.BrokerCore`."""
+    """The methods, on a :class:`rmq_spark.services.core.BrokerCore`."""
 
     def __init__(self, core) -> None:  # type: ignore[no-untyped-def]
         self.core = core

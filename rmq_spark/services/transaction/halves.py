@@ -27,7 +27,7 @@ from rmq_spark.store.message import (
     tags_code,
 )
 from rmq_spark.store.record import HEADER_V4, PROP_CRC_BYTES, EncodedBatch, Row, concat_encoded, encode_batch
-from rmq_spark.store.redeliver import ParsedRecords, parse_records, record_sizes
+from rmq_spark.services.redelivery.rewrite import ParsedRecords, parse_records, record_sizes
 from rmq_spark.store.store import MessageStore
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
 

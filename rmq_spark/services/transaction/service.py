@@ -46,13 +46,13 @@ from typing import Any
 
 import numpy as np
 
-from rmq_spark.core import BrokerConfig
+from rmq_spark.services.core import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, RmqError, StoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store import transaction_check as C
+from rmq_spark.services.transaction import check as C
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.dispatch import DispatchBatch
-from rmq_spark.store.halves import (
+from rmq_spark.services.transaction.halves import (
     Half,
     Real,
     Row,
@@ -72,7 +72,7 @@ from rmq_spark.store.message import (
     tags_code,
 )
 from rmq_spark.store.record import SMALL_BATCH, EncodedBatch
-from rmq_spark.store.redeliver import commit_keys, encode_commits
+from rmq_spark.services.redelivery.rewrite import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_topic
 
@@ -275,7 +275,7 @@ class TransactionService:
         producer_group: str,
     ) -> PutResult:
         """:meth:`prepare` of messages that differ only in their bodies (one topic and queue,
-        shared ``properties``), built column-wise (:func:`~rmq_spark.store.halves.body_halves`)."""
+        shared ``properties``), built column-wise (:func:`~rmq_spark.services.transaction.halves.body_halves`)."""
         if len(bodies) < PATCH_COMMIT_MIN:  # a few: the general path keeps them for the commit
             msgs = [Message(topic, b, dict(properties), queue_id=queue_id) for b in bodies]
             return self.prepare(msgs, producer_group)
@@ -562,7 +562,7 @@ class TransactionService:
 
     def _patched_reals(self, todo: list[Half]) -> EncodedBatch | None:
         """The real messages of a large group of halves no longer in memory, made from their
-        bytes (one vectorized pass: :func:`~rmq_spark.store.redeliver.encode_commits`), or None
+        bytes (one vectorized pass: :func:`~rmq_spark.services.redelivery.rewrite.encode_commits`), or None
         for the general path (halves prepared moments ago: their records are at hand)."""
         hooked = self._hooked()
         last, _PARSED.last = getattr(_PARSED, "last", None), None

@@ -14,19 +14,19 @@ from typing import Any
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
-from rmq_spark.store.halves import message_of
+from rmq_spark.services.transaction.halves import message_of
 from rmq_spark.store.message import Message
 from rmq_spark.store.record import SMALL_BATCH, Row
-from rmq_spark.store.redeliver import DELIVERY_REQUEST_KEYS
+from rmq_spark.services.redelivery.rewrite import DELIVERY_REQUEST_KEYS
 from rmq_spark.store.store import MessageStore, PutResult, StoreConfig
 
 # (attribute, module, class): services built in this order, each ``Cls(store, config, clock)``.
 # Transactions come first: a transactional message that also asks for a delay is stored as a half
 # as it is, and the delay and timer hooks run on its real message when it is committed.
 SERVICES: tuple[tuple[str, str, str], ...] = (
-    ("transactions", "rmq_spark.store.transaction", "TransactionService"),
-    ("schedule", "rmq_spark.store.schedule", "ScheduleService"),
-    ("timer", "rmq_spark.store.timer", "TimerService"),
+    ("transactions", "rmq_spark.services.transaction.service", "TransactionService"),
+    ("schedule", "rmq_spark.services.schedule.service", "ScheduleService"),
+    ("timer", "rmq_spark.services.timer.service", "TimerService"),
 )
 INDEX = ("rmq_spark.store.index", "IndexService")
 # the properties without which every service's put hook returns its message unchanged: TRAN_MSG

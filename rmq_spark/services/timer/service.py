@@ -56,12 +56,12 @@ import pyarrow.compute as pc
 from rmq_spark.errors import MessageIllegalError, RmqError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
-from rmq_spark.store.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
+from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
 from rmq_spark.store.jsonfile import read_json
 from rmq_spark.store.message import Message, new_uniq_id, tags_code
 from rmq_spark.store.reader import read_units_arrow
 from rmq_spark.store.record import EncodedBatch
-from rmq_spark.store.redeliver import (
+from rmq_spark.services.redelivery.rewrite import (
     DELIVERY_DROP,
     DELIVERY_KEYS,
     DROPPED_ON_DELIVERY,
@@ -74,7 +74,7 @@ from rmq_spark.store.redeliver import (
 )
 
 if TYPE_CHECKING:
-    from rmq_spark.core import BrokerConfig
+    from rmq_spark.services.core import BrokerConfig
     from rmq_spark.store.store import MessageStore
 
 __all__ = [
@@ -270,7 +270,7 @@ class TimerStats:
 class TimerService(DeliveryLifecycle):
     """Timer messages (see the module docstring).  ``run_once`` delivers what is due at
     ``clock.now_ms()``; ``start`` runs it on a thread woken when a timer message arrives.
-    Options as :class:`~rmq_spark.store.schedule.ScheduleService`.  Pending messages are held
+    Options as :class:`~rmq_spark.services.schedule.service.ScheduleService`.  Pending messages are held
     in memory (about 30 bytes each), rebuilt from the timer queue at start."""
 
     TOPIC = L.TIMER_TOPIC

@@ -5,7 +5,7 @@ A message with property ``DELAY=n`` (n > 0) is stored in ``SCHEDULE_TOPIC_XXXX``
 ConsumeQueue unit tagsCode = store time + the level's delay.  One cursor per level walks that queue
 in order and re-writes every due message to its real topic and queue (``DELAY`` and ``REAL_*``
 removed, ``TIMER_OUT_MS`` = its delivery time, the tags code computed from ``TAGS`` again), as one
-CommitLog write per batch (:mod:`rmq_spark.store.redeliver`).
+CommitLog write per batch (:mod:`rmq_spark.services.redelivery.rewrite`).
 
 Exactly once: every delivered message carries ``DELAY_SOURCE = "{queueId}:{queueOffset}"`` of the
 schedule record it came from.  Progress is saved to ``config/delayOffset.json`` (atomically) with
@@ -26,8 +26,8 @@ auto-creation off) holds back its own level only.
     │ version           │ 1                                                              │
     └───────────────────┴────────────────────────────────────────────────────────────────┘
 
-How a due record is re-written lives in :mod:`rmq_spark.store.redeliver`; the checkpoint writer,
-service thread and lifecycle the timer service shares, in :mod:`rmq_spark.store.delivery`.
+How a due record is re-written lives in :mod:`rmq_spark.services.redelivery.rewrite`; the checkpoint writer,
+service thread and lifecycle the timer service shares, in :mod:`rmq_spark.services.redelivery.delivery`.
 """
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ from rmq_spark.errors import MessageIllegalError, RmqError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
 from rmq_spark.store.jsonfile import read_json
-from rmq_spark.store.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
-from rmq_spark.store.redeliver import (
+from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
+from rmq_spark.services.redelivery.rewrite import (
     DELIVERY_DROP,
     DELIVERY_KEYS,
     DROPPED_ON_DELIVERY,
@@ -61,7 +61,7 @@ from rmq_spark.store.message import Message
 from rmq_spark.store.record import EncodedBatch
 
 if TYPE_CHECKING:
-    from rmq_spark.core import BrokerConfig
+    from rmq_spark.services.core import BrokerConfig
     from rmq_spark.store.store import MessageStore
 
 __all__ = ["P_DELAY_SOURCE", "ScheduleService", "ScheduleStats"]

@@ -43,7 +43,7 @@ from rmq_spark.store.message import Message, MessageExt
 if TYPE_CHECKING:
     from rmq_spark.store.consumequeue import ConsumeQueue
     from rmq_spark.store.store import MessageStore
-    from rmq_spark.store.transaction import TransactionService, TxnState
+    from rmq_spark.services.transaction.service import TransactionService, TxnState
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +379,7 @@ def half_at(store: MessageStore, cq: ConsumeQueue, queue_offset: int) -> Message
 def ask(svc: TransactionService, half: MessageExt, queue_offset: int) -> bool:
     """Ask about ``half``: True when a resolver ended it now; otherwise it is put back (the copy
     carries the raised check count) and the checker is asked about the copy."""
-    from rmq_spark.store import transaction as T
+    from rmq_spark.services.transaction import service as T
 
     group = half.properties.get(L.P_PGROUP, "")
     fn = svc.resolver_for(group)
@@ -442,7 +442,7 @@ def load_resolved(svc: TransactionService) -> dict[str, TxnState]:
     """Transaction id -> how it ended, from the whole op queue (an op names half offsets; the half
     names the transaction).  If the last op opened a commit append that a crash cut short, the
     missing real messages are written now: the op holds the decision."""
-    from rmq_spark.store.transaction import TxnState
+    from rmq_spark.services.transaction.service import TxnState
 
     store = svc.store
     lo, hi = store.min_offset(L.TRANS_OP_HALF_TOPIC, 0), store.max_offset(L.TRANS_OP_HALF_TOPIC, 0)
@@ -507,7 +507,7 @@ def _complete_torn_commit(
 ) -> None:
     """The ``reals`` records after the op at ``op_phys`` belong to its append: write the real
     messages that are not among them."""
-    from rmq_spark.store.transaction import half_of
+    from rmq_spark.services.transaction.service import half_of
 
     store = svc.store
     op = store.look_message_by_offset(op_phys)

@@ -1,0 +1,1 @@
+"""Timer messages (RocketMQ 5's TimerMessageStore): any delivery time, with recall."""

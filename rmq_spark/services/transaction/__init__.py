@@ -1,0 +1,1 @@
+"""Transactional messages: half and op topics, end transaction, the check-back."""
