@@ -4,12 +4,25 @@ official clients, over an rmq_spark store.
 Modules: ``server`` (:class:`Broker`, the process), ``options`` (flags), ``service`` (the RPCs),
 ``producer`` (send, transactions, recall), ``pop`` / ``popstate`` (receive, ack, redelivery,
 retry and DLQ), ``telemetry`` (clients, settings, check-back), ``messages`` (protocol <-> store),
-``auth`` (access control), ``codes`` (status codes).
+``auth`` (access control), ``codes`` (status codes); ``connector/`` the private service the
+Spark data source uses (bulk reads, the sink).
 """
 
 from __future__ import annotations
 
-from rmq_spark.broker.options import BrokerOptions
-from rmq_spark.broker.server import Broker
+from typing import Any
 
 __all__ = ["Broker", "BrokerOptions"]
+
+
+def __getattr__(name: str) -> Any:
+    # lazy: the data source imports ``broker.connector.client`` without the broker's server
+    if name == "Broker":
+        from rmq_spark.broker.server import Broker
+
+        return Broker
+    if name == "BrokerOptions":
+        from rmq_spark.broker.options import BrokerOptions
+
+        return BrokerOptions
+    raise AttributeError(name)

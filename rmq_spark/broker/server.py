@@ -6,7 +6,7 @@
 ``Broker`` opens the store (one process per directory: a second broker on it fails with
 :class:`rmq_spark.errors.StoreLockedError`), starts the services and serves on ``listen``
 (``127.0.0.1`` unless told otherwise; port 0 picks a free port, ``.endpoints`` says which).  It
-also mounts the Spark connector's private service (``rmq_spark.internal``) when installed.
+also mounts the Spark connector's private service (``rmq_spark.broker.connector``) when installed.
 :meth:`stop` ends streams, stops the server, flushes and marks the store cleanly shut down.
 """
 
@@ -57,9 +57,9 @@ class _Counted(grpc.GenericRpcHandler):
 
 def _internal_handler(core: BrokerCore) -> grpc.GenericRpcHandler | None:
     try:
-        from rmq_spark.internal.server import make_internal_handler
+        from rmq_spark.broker.connector.server import make_internal_handler
     except ModuleNotFoundError as e:
-        if e.name in ("rmq_spark.internal", "rmq_spark.internal.server"):
+        if e.name in ("rmq_spark.broker.connector", "rmq_spark.broker.connector.server"):
             return None
         raise
     return make_internal_handler(core)

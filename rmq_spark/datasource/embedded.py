@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rmq_spark.errors import StoreError
-from rmq_spark.internal.client import BrokerUnavailableError, InternalClient
+from rmq_spark.broker.connector.client import BrokerUnavailableError, InternalClient
 
 ENDPOINT_FILE = "broker.endpoint"
 LOCK_FILE = "embedded.lock"

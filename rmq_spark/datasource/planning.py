@@ -15,7 +15,7 @@ from rmq_spark.datasource import offsets as O
 from rmq_spark.datasource.options import SourceOptions, StartKind, StartSpec
 from rmq_spark.datasource.scan import ReadContext
 from rmq_spark.datasource.embedded import BrokerLink
-from rmq_spark.internal.client import InternalClient
+from rmq_spark.broker.connector.client import InternalClient
 
 T = TypeVar("T")
 

@@ -42,7 +42,7 @@ def read_pull(p) -> Iterator[Any]:  # type: ignore[no-untyped-def]
     from rocketmq.grpc_protocol import service_pb2_grpc as G
 
     from rmq_spark.datasource.scan import _check_loss, broker_endpoint, filters_for
-    from rmq_spark.internal.client import CHANNEL_OPTIONS
+    from rmq_spark.broker.connector.client import CHANNEL_OPTIONS
     from rmq_spark.store import layout as L
     from rmq_spark.store.reader import SOURCE_SCHEMA
 

@@ -197,7 +197,7 @@ def _read_files(p: QueueRange) -> Iterator[Any]:
 
 
 def _read_arrow_rpc(p: QueueRange) -> Iterator[Any]:
-    from rmq_spark.internal.client import InternalClient
+    from rmq_spark.broker.connector.client import InternalClient
 
     client = InternalClient(broker_endpoint(p.ctx))
     try:

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from rmq_spark.datasource.embedded import ensure_broker, read_record, stop_broker
-from rmq_spark.internal.client import InternalClient
+from rmq_spark.broker.connector.client import InternalClient
 
 
 def client(path: str, idle_exit_s: float = 60.0, flags: tuple[tuple[str, str], ...] = ()) -> InternalClient:

@@ -110,7 +110,7 @@ class SinkLayout:
 
 
 def to_rows(batch: Any, layout: SinkLayout, opts: SinkOptions, avro: Any) -> Any:
-    """An input Arrow batch as the broker's row table (``rmq_spark.internal.sink_service``)."""
+    """An input Arrow batch as the broker's row table (``rmq_spark.broker.connector.sink``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

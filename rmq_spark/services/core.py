@@ -28,7 +28,7 @@ SERVICES: tuple[tuple[str, str, str], ...] = (
     ("schedule", "rmq_spark.services.schedule.service", "ScheduleService"),
     ("timer", "rmq_spark.services.timer.service", "TimerService"),
 )
-INDEX = ("rmq_spark.store.index", "IndexService")
+INDEX = ("rmq_spark.store.index.indexfile", "IndexService")
 # the properties without which every service's put hook returns its message unchanged: TRAN_MSG
 # for transactions, the delay and timer requests (and their services' own markers) for the others
 HOOK_KEYS = frozenset((L.P_TRAN_MSG, *DELIVERY_REQUEST_KEYS))

@@ -23,7 +23,7 @@ from rmq_spark.datasource.testing import client, produce, read_topic
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = r"""
 import os, sys
 from pyspark.sql import SparkSession

@@ -24,7 +24,7 @@ from rmq_spark.store.clock import FakeClock, SystemClock
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt
 from rmq_spark.store.store import MessageStore, StoreConfig
-from rmq_spark.store.index import IndexService
+from rmq_spark.store.index.indexfile import IndexService
 from rmq_spark.store.query import MessageQuery
 from rmq_spark.services.redelivery.rewrite import DELIVERY_REQUEST_KEYS
 from rmq_spark.services.transaction.service import EndTxStatus, HalfRef, TransactionService, TxnState

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 
 from rmq_spark.datasource.embedded import stop_broker
 from rmq_spark.datasource.testing import client, produce, read_topic
-from rmq_spark.internal.client import InternalClient
+from rmq_spark.broker.connector.client import InternalClient
 from rmq_spark.store import layout as L
 
 pytestmark = pytest.mark.spark

@@ -1,7 +1,7 @@
-"""Helper process for tests/test_transaction.py: prepares, ends and checks transactions (the
+"""Helper process for tests/services/test_transaction.py: prepares, ends and checks transactions (the
 check thread runs every 50 ms) until the test kills it with SIGKILL.
 
-    python tests/_txn_worker.py STORE_DIR FIRST_KEY
+    python tests/services/_txn_worker.py STORE_DIR FIRST_KEY
 
 Prints ``P keys`` after a prepare, ``C keys`` / ``R keys`` once a commit / rollback is
 acknowledged.  Every key's producer decision is fixed (:func:`decision_of`), so the resolver of
@@ -14,7 +14,7 @@ import os
 import random
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from rmq_spark.services.core import BrokerConfig  # noqa: E402
 from rmq_spark.store.clock import Clock, SystemClock  # noqa: E402

@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_spark.errors import MessageIllegalError, StoreError
-from rmq_spark.internal.sinklog import SinkCommitLog
-from rmq_spark.internal.txn import HalfLedger, Outcome, Resolution
+from rmq_spark.broker.connector.sinklog import SinkCommitLog
+from rmq_spark.broker.connector.ledger import HalfLedger, Outcome, Resolution
 from rmq_spark.store import layout as L
 from rmq_spark.filter import java_string_hash
 from rmq_spark.store.message import Message

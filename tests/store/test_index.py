@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from rmq_spark.errors import ConfigError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
-from rmq_spark.store.index import (
+from rmq_spark.store.index.indexfile import (
     ENTRY_STRUCT,
     HEADER,
     IndexFile,
@@ -385,7 +385,7 @@ def test_checkpoint_records_index_time(store_dir):
 
 
 def test_catch_up_reads_the_same_fields_as_a_full_decode(store_dir):
-    from rmq_spark.store.index import _index_fields
+    from rmq_spark.store.index.indexfile import _index_fields
     from rmq_spark.store.record import decode_record
 
     with MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=1 << 20)) as s:

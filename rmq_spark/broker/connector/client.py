@@ -15,8 +15,8 @@ import grpc
 import pyarrow as pa
 
 from rmq_spark import errors as E
-from rmq_spark.internal import codec
-from rmq_spark.internal.codec import Frame
+from rmq_spark.broker.connector import codec
+from rmq_spark.broker.connector.codec import Frame
 
 SERVICE = "rmq_spark.internal.Connector"
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024

@@ -13,7 +13,7 @@ from rmq_spark.datasource.embedded import stop_broker
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 EXAMPLES = [
     # script, takes a store directory, lines it must print

@@ -8,7 +8,7 @@ a JSON header followed by an Arrow IPC stream::
     │ "RMQF"     │ uint32 big-end.  │ header len bytes     │ optional: may be empty        │
     └────────────┴──────────────────┴──────────────────────┴──────────────────────────────┘
 
-Errors travel as gRPC status codes (see :mod:`rmq_spark.internal.errors_map`) with the RmqError
+Errors travel as gRPC status codes (see :mod:`rmq_spark.broker.connector.errors_map`) with the RmqError
 class name in the trailing metadata key ``rmq-error``, so the client re-raises the same class.
 """
 

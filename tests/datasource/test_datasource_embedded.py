@@ -14,7 +14,7 @@ import pytest
 from rmq_spark.datasource.embedded import ensure_broker, pid_alive, read_record, stop_broker
 from rmq_spark.datasource.testing import produce
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def wait_gone(pid: int, timeout_s: float) -> bool:
@@ -84,7 +84,7 @@ def test_a_broker_started_by_the_user_is_used_and_left_running(spark, store_dir,
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("rmq-broker listening on"), line
         endpoint = line.split()[3]
-        from rmq_spark.internal.client import InternalClient
+        from rmq_spark.broker.connector.client import InternalClient
 
         with InternalClient(endpoint) as c:
             produce(c, "U", ["a", "b"])

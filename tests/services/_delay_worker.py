@@ -1,7 +1,7 @@
 """A broker stand-in for crash tests: opens a store with the schedule and timer services on the
 real clock and delivers until it is killed (SIGKILL) or its deadline passes.
 
-    python tests/_delay_worker.py ROOT CONFIG_JSON
+    python tests/services/_delay_worker.py ROOT CONFIG_JSON
 
 CONFIG_JSON: {"delay_levels": "1s 2s", "segment_bytes": N, "batch_max_msgs": N, "deadline_s": S}.
 Prints "ready" once the services run.
@@ -17,7 +17,7 @@ import sys
 import time
 from collections import Counter
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from rmq_spark.services.core import BrokerConfig  # noqa: E402
 from rmq_spark.services.schedule.service import ScheduleService  # noqa: E402

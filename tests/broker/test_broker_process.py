@@ -20,7 +20,7 @@ from rmq_spark.broker.__main__ import main
 from rmq_spark.broker.options import build_parser, parse_args
 from rmq_spark.broker.testing import BrokerProcess, metadata
 from rmq_spark.errors import ConfigError, StoreLockedError
-from rmq_spark.internal.client import InternalClient
+from rmq_spark.broker.connector.client import InternalClient
 
 BROKER = [sys.executable, "-m", "rmq_spark.broker"]
 

@@ -3,7 +3,7 @@
 ``make_internal_handler(core)`` returns a ``grpc.GenericRpcHandler`` for service
 ``rmq_spark.internal.Connector`` that the broker mounts on its gRPC server next to RocketMQ's
 ``MessagingService``.  Requests and responses are JSON or Arrow IPC frames
-(:mod:`rmq_spark.internal.codec`); no ``.proto`` files.
+(:mod:`rmq_spark.broker.connector.codec`); no ``.proto`` files.
 
 =================  ===================================================  =========================
 method             request                                              response
@@ -36,9 +36,9 @@ from typing import Any
 import grpc
 
 from rmq_spark import errors as E
-from rmq_spark.internal import codec
-from rmq_spark.internal.client import SERVICE
-from rmq_spark.internal.sink_service import SinkService
+from rmq_spark.broker.connector import codec
+from rmq_spark.broker.connector.client import SERVICE
+from rmq_spark.broker.connector.sink import SinkService
 from rmq_spark.store import layout as L
 
 _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [

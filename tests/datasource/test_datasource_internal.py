@@ -13,11 +13,11 @@ import pytest
 
 from rmq_spark.services.core import BrokerCore
 from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
-from rmq_spark.internal.client import CHANNEL_OPTIONS, BrokerUnavailableError, InternalClient
-from rmq_spark.internal.server import make_internal_handler
-from rmq_spark.internal.sink_service import ATTEMPT_IDLE_MS, P_SINK_KEY, sink_key
-from rmq_spark.internal.sinklog import SinkCommitLog
-from rmq_spark.internal.txn import Resolution
+from rmq_spark.broker.connector.client import CHANNEL_OPTIONS, BrokerUnavailableError, InternalClient
+from rmq_spark.broker.connector.server import make_internal_handler
+from rmq_spark.broker.connector.sink import ATTEMPT_IDLE_MS, P_SINK_KEY, sink_key
+from rmq_spark.broker.connector.sinklog import SinkCommitLog
+from rmq_spark.broker.connector.ledger import Resolution
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 
