@@ -30,6 +30,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql import types as T
 
+from rmq_spark.broker.connector.protocol import SendHeader
 from rmq_spark.datasource.embedded import BrokerLink
 from rmq_spark.datasource.options import SinkOptions
 from rmq_spark.errors import ConfigError, StoreError
@@ -170,7 +171,7 @@ class _SinkWriter:
 
             avro = parse_avro_schema(self.opts.avro_schema)
         tx = self.opts.transactional
-        header = {"mode": "half" if tx else "normal", "query_id": query_id, "batch_id": batch_id, "attempt": self.attempt}
+        header = SendHeader(mode="half" if tx else "normal", query_id=query_id, batch_id=batch_id, attempt=self.attempt)
         done = SinkCommit(query_id, batch_id, self.attempt, partition_id, 0, tx)
         try:
             for batch in iterator:

@@ -16,9 +16,12 @@ import pyarrow as pa
 
 from rmq_spark import errors as E
 from rmq_spark.broker.connector import codec
+from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.codec import Frame
+from rmq_spark.broker.connector.protocol import SERVICE
 
-SERVICE = "rmq_spark.internal.Connector"
+__all__ = ["InternalClient", "BrokerUnavailableError", "ServiceMissingError", "CHANNEL_OPTIONS", "SERVICE"]
+
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -39,7 +42,7 @@ def _raise_from(endpoint: str, method: str, err: grpc.RpcError) -> None:
     details = err.details() if hasattr(err, "details") else str(err)
     cls_name = None
     for key, value in (err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else ():
-        if key == codec.ERROR_METADATA_KEY:
+        if key == P.ERROR_METADATA_KEY:
             cls_name = value
     if cls_name:
         cls = getattr(E, cls_name, None)
@@ -81,79 +84,80 @@ class InternalClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _stub(self, method: str, stream: bool = False) -> Any:
-        stub = self._stubs.get(method)
+    def _stub(self, method: P.Method) -> Any:
+        stub = self._stubs.get(method.name)
         if stub is None:
             if self._channel is None:
                 self._channel = grpc.insecure_channel(self.endpoint, options=CHANNEL_OPTIONS)
-            path = f"/{SERVICE}/{method}"
-            make = self._channel.unary_stream if stream else self._channel.unary_unary
-            stub = make(path, request_serializer=codec.identity, response_deserializer=codec.identity)
-            self._stubs[method] = stub
+            make = self._channel.unary_stream if method.response is None else self._channel.unary_unary
+            stub = make(method.path, request_serializer=codec.identity, response_deserializer=codec.identity)
+            self._stubs[method.name] = stub
         return stub
 
-    def _call(self, method: str, request: bytes, timeout_s: float | None = None) -> bytes:
+    def _call(self, method: P.Method, request: bytes, timeout_s: float | None = None) -> dict[str, Any]:
+        """One unary call; the answer as its JSON object (the documents' shape, for callers)."""
+        assert method.response is not None
         try:
-            return self._stub(method)(request, timeout=timeout_s or self.timeout_s)
+            data = self._stub(method)(request, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as err:
-            _raise_from(self.endpoint, method, err)
+            _raise_from(self.endpoint, method.name, err)
             raise  # unreachable
-
-    def _json(self, method: str, request: Mapping[str, Any] | None = None, timeout_s: float | None = None) -> Any:
-        return codec.load_json(self._call(method, codec.dump_json(dict(request or {})), timeout_s))
+        return method.response.decode(data).to_json()
 
     # --- calls ---------------------------------------------------------------------------------------
     def ping(self, timeout_s: float = 5.0) -> dict[str, Any]:
-        return self._json("Ping", {}, timeout_s)
+        return self._call(P.PING, P.Empty().encode(), timeout_s)
 
     def info(self) -> dict[str, Any]:
-        return self._json("Info")
+        """:class:`~rmq_spark.broker.connector.protocol.InfoResponse`'s fields."""
+        return self._call(P.INFO, P.Empty().encode())
 
     def topics(self) -> dict[str, int]:
         """Producer-visible topics and their read queue counts."""
-        return self._json("Topics")["topics"]
+        return P.TopicsResponse.from_json(self._call(P.TOPICS, P.Empty().encode())).topics
 
     def offsets(self, topics: list[str]) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
         """(max offsets from one atomic snapshot, min offsets) of every queue of ``topics``."""
-        r = self._json("Offsets", {"topics": topics})
-        return r["max"], r["min"]
+        r = P.OffsetsResponse.from_json(self._call(P.OFFSETS, P.OffsetsRequest(topics=topics).encode()))
+        return r.max, r.min
 
     def offsets_for_times(self, queues: Mapping[str, list[int]], timestamp_ms: int) -> dict[str, dict[str, int]]:
-        return self._json("OffsetsForTimes", {"queues": {t: list(q) for t, q in queues.items()}, "timestamp_ms": timestamp_ms})
+        req = P.OffsetsForTimesRequest(queues={t: list(q) for t, q in queues.items()}, timestamp_ms=timestamp_ms)
+        return self._call(P.OFFSETS_FOR_TIMES, req.encode())
 
     def read_arrow(
         self, topic: str, queue_id: int, start: int, end: int, tags: str | None = None, sql: str | None = None
     ) -> Iterator[pa.RecordBatch]:
-        req = codec.dump_json({"topic": topic, "queue_id": queue_id, "start": start, "end": end, "tags": tags, "sql": sql})
+        req = P.ReadArrowRequest(topic=topic, queue_id=queue_id, start=start, end=end, tags=tags, sql=sql)
         try:
-            for chunk in self._stub("ReadArrow", stream=True)(req, timeout=self.timeout_s):
+            for chunk in self._stub(P.READ_ARROW)(req.encode(), timeout=self.timeout_s):
                 yield codec.load_batch(chunk)
         except grpc.RpcError as err:
-            _raise_from(self.endpoint, "ReadArrow", err)
+            _raise_from(self.endpoint, P.READ_ARROW.name, err)
 
-    def send(self, table: pa.Table, header: Mapping[str, Any]) -> dict[str, Any]:
-        data = codec.dump_frame(Frame(dict(header), table))
-        return codec.load_json(self._call("Send", data))
+    def send(self, table: pa.Table, header: P.SendHeader | Mapping[str, Any]) -> dict[str, Any]:
+        """Store rows (the sink's row columns); ``header``: a SendHeader or its JSON object."""
+        head = header if isinstance(header, P.SendHeader) else P.SendHeader.from_json(header)
+        return self._call(P.SEND, codec.dump_frame(Frame(head.to_json(), table)))
 
     def commit_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> dict[str, Any]:
         """Commit the halves of one sink attempt (``offsets``: the ``Send`` answers' encoded
         half offsets); ``{"outcome": COMMITTED | ALREADY_COMMITTED, "attempt"}``."""
-        return self._json(
-            "CommitBatch", {"query_id": query_id, "batch_id": batch_id, "attempt": attempt, "offsets": offsets}
-        )
+        req = P.SinkBatchRequest(query_id=query_id, batch_id=batch_id, attempt=attempt, offsets=offsets)
+        return self._call(P.COMMIT_BATCH, req.encode())
 
     def abort_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> dict[str, Any]:
         """Roll back the halves of one sink attempt; it can never commit afterwards."""
-        return self._json(
-            "AbortBatch", {"query_id": query_id, "batch_id": batch_id, "attempt": attempt, "offsets": offsets}
-        )
+        req = P.SinkBatchRequest(query_id=query_id, batch_id=batch_id, attempt=attempt, offsets=offsets)
+        return self._call(P.ABORT_BATCH, req.encode())
 
     def commit_offsets(self, group: str, offsets: Mapping[str, Mapping[str, int]]) -> None:
-        self._json("CommitOffsets", {"group": group, "offsets": offsets})
+        self._call(P.COMMIT_OFFSETS, P.CommitOffsetsRequest(group=group, offsets=offsets).encode())
 
     def query_offsets(self, group: str, topics: list[str]) -> dict[str, dict[str, int]]:
-        return self._json("QueryOffsets", {"group": group, "topics": topics})["offsets"]
+        req = P.QueryOffsetsRequest(group=group, topics=topics)
+        return P.QueryOffsetsResponse.from_json(self._call(P.QUERY_OFFSETS, req.encode())).offsets
 
     def sink_status(self, query_id: str) -> dict[str, Any]:
         """Committed batches of a sink query (tests and tools)."""
-        return self._json("SinkStatus", {"query_id": query_id})
+        return self._call(P.SINK_STATUS, P.SinkStatusRequest(query_id=query_id).encode())

@@ -8,8 +8,8 @@ a JSON header followed by an Arrow IPC stream::
     │ "RMQF"     │ uint32 big-end.  │ header len bytes     │ optional: may be empty        │
     └────────────┴──────────────────┴──────────────────────┴──────────────────────────────┘
 
-Errors travel as gRPC status codes (see :mod:`rmq_spark.broker.connector.errors_map`) with the RmqError
-class name in the trailing metadata key ``rmq-error``, so the client re-raises the same class.
+The documents themselves (which fields each request and response has) are defined in
+:mod:`rmq_spark.broker.connector.protocol`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import pyarrow as pa
 
 FRAME_MAGIC = b"RMQF"
 _FRAME_HEAD = struct.Struct(">4sI")
-ERROR_METADATA_KEY = "rmq-error"
 
 
 def dump_json(obj: Any) -> bytes:

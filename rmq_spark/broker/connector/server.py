@@ -2,26 +2,9 @@
 
 ``make_internal_handler(core)`` returns a ``grpc.GenericRpcHandler`` for service
 ``rmq_spark.internal.Connector`` that the broker mounts on its gRPC server next to RocketMQ's
-``MessagingService``.  Requests and responses are JSON or Arrow IPC frames
-(:mod:`rmq_spark.broker.connector.codec`); no ``.proto`` files.
-
-=================  ===================================================  =========================
-method             request                                              response
-=================  ===================================================  =========================
-Ping               {}                                                   {"pid"}
-Info               {}                                                   store root, host, pid ...
-Topics             {}                                                   {"topics": {name: queues}}
-Offsets            {"topics"}                                           {"max", "min"} (one
-                                                                        atomic max snapshot)
-OffsetsForTimes    {"queues": {topic: [q]}, "timestamp_ms"}             {topic: {q: offset}}
-ReadArrow          {"topic", "queue_id", "start", "end", "tags", "sql"} stream of Arrow IPC
-Send               frame: header + Arrow rows                           {"count", "offsets"}
-CommitBatch        {"query_id", "batch_id", "attempt", "offsets"}       {"outcome"}
-AbortBatch         {"query_id", "batch_id", "attempt", "offsets"}       {"rolled_back"}
-CommitOffsets      {"group", "offsets"}                                 {}
-QueryOffsets       {"group", "topics"}                                  {"offsets"}
-SinkStatus         {"query_id"}                                         {"batches"}
-=================  ===================================================  =========================
+``MessagingService``.  The methods and their documents are defined in
+:mod:`rmq_spark.broker.connector.protocol`; a fault becomes a gRPC status (and the ``rmq-error``
+trailer naming its RmqError class).
 """
 
 from __future__ import annotations
@@ -37,7 +20,7 @@ import grpc
 
 from rmq_spark import errors as E
 from rmq_spark.broker.connector import codec
-from rmq_spark.broker.connector.client import SERVICE
+from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.sink import SinkService
 from rmq_spark.store import layout as L
 
@@ -62,7 +45,7 @@ def _status_of(exc: BaseException) -> grpc.StatusCode:
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     name = type(exc).__name__ if isinstance(exc, E.RmqError) else ""
     if name:
-        context.set_trailing_metadata(((codec.ERROR_METADATA_KEY, name),))
+        context.set_trailing_metadata(((P.ERROR_METADATA_KEY, name),))
     detail = str(exc) if isinstance(exc, (E.RmqError, ValueError)) else "".join(
         traceback.format_exception_only(type(exc), exc)
     ).strip()
@@ -78,24 +61,24 @@ class ConnectorService:
         self.sink = SinkService(core)
 
     # --- metadata -----------------------------------------------------------------------------------------
-    def ping(self, _req: dict) -> dict:
-        return {"pid": os.getpid()}
+    def ping(self, _req: P.Empty) -> P.PingResponse:
+        return P.PingResponse(pid=os.getpid())
 
-    def info(self, _req: dict) -> dict:
+    def info(self, _req: P.Empty) -> P.InfoResponse:
         cfg = self.store.config
-        return {
-            "version": 1,
-            "store_root": self.store.root,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "broker_name": getattr(self.core.config, "broker_name", ""),
-            "delay_levels_ms": list(getattr(cfg, "delay_levels_ms", [])),
-            "commitlog_segment_bytes": cfg.commitlog_segment_bytes,
-            "cq_segment_units": cfg.cq_segment_units,
-            "transactions": self.sink.transactions_available,
-        }
+        return P.InfoResponse(
+            version=1,
+            store_root=self.store.root,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            broker_name=getattr(self.core.config, "broker_name", ""),
+            delay_levels_ms=list(getattr(cfg, "delay_levels_ms", [])),
+            commitlog_segment_bytes=cfg.commitlog_segment_bytes,
+            cq_segment_units=cfg.cq_segment_units,
+            transactions=self.sink.transactions_available,
+        )
 
-    def topics(self, _req: dict) -> dict:
+    def topics(self, _req: P.Empty) -> P.TopicsResponse:
         out: dict[str, int] = {}
         for name, cfg in list(self.store.topics.topics.items()):
             if not _user_topic(name):
@@ -104,10 +87,10 @@ class ConnectorService:
         for t, q in self.store.queue_keys():
             if _user_topic(t):
                 out[t] = max(out.get(t, 0), q + 1)
-        return {"topics": dict(sorted(out.items()))}
+        return P.TopicsResponse(topics=dict(sorted(out.items())))
 
-    def offsets(self, req: dict) -> dict:
-        topics = [str(t) for t in req.get("topics", [])]
+    def offsets(self, req: P.OffsetsRequest) -> P.OffsetsResponse:
+        topics = [str(t) for t in req.topics]
         snap = self.store.max_offsets_snapshot(topics)  # one atomic snapshot under publish_lock
         max_out: dict[str, dict[str, int]] = {}
         min_out: dict[str, dict[str, int]] = {}
@@ -115,22 +98,22 @@ class ConnectorService:
             qs = snap.get(t, {})
             max_out[t] = {str(q): int(o) for q, o in sorted(qs.items())}
             min_out[t] = {str(q): int(self.store.min_offset(t, q)) for q in sorted(qs)}
-        return {"max": max_out, "min": min_out}
+        return P.OffsetsResponse(max=max_out, min=min_out)
 
-    def offsets_for_times(self, req: dict) -> dict:
-        ts = int(req["timestamp_ms"])
+    def offsets_for_times(self, req: P.OffsetsForTimesRequest) -> P.OffsetsForTimesResponse:
+        ts = int(req.timestamp_ms)
         out: dict[str, dict[str, int]] = {}
-        for t, qs in req.get("queues", {}).items():
+        for t, qs in req.queues.items():
             out[t] = {str(q): int(self.store.offset_by_time(t, int(q), ts)) for q in qs}
-        return out
+        return P.OffsetsForTimesResponse(out)
 
     # --- reads -----------------------------------------------------------------------------------------------
-    def read_arrow(self, req: dict) -> Iterator[bytes]:
+    def read_arrow(self, req: P.ReadArrowRequest) -> Iterator[bytes]:
         from rmq_spark.filter.options import make_filters
 
-        topic, qid = str(req["topic"]), int(req["queue_id"])
-        start, end = int(req["start"]), int(req["end"])
-        tag_filter, sql_filter = make_filters(req.get("tags"), req.get("sql"))
+        topic, qid = str(req.topic), int(req.queue_id)
+        start, end = int(req.start), int(req.end)
+        tag_filter, sql_filter = make_filters(req.tags, req.sql)
         hi = self.store.max_offset(topic, qid)
         if end > hi:
             raise E.StoreError(f"queue {topic}/{qid} holds offsets up to {hi}, asked for {end}")
@@ -144,34 +127,35 @@ class ConnectorService:
             pos = stop
 
     # --- consumer offsets ------------------------------------------------------------------------------------
-    def commit_offsets(self, req: dict) -> dict:
+    def commit_offsets(self, req: P.CommitOffsetsRequest) -> P.Empty:
         from rmq_spark.store.validation import check_group
 
-        group = str(req["group"])
+        group = str(req.group)
         check_group(group)
-        offsets = {t: {int(q): int(o) for q, o in qs.items()} for t, qs in req.get("offsets", {}).items()}
+        offsets = {t: {int(q): int(o) for q, o in qs.items()} for t, qs in req.offsets.items()}
         self.store.offsets.commit_many(group, offsets, persist=True)
-        return {}
+        return P.Empty()
 
-    def query_offsets(self, req: dict) -> dict:
-        group = str(req["group"])
+    def query_offsets(self, req: P.QueryOffsetsRequest) -> P.QueryOffsetsResponse:
+        group = str(req.group)
         out = {}
-        for t in req.get("topics", []):
+        for t in req.topics:
             out[t] = {str(q): o for q, o in sorted(self.store.offsets.query_topic(group, t).items())}
-        return {"offsets": out}
+        return P.QueryOffsetsResponse(offsets=out)
 
     # --- the sink -----------------------------------------------------------------------------------------------
-    def send(self, frame: codec.Frame) -> dict:
-        return self.sink.send(frame.header, frame.table)
+    def send(self, header: P.SendHeader, table: Any) -> P.SendResponse:
+        return self.sink.send(header, table)
 
-    def commit_batch(self, req: dict) -> dict:
-        return self.sink.commit_batch(str(req["query_id"]), int(req["batch_id"]), str(req["attempt"]), req.get("offsets", []))
+    def commit_batch(self, req: P.SinkBatchRequest) -> P.CommitBatchResponse:
+        return self.sink.commit_batch(str(req.query_id), int(req.batch_id), str(req.attempt), req.offsets)
 
-    def abort_batch(self, req: dict) -> dict:
-        return self.sink.abort_batch(str(req["query_id"]), int(req["batch_id"]), str(req["attempt"]), req.get("offsets", []))
+    def abort_batch(self, req: P.SinkBatchRequest) -> P.AbortBatchResponse:
+        return self.sink.abort_batch(str(req.query_id), int(req.batch_id), str(req.attempt), req.offsets)
 
-    def sink_status(self, req: dict) -> dict:
-        return {"batches": {str(b): a for b, a in sorted(self.sink.commits.batches(str(req["query_id"])).items())}}
+    def sink_status(self, req: P.SinkStatusRequest) -> P.SinkStatusResponse:
+        batches = self.sink.commits.batches(str(req.query_id))
+        return P.SinkStatusResponse(batches={str(b): a for b, a in sorted(batches.items())})
 
 
 _SYSTEM_PREFIXES = (L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX)
@@ -182,10 +166,18 @@ def _user_topic(name: str) -> bool:
     return not L.is_system_topic(name) and not name.startswith(_SYSTEM_PREFIXES) and bool(_TOPIC_NAME.match(name))
 
 
-def _unary(fn: Callable[[Any], Any], decode: Callable[[bytes], Any], encode: Callable[[Any], bytes]) -> grpc.RpcMethodHandler:
+def _unary(method: P.Method, fn: Callable[..., P.Document]) -> grpc.RpcMethodHandler:
+    if method.frame:
+        def call(request: bytes) -> P.Document:
+            frame = codec.load_frame(request)
+            return fn(method.request.from_json(frame.header), frame.table)
+    else:
+        def call(request: bytes) -> P.Document:
+            return fn(method.request.decode(request))
+
     def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            return encode(fn(decode(request)))
+            return call(request).encode()
         except Exception as exc:  # translated to a status code at this seam
             _abort(context, exc)
             raise  # unreachable: abort raises
@@ -193,10 +185,10 @@ def _unary(fn: Callable[[Any], Any], decode: Callable[[bytes], Any], encode: Cal
     return grpc.unary_unary_rpc_method_handler(handler, request_deserializer=codec.identity, response_serializer=codec.identity)
 
 
-def _stream(fn: Callable[[Any], Iterator[bytes]]) -> grpc.RpcMethodHandler:
+def _stream(method: P.Method, fn: Callable[[Any], Iterator[bytes]]) -> grpc.RpcMethodHandler:
     def handler(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
-            yield from fn(codec.load_json(request))
+            yield from fn(method.request.decode(request))
         except Exception as exc:
             _abort(context, exc)
 
@@ -206,21 +198,22 @@ def _stream(fn: Callable[[Any], Iterator[bytes]]) -> grpc.RpcMethodHandler:
 def make_internal_handler(core) -> grpc.GenericRpcHandler:  # type: ignore[no-untyped-def]
     """The generic handler the broker adds with ``server.add_generic_rpc_handlers((h,))``."""
     svc = ConnectorService(core)
-    j, dj = codec.load_json, codec.dump_json
-    methods = {
-        "Ping": _unary(svc.ping, j, dj),
-        "Info": _unary(svc.info, j, dj),
-        "Topics": _unary(svc.topics, j, dj),
-        "Offsets": _unary(svc.offsets, j, dj),
-        "OffsetsForTimes": _unary(svc.offsets_for_times, j, dj),
-        "ReadArrow": _stream(svc.read_arrow),
-        "Send": _unary(svc.send, codec.load_frame, dj),
-        "CommitBatch": _unary(svc.commit_batch, j, dj),
-        "AbortBatch": _unary(svc.abort_batch, j, dj),
-        "CommitOffsets": _unary(svc.commit_offsets, j, dj),
-        "QueryOffsets": _unary(svc.query_offsets, j, dj),
-        "SinkStatus": _unary(svc.sink_status, j, dj),
+    served: dict[P.Method, Callable[..., Any]] = {
+        P.PING: svc.ping,
+        P.INFO: svc.info,
+        P.TOPICS: svc.topics,
+        P.OFFSETS: svc.offsets,
+        P.OFFSETS_FOR_TIMES: svc.offsets_for_times,
+        P.READ_ARROW: svc.read_arrow,
+        P.SEND: svc.send,
+        P.COMMIT_BATCH: svc.commit_batch,
+        P.ABORT_BATCH: svc.abort_batch,
+        P.COMMIT_OFFSETS: svc.commit_offsets,
+        P.QUERY_OFFSETS: svc.query_offsets,
+        P.SINK_STATUS: svc.sink_status,
     }
-    handler = grpc.method_handlers_generic_handler(SERVICE, methods)
+    assert set(served) == set(P.METHODS), "every method of the protocol is served"
+    methods = {m.name: (_stream(m, fn) if m.response is None else _unary(m, fn)) for m, fn in served.items()}
+    handler = grpc.method_handlers_generic_handler(P.SERVICE, methods)
     handler.connector = svc  # type: ignore[attr-defined]  # tests reach the service through it
     return handler

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_spark.errors import MessageIllegalError, StoreError
+from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.sinklog import SinkCommitLog
 from rmq_spark.broker.connector.ledger import HalfLedger, Outcome, Resolution
 from rmq_spark.store import layout as L
@@ -90,10 +91,10 @@ class SinkService:
         return self.ledger
 
     # --- send ----------------------------------------------------------------------------------------------
-    def send(self, header: dict[str, Any], table: pa.Table | None) -> dict[str, Any]:
+    def send(self, header: P.SendHeader, table: pa.Table | None) -> P.SendResponse:
         if table is None or table.num_rows == 0:
-            return {"count": 0, "offsets": ""}
-        mode = header.get("mode", "normal")
+            return P.SendResponse(count=0, offsets="")
+        mode = header.mode
         if mode not in ("normal", "half"):
             raise MessageIllegalError(f"send mode must be 'normal' or 'half', not {mode!r}")
         unknown = set(table.column_names) - set(ROW_COLUMNS)
@@ -115,11 +116,12 @@ class SinkService:
             return self._send_plain(table, qids)
         key = None
         if mode == "half":
-            key = sink_key(str(header["query_id"]), int(header["batch_id"]), str(header["attempt"]))
+            query_id, batch_id, attempt = header.sink_attempt()
+            key = sink_key(query_id, batch_id, attempt)
             with self._lock:
-                if self.commits.aborted(str(header["attempt"])):
-                    raise StoreError(f"sink attempt {header['attempt']} was rolled back; the batch will be replayed")
-                self._last_send_ms[str(header["attempt"])] = self.core.clock.now_ms()
+                if self.commits.aborted(attempt):
+                    raise StoreError(f"sink attempt {attempt} was rolled back; the batch will be replayed")
+                self._last_send_ms[attempt] = self.core.clock.now_ms()
             if plain:
                 return self._send_plain_halves(table, qids, key)
         msgs = self._messages(table, qids, key)
@@ -130,7 +132,7 @@ class SinkService:
         if not result.ok or result.append is None:
             raise StoreError(f"storing {n} rows failed: {result.status.value}")
         offsets = encode_offsets(result.append.phys_offsets) if mode == "half" else ""
-        return {"count": n, "offsets": offsets}
+        return P.SendResponse(count=n, offsets=offsets)
 
     @staticmethod
     def _plain(table: pa.Table) -> bool:
@@ -159,16 +161,16 @@ class SinkService:
         for (t, q), idx in groups.items():
             yield t, q, [bodies[i] for i in idx.tolist()]
 
-    def _send_plain(self, table: pa.Table, qids: np.ndarray) -> dict[str, Any]:
+    def _send_plain(self, table: pa.Table, qids: np.ndarray) -> P.SendResponse:
         n = 0
         for t, q, part in self._by_queue(table, qids):
             result = self.store.put_bodies(t, q, part)
             if not result.ok:
                 raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
             n += len(part)
-        return {"count": n, "offsets": ""}
+        return P.SendResponse(count=n, offsets="")
 
-    def _send_plain_halves(self, table: pa.Table, qids: np.ndarray, key: str) -> dict[str, Any]:
+    def _send_plain_halves(self, table: pa.Table, qids: np.ndarray, key: str) -> P.SendResponse:
         """Rows of bodies only as halves, a column-wise write per queue."""
         n, offsets = 0, []
         for t, q, part in self._by_queue(table, qids):
@@ -177,7 +179,7 @@ class SinkService:
                 raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
             offsets.append(result.append.phys_offsets)
             n += len(part)
-        return {"count": n, "offsets": encode_offsets(np.concatenate(offsets))}
+        return P.SendResponse(count=n, offsets=encode_offsets(np.concatenate(offsets)))
 
     def _queues(self, table: pa.Table) -> np.ndarray:
         """Queue of every row: ``queueId`` if set, else a hash of ``messageGroup`` (same group ->
@@ -245,14 +247,14 @@ class SinkService:
         return out
 
     # --- commit / abort --------------------------------------------------------------------------------------
-    def commit_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> dict[str, Any]:
+    def commit_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> P.CommitBatchResponse:
         halves = decode_offsets(offsets)
         with self._lock:
             committed = self.commits.lookup(query_id, batch_id)
             if committed is not None:
                 if halves and committed != attempt:
                     self._halves().rollback(halves)
-                return {"outcome": Outcome.ALREADY_COMMITTED.value, "attempt": committed}
+                return P.CommitBatchResponse(outcome=Outcome.ALREADY_COMMITTED.value, attempt=committed)
             if self.commits.aborted(attempt):
                 raise StoreError(
                     f"sink attempt {attempt} of batch {batch_id} was rolled back before its commit; "
@@ -262,9 +264,9 @@ class SinkService:
             if halves:
                 self._halves().commit_group(halves)
             self._last_send_ms.pop(attempt, None)
-        return {"outcome": Outcome.COMMITTED.value, "attempt": attempt}
+        return P.CommitBatchResponse(outcome=Outcome.COMMITTED.value, attempt=attempt)
 
-    def abort_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> dict[str, Any]:
+    def abort_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> P.AbortBatchResponse:
         halves = decode_offsets(offsets)
         with self._lock:
             if self.commits.lookup(query_id, batch_id) == attempt:
@@ -273,7 +275,7 @@ class SinkService:
             self._last_send_ms.pop(attempt, None)
             if halves:
                 self._halves().rollback(halves)
-        return {"rolled_back": len(halves)}
+        return P.AbortBatchResponse(rolled_back=len(halves))
 
     def resolve(self, properties: dict[str, str]) -> Resolution:
         """The check-back's answer for an orphaned half of the sink."""
