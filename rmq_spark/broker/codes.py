@@ -1,21 +1,27 @@
-"""The one module that turns outcomes and faults into RocketMQ status codes.
+"""The one module that turns outcomes and faults into status codes, for both gRPC services.
 
 Expected outcomes (store :class:`PutStatus` / :class:`GetStatus`, pop :class:`AckOutcome`, ...)
 map through tables; faults (the :class:`rmq_spark.errors.RmqError` tree, and anything a hostile
-request can make the decoding raise) map through :func:`status_of`.  Every handler of the
-MessagingService answers with ``status(code, message)`` and never lets an exception escape.
+request can make the decoding raise) map through ONE table, :data:`FAULT_CODES`, with a column
+per service: :func:`status_of` reads RocketMQ's ``Code`` for the MessagingService (every handler
+answers with ``status(code, message)`` and never lets an exception escape), and
+:func:`connector_fault` reads the gRPC status the private connector service aborts with (and
+names the RmqError class in its ``rmq-error`` trailer, so its client re-raises that class).
 
-===============================  ===========================  ====================================
-fault / outcome                  code                         client sees
-===============================  ===========================  ====================================
-RpcStatusError(code)             that code                    as the code says
-FilterExpressionError            ILLEGAL_FILTER_EXPRESSION    BadRequest
-MessageIllegalError              BAD_REQUEST                  BadRequest
-ConfigError                      BAD_REQUEST                  BadRequest
-ValueError / TypeError / ...     BAD_REQUEST                  BadRequest (malformed request)
-CorruptStoreError, StoreError    INTERNAL_SERVER_ERROR        InternalError
-anything else                    INTERNAL_SERVER_ERROR        InternalError
-===============================  ===========================  ====================================
+===============================  ===========================  ===================  =================
+fault                            RocketMQ code                connector status     client sees
+===============================  ===========================  ===================  =================
+RpcStatusError(code)             that code                    INTERNAL             as the code says
+FilterExpressionError            ILLEGAL_FILTER_EXPRESSION    INVALID_ARGUMENT     BadRequest
+MessageIllegalError              BAD_REQUEST                  INVALID_ARGUMENT     BadRequest
+ConfigError                      BAD_REQUEST                  INVALID_ARGUMENT     BadRequest
+CorruptStoreError                INTERNAL_SERVER_ERROR        DATA_LOSS            InternalError
+StoreError                       INTERNAL_SERVER_ERROR        FAILED_PRECONDITION  InternalError
+RmqError                         INTERNAL_SERVER_ERROR        INTERNAL             InternalError
+ValueError, UnicodeError         BAD_REQUEST                  INVALID_ARGUMENT     BadRequest
+TypeError, OverflowError         BAD_REQUEST                  INTERNAL             BadRequest
+anything else                    INTERNAL_SERVER_ERROR        INTERNAL             InternalError
+===============================  ===========================  ===================  =================
 
 Transaction ends (:class:`EndTxStatus`) map in :func:`transaction_code`, recall failures
 (:class:`RecallFailure`) in :func:`recall_code`.
@@ -25,7 +31,10 @@ from __future__ import annotations
 
 import enum
 import logging
+import traceback
+from typing import NamedTuple
 
+import grpc
 from rocketmq.grpc_protocol import definition_pb2 as D
 
 from rmq_spark.errors import (
@@ -47,6 +56,8 @@ __all__ = [
     "status",
     "ok",
     "status_of",
+    "FAULT_CODES",
+    "connector_fault",
     "put_code",
     "get_code",
     "ack_code",
@@ -113,20 +124,34 @@ _GET_CODES = {
     GetStatus.OFFSET_OVERFLOW_BADLY: Code.ILLEGAL_OFFSET,
 }
 
+class FaultCode(NamedTuple):
+    fault: type[BaseException]
+    code: int  # RocketMQ's Code, answered by the MessagingService
+    grpc_status: grpc.StatusCode  # what the connector service aborts with
+
+
+_SC = grpc.StatusCode
 # order matters: the first class an exception is an instance of wins
-_FAULT_CODES: tuple[tuple[type[BaseException], int], ...] = (
-    (FilterExpressionError, Code.ILLEGAL_FILTER_EXPRESSION),
-    (MessageIllegalError, Code.BAD_REQUEST),
-    (ConfigError, Code.BAD_REQUEST),
-    (CorruptStoreError, Code.INTERNAL_SERVER_ERROR),
-    (StoreError, Code.INTERNAL_SERVER_ERROR),
-    (RmqError, Code.INTERNAL_SERVER_ERROR),
+FAULT_CODES: tuple[FaultCode, ...] = (
+    FaultCode(FilterExpressionError, Code.ILLEGAL_FILTER_EXPRESSION, _SC.INVALID_ARGUMENT),
+    FaultCode(MessageIllegalError, Code.BAD_REQUEST, _SC.INVALID_ARGUMENT),
+    FaultCode(ConfigError, Code.BAD_REQUEST, _SC.INVALID_ARGUMENT),
+    FaultCode(CorruptStoreError, Code.INTERNAL_SERVER_ERROR, _SC.DATA_LOSS),
+    FaultCode(StoreError, Code.INTERNAL_SERVER_ERROR, _SC.FAILED_PRECONDITION),
+    FaultCode(RmqError, Code.INTERNAL_SERVER_ERROR, _SC.INTERNAL),
     # what decoding a malformed or hostile request raises
-    (UnicodeError, Code.BAD_REQUEST),
-    (ValueError, Code.BAD_REQUEST),
-    (TypeError, Code.BAD_REQUEST),
-    (OverflowError, Code.BAD_REQUEST),
+    FaultCode(UnicodeError, Code.BAD_REQUEST, _SC.INVALID_ARGUMENT),
+    FaultCode(ValueError, Code.BAD_REQUEST, _SC.INVALID_ARGUMENT),
+    FaultCode(TypeError, Code.BAD_REQUEST, _SC.INTERNAL),
+    FaultCode(OverflowError, Code.BAD_REQUEST, _SC.INTERNAL),
 )
+
+
+def _fault_code(exc: BaseException) -> FaultCode | None:
+    for row in FAULT_CODES:
+        if isinstance(exc, row.fault):
+            return row
+    return None
 
 
 def status(code: int = Code.OK, message: str = "OK") -> D.Status:
@@ -146,13 +171,26 @@ def status_of(exc: BaseException) -> D.Status:
     """The status a handler answers with when ``exc`` escaped from it."""
     if isinstance(exc, RpcStatusError):
         return status(exc.code, exc.message)
-    for cls, code in _FAULT_CODES:
-        if isinstance(exc, cls):
-            if code == Code.INTERNAL_SERVER_ERROR:
-                log.error("internal error: %s", exc, exc_info=exc)
-            return status(code, str(exc) or type(exc).__name__)
+    row = _fault_code(exc)
+    if row is not None:
+        if row.code == Code.INTERNAL_SERVER_ERROR:
+            log.error("internal error: %s", exc, exc_info=exc)
+        return status(row.code, str(exc) or type(exc).__name__)
     log.error("internal error: %r", exc, exc_info=exc)
     return status(Code.INTERNAL_SERVER_ERROR, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def connector_fault(exc: BaseException) -> tuple[grpc.StatusCode, str | None, str]:
+    """How the connector service aborts a call ``exc`` escaped from: (gRPC status, the RmqError
+    class name for the ``rmq-error`` trailer or ``None``, the details)."""
+    row = _fault_code(exc)
+    code = row.grpc_status if row is not None else grpc.StatusCode.INTERNAL
+    name = type(exc).__name__ if isinstance(exc, RmqError) else None
+    if isinstance(exc, (RmqError, ValueError)):
+        detail = str(exc)
+    else:
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return code, name, detail
 
 
 def put_code(put_status: PutStatus) -> int:

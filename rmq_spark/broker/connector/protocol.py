@@ -26,7 +26,7 @@ SinkStatus         SinkStatusRequest           SinkStatusResponse
 
 A request missing a required field fails to decode (``TypeError``); unknown keys are ignored.
 Faults travel as gRPC status codes with the RmqError class name in the trailing metadata key
-:data:`ERROR_METADATA_KEY`.
+:data:`ERROR_METADATA_KEY` (:func:`rmq_spark.broker.codes.connector_fault`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 ``rmq_spark.internal.Connector`` that the broker mounts on its gRPC server next to RocketMQ's
 ``MessagingService``.  The methods and their documents are defined in
 :mod:`rmq_spark.broker.connector.protocol`; a fault becomes a gRPC status (and the ``rmq-error``
-trailer naming its RmqError class).
+trailer) through the broker's one status table, :func:`rmq_spark.broker.codes.connector_fault`.
 """
 
 from __future__ import annotations
@@ -12,44 +12,24 @@ from __future__ import annotations
 import os
 import re
 import socket
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 
 from rmq_spark import errors as E
+from rmq_spark.broker import codes
 from rmq_spark.broker.connector import codec
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.sink import SinkService
 from rmq_spark.store import layout as L
 
-_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
-    (E.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (E.MessageIllegalError, grpc.StatusCode.INVALID_ARGUMENT),
-    (E.FilterExpressionError, grpc.StatusCode.INVALID_ARGUMENT),
-    (E.CorruptStoreError, grpc.StatusCode.DATA_LOSS),
-    (E.StoreError, grpc.StatusCode.FAILED_PRECONDITION),
-    (E.RmqError, grpc.StatusCode.INTERNAL),
-    (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
-]
-
-
-def _status_of(exc: BaseException) -> grpc.StatusCode:
-    for cls, code in _CODES:
-        if isinstance(exc, cls):
-            return code
-    return grpc.StatusCode.INTERNAL
-
 
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
-    name = type(exc).__name__ if isinstance(exc, E.RmqError) else ""
-    if name:
-        context.set_trailing_metadata(((P.ERROR_METADATA_KEY, name),))
-    detail = str(exc) if isinstance(exc, (E.RmqError, ValueError)) else "".join(
-        traceback.format_exception_only(type(exc), exc)
-    ).strip()
-    context.abort(_status_of(exc), detail)
+    code, error_name, detail = codes.connector_fault(exc)
+    if error_name:
+        context.set_trailing_metadata(((P.ERROR_METADATA_KEY, error_name),))
+    context.abort(code, detail)
 
 
 class ConnectorService:
