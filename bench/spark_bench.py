@@ -104,7 +104,7 @@ def ceiling_source(store: str):  # type: ignore[no-untyped-def]
     data source path costs by itself, with the same schema and partitions."""
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-    from rmq_spark.datasource.source import SOURCE_FIELDS
+    from rmq_spark.datasource.schema import SOURCE_FIELDS
 
     class Part(InputPartition):
         def __init__(self, queue_id: int, rows: int) -> None:

@@ -44,7 +44,7 @@ def read_pull(p) -> Iterator[Any]:  # type: ignore[no-untyped-def]
     from rmq_spark.datasource.scan import _check_loss, broker_endpoint, filters_for
     from rmq_spark.broker.connector.client import CHANNEL_OPTIONS
     from rmq_spark.store import layout as L
-    from rmq_spark.store.reader import SOURCE_SCHEMA
+    from rmq_spark.datasource.schema import SOURCE_ARROW_SCHEMA
 
     ctx = p.ctx
     endpoint = broker_endpoint(ctx)
@@ -65,7 +65,7 @@ def read_pull(p) -> Iterator[Any]:  # type: ignore[no-untyped-def]
             raise StoreError(f"QueryOffset {p.topic}/{p.queue_id} at {endpoint}: {first.status.message}")
         offset = _check_loss(p, int(first.offset))
         while offset < p.end:
-            rows: dict[str, list[Any]] = {f.name: [] for f in SOURCE_SCHEMA}
+            rows: dict[str, list[Any]] = {f.name: [] for f in SOURCE_ARROW_SCHEMA}
             next_offset = offset
             req = S.PullMessageRequest(
                 group=D.Resource(name=ctx.pull_group), message_queue=mq, offset=offset,
@@ -110,7 +110,7 @@ def read_pull(p) -> Iterator[Any]:  # type: ignore[no-untyped-def]
             if next_offset <= offset:
                 raise StoreError(f"PullMessage {p.topic}/{p.queue_id} at {endpoint} made no progress at offset {offset}")
             offset = next_offset
-            batch = pa.RecordBatch.from_pydict(rows, schema=SOURCE_SCHEMA)
+            batch = pa.RecordBatch.from_pydict(rows, schema=SOURCE_ARROW_SCHEMA)
             if tag_filter is not None:
                 batch = batch.filter(tag_filter.mask(batch.column("tags")))
             yield batch

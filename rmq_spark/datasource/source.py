@@ -9,48 +9,11 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
 )
-from pyspark.sql.types import (
-    BinaryType,
-    IntegerType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
 
 from rmq_spark.datasource.options import check_read_names, parse_sink_options, parse_source_options
+from rmq_spark.datasource.schema import source_schema
 from rmq_spark.errors import ConfigError
-
-SOURCE_FIELDS = StructType(
-    [
-        StructField("topic", StringType()),
-        StructField("queueId", IntegerType()),
-        StructField("queueOffset", LongType()),
-        StructField("msgId", StringType()),
-        StructField("tags", StringType()),
-        StructField("keys", StringType()),
-        StructField("body", BinaryType()),
-        StructField("properties", MapType(StringType(), StringType())),
-        StructField("bornTimestamp", TimestampType()),
-        StructField("storeTimestamp", TimestampType()),
-        StructField("deliverTimestamp", TimestampType()),
-        StructField("reconsumeTimes", IntegerType()),
-        StructField("transactionId", StringType()),
-        StructField("commitLogOffset", LongType()),
-    ]
-)
-
-
-def source_schema(avro_schema: str | None) -> StructType:
-    """The fixed source schema, plus a struct ``value`` when ``avroSchema`` is set."""
-    if avro_schema is None:
-        return SOURCE_FIELDS
-    from rmq_spark.datasource.avro import parse_avro_schema, spark_type
-
-    value = spark_type(parse_avro_schema(avro_schema))
-    return StructType([*SOURCE_FIELDS.fields, StructField("value", value)])
 
 
 def _check_schema(given: StructType, expected: StructType) -> None:

@@ -48,9 +48,9 @@ def read_topic(target: str | InternalClient, topic: str) -> pa.Table:
     finally:
         if isinstance(target, str):
             c.close()
-    from rmq_spark.store.reader import SOURCE_SCHEMA
+    from rmq_spark.datasource.schema import SOURCE_ARROW_SCHEMA
 
-    return pa.Table.from_batches(batches, schema=SOURCE_SCHEMA)
+    return pa.Table.from_batches(batches, schema=SOURCE_ARROW_SCHEMA)
 
 
 def broker_pid(path: str) -> int | None:

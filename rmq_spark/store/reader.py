@@ -1,7 +1,7 @@
 """Bulk reads of a queue range into Arrow, vectorized with numpy over the mapped files.
 
 :func:`read_queue_arrow` turns ConsumeQueue units ``[start, end)`` into a ``pyarrow.RecordBatch``
-with the Spark source schema, with no Python work per message:
+of :data:`MESSAGE_SCHEMA` (MessageExt's fields), with no Python work per message:
 
 * the fixed header fields of all records come from ONE gather of 52 bytes per record;
 * bodies: one fixed-width numpy gather when they all have one length, else Arrow
@@ -11,8 +11,8 @@ with the Spark source schema, with no Python work per message:
   (n, width) byte matrix (:class:`UniformProperties`); otherwise separators are found with numpy
   over the whole column (:class:`ParsedProperties`).  Only the columns asked for are built.
 
-:class:`StoreReader` opens a store directory read-only, so that another process (a Spark
-executor) can read while the broker appends; :meth:`StoreReader.read_chunks` yields a range as
+:class:`StoreReader` opens a store directory read-only, so that another process can read
+while the broker appends; :meth:`StoreReader.read_chunks` yields a range as
 batches bounded in rows and bytes.
 """
 
@@ -37,7 +37,7 @@ from rmq_spark.store import record as R
 _CRC_PREFIX, _CRC_BYTES = R.PROP_CRC_PREFIX, R.PROP_CRC_BYTES
 
 TS = pa.timestamp("us", tz="UTC")
-SOURCE_SCHEMA = pa.schema(
+MESSAGE_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string()),
         pa.field("queueId", pa.int32()),
@@ -54,11 +54,12 @@ SOURCE_SCHEMA = pa.schema(
         pa.field("transactionId", pa.string()),
         pa.field("commitLogOffset", pa.int64()),
     ]
-)
+)  # a message read back, one column per MessageExt field
+SOURCE_SCHEMA = MESSAGE_SCHEMA  # its former name, still imported by tests/store/test_reader.py
 
 
 def empty_batch(columns: Sequence[str] | None = None) -> pa.RecordBatch:
-    fields = [f for f in SOURCE_SCHEMA if columns is None or f.name in columns]
+    fields = [f for f in MESSAGE_SCHEMA if columns is None or f.name in columns]
     return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in fields], schema=pa.schema(fields))
 
 
@@ -498,7 +499,7 @@ def read_units_arrow(
 ) -> pa.RecordBatch:
     """Records named by ConsumeQueue ``units`` (queue offsets ``first_queue_offset, ...``).
 
-    ``columns`` (default: all of SOURCE_SCHEMA, in its order) limits the work to what is asked:
+    ``columns`` (default: all of MESSAGE_SCHEMA, in its order) limits the work to what is asked:
     the properties are not parsed at all unless a column derived from them is wanted."""
     n_all = len(units)
     if n_all == 0:
@@ -516,7 +517,7 @@ def read_units_arrow(
     if n > 1 and bool((phys[1:] < phys[:-1]).any()):  # a queue's records are in log order; be safe
         order = np.argsort(phys, kind="stable")
         phys, qoffs = phys[order], qoffs[order]
-    want = set(SOURCE_SCHEMA.names if columns is None else columns)
+    want = set(MESSAGE_SCHEMA.names if columns is None else columns)
     need = set(want)
     if tag_check:
         need.add("tags")
@@ -566,7 +567,7 @@ def read_units_arrow(
                 txn = pc.if_else(pa.array(is_commit), txn, pa.scalar(None, pa.string()))
             values["transactionId"] = txn
     del cols
-    fields = [f for f in SOURCE_SCHEMA if f.name in need]
+    fields = [f for f in MESSAGE_SCHEMA if f.name in need]
     batch = pa.RecordBatch.from_arrays([values[f.name] for f in fields], schema=pa.schema(fields))
     if order is not None:
         inv = np.empty_like(order)
@@ -577,7 +578,7 @@ def read_units_arrow(
     if sql_filter is not None:
         batch = batch.filter(sql_filter.mask(batch.column("properties")))  # type: ignore[attr-defined]
     if need != want:
-        batch = batch.select([f.name for f in SOURCE_SCHEMA if f.name in want])
+        batch = batch.select([f.name for f in MESSAGE_SCHEMA if f.name in want])
     return batch
 
 
@@ -744,4 +745,4 @@ def _detect_segment_bytes(directory: str) -> int | None:
     return None
 
 
-__all__: Sequence[str] = ["SOURCE_SCHEMA", "StoreReader", "read_queue_arrow", "read_units_arrow", "chunk_bounds", "empty_batch", "parse_properties", "CQ_UNIT"]
+__all__: Sequence[str] = ["MESSAGE_SCHEMA", "StoreReader", "read_queue_arrow", "read_units_arrow", "chunk_bounds", "empty_batch", "parse_properties", "CQ_UNIT"]
