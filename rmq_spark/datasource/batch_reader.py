@@ -36,7 +36,8 @@ from pyspark.sql.types import StructType
 from rmq_spark.datasource import offsets as O
 from rmq_spark.datasource.options import SourceOptions
 from rmq_spark.datasource.planning import Planner
-from rmq_spark.datasource.scan import DataLossError, QueueRange, RowBounds, read_range, split_range
+from rmq_spark.datasource.read.partition import DataLossError, QueueRange, RowBounds, split_range
+from rmq_spark.datasource.scan import read_range
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 NEVER_NULL = ("topic", "queueId", "queueOffset", "storeTimestamp", "body", "msgId", "commitLogOffset", "bornTimestamp", "properties")

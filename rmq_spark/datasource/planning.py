@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from rmq_spark.datasource import offsets as O
 from rmq_spark.datasource.options import SourceOptions, StartKind, StartSpec
-from rmq_spark.datasource.scan import ReadContext
+from rmq_spark.datasource.read.partition import ReadContext
 from rmq_spark.datasource.embedded import BrokerLink
 from rmq_spark.broker.connector.client import InternalClient
 

@@ -2,7 +2,7 @@
 
 Runs in Spark's long-lived planning worker on the driver (``initialOffset``, ``latestOffset``,
 ``partitions``, ``commit``, ``reportLatestOffset``); ``read`` runs on executors with a different,
-unpickled instance and sees only its :class:`~rmq_spark.datasource.scan.QueueRange`.
+unpickled instance and sees only its :class:`~rmq_spark.datasource.read.partition.QueueRange`.
 
 * ``latestOffset`` takes the max offsets from ONE atomic broker snapshot, so a sink micro-batch
   (published under the same lock) is in a planned batch entirely or not at all; it never moves
@@ -37,7 +37,8 @@ from pyspark.sql.types import StructType
 from rmq_spark.datasource import offsets as O
 from rmq_spark.datasource.options import SourceOptions
 from rmq_spark.datasource.planning import Planner
-from rmq_spark.datasource.scan import DataLossError, QueueRange, read_range, split_range
+from rmq_spark.datasource.read.partition import DataLossError, QueueRange, split_range
+from rmq_spark.datasource.scan import read_range
 
 
 def _now_ms() -> int:

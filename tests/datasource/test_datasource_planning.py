@@ -11,7 +11,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Read
 
 from rmq_spark.datasource import offsets as O
 from rmq_spark.datasource.options import parse_source_options
-from rmq_spark.datasource.scan import DataLossError, QueueRange
+from rmq_spark.datasource.read.partition import DataLossError, QueueRange
 from rmq_spark.datasource.schema import SOURCE_FIELDS
 from rmq_spark.datasource.stream_reader import RmqStreamReader
 from rmq_spark.datasource.testing import produce

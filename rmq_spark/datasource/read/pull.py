@@ -14,7 +14,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from rmq_spark.datasource.read.partition import QueueRange, broker_endpoint, check_loss, filters_for
 from rmq_spark.errors import StoreError
+
+__all__ = ["read_pull"]
 
 PULL_BATCH = 1024
 _CLIENT_ID = f"rmq-spark-pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -34,14 +37,14 @@ def _ts_us(ts: Any) -> int:
     return int(ts.seconds) * 1_000_000 + int(ts.nanos) // 1000
 
 
-def read_pull(p) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+def read_pull(p: QueueRange) -> Iterator[Any]:
+    """The rows of ``p`` pulled from the broker, as Arrow record batches."""
     import grpc
     import pyarrow as pa
     from rocketmq.grpc_protocol import definition_pb2 as D
     from rocketmq.grpc_protocol import service_pb2 as S
     from rocketmq.grpc_protocol import service_pb2_grpc as G
 
-    from rmq_spark.datasource.scan import _check_loss, broker_endpoint, filters_for
     from rmq_spark.broker.connector.client import CHANNEL_OPTIONS
     from rmq_spark.store import layout as L
     from rmq_spark.datasource.schema import SOURCE_ARROW_SCHEMA
@@ -63,7 +66,7 @@ def read_pull(p) -> Iterator[Any]:  # type: ignore[no-untyped-def]
         )
         if first.status.code != D.Code.OK:
             raise StoreError(f"QueryOffset {p.topic}/{p.queue_id} at {endpoint}: {first.status.message}")
-        offset = _check_loss(p, int(first.offset))
+        offset = check_loss(p, int(first.offset))
         while offset < p.end:
             rows: dict[str, list[Any]] = {f.name: [] for f in SOURCE_ARROW_SCHEMA}
             next_offset = offset
