@@ -11,8 +11,8 @@ import org.apache.rocketmq.common.message.MessageQueue;
  * Seeds 001 and 003's pull consumer: DefaultMQPullConsumer (deprecated since 4.9.0, as seed 001
  * notes, but still in every client), which asks for the route's queues and pulls each one by
  * offset from its min offset to its max offset -- the application, not a rebalance service, owns
- * the offsets -- and finally commits where it stopped (updateConsumeOffset, sent to the broker on
- * shutdown).  Prints every message and a "queue" event per queue.
+ * the offsets -- and with --commit stores where it stopped on the broker (updateConsumeOffset,
+ * then the offset store's persist).  Prints every message and a "queue" event per queue.
  *
  * --namesrv ADDR --group G --topic T [--sub-expr "TagA || TagB"] [--batch N] [--commit]
  */
@@ -44,6 +44,9 @@ final class PullConsumer {
                 }
                 if (opts.flag("commit")) {
                     consumer.updateConsumeOffset(mq, offset);
+                    // a pull consumer owns no rebalanced queues, so shutdown() persists nothing:
+                    // send this queue's offset to the broker now (UPDATE_CONSUMER_OFFSET)
+                    consumer.getOffsetStore().persist(mq);
                 }
                 Out.event("queue").put("brokerName", mq.getBrokerName()).put("queueId", mq.getQueueId())
                     .put("minOffset", min).put("maxOffset", max).put("nextOffset", offset).emit();

@@ -14,7 +14,7 @@ import org.apache.rocketmq.common.message.Message;
  * client from the route.  Prints each SendResult, so the test sees which brokers and queues were
  * used.
  *
- * --namesrv ADDR --group G --topic T [--count N]
+ * --namesrv ADDR --group G --topic T [--count N] [--body-prefix B]
  */
 final class Seed004Producer {
     static int run(Opts opts) throws Exception {
@@ -25,7 +25,7 @@ final class Seed004Producer {
         try {
             int count = opts.integer("count", 8);
             for (int i = 0; i < count; i++) {
-                Message msg = new Message(opts.str("topic"), "TagA", ("seed004 " + i).getBytes(StandardCharsets.UTF_8));
+                Message msg = new Message(opts.str("topic"), "TagA", (opts.str("body-prefix", "seed004") + " " + i).getBytes(StandardCharsets.UTF_8));
                 SendResult sendResult = producer.send(msg);
                 Out.sent(sendResult).put("i", i).emit();
             }
