@@ -6,7 +6,7 @@
         programs = java_programs()               # the Java programs of tests/interop/java
         programs.run("producer", "--namesrv", cluster.namesrv_addr, ..., home=cluster.home)
 
-The implementation is the interop tests' harness (``tests/interop/_rocketmq.py`` and
+The implementation is the interop tests' harness (``tests/interop/_apache.py`` and
 ``_java.py``); this module puts it on ``sys.path`` and gives it benchmark-sized defaults: a
 scratch directory on the project's disk (``_util.scratch_dir``), G1 and a larger heap.
 Needs Java 17 and Maven; the first run downloads the jars into ~/.m2.
@@ -23,9 +23,9 @@ _INTEROP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _INTEROP not in sys.path:
     sys.path.insert(0, _INTEROP)
 
-from _java import CLIENT_VERSION_5X, CLIENT_VERSION_DEFAULT, JavaPrograms, build_programs  # noqa: E402
-from _rocketmq import SERVER_VERSION_DEFAULT, ApacheRocketMQ  # noqa: E402
-from _util import scratch_dir  # noqa: E402
+from _apache import SERVER_VERSION_DEFAULT, ApacheRocketMQ
+from _java import CLIENT_VERSION_5X, CLIENT_VERSION_DEFAULT, JavaPrograms, build_programs
+from _util import scratch_dir
 
 __all__ = ["CLIENT_VERSION_5X", "CLIENT_VERSION_DEFAULT", "ApacheRocketMQ", "apache_rocketmq", "java_programs"]
 

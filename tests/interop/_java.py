@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CLIENT_VERSION_DEFAULT",
     "CLIENT_VERSION_5X",
+    "CLIENT_VERSION_DEFAULT",
     "JAVA_DIR",
     "JavaPrograms",
     "ProgramResult",
@@ -50,7 +50,7 @@ def maven(args: list[str], cwd: Path, timeout_s: float = MAVEN_TIMEOUT_S) -> Non
     mvn = shutil.which("mvn")
     if mvn is None:
         raise RuntimeError("Maven (mvn) is not on PATH; the interop tests need Java 17 and Maven")
-    proc = subprocess.run([mvn, "-q", "-B", *args], cwd=cwd, capture_output=True, text=True,
+    proc = subprocess.run([mvn, "-q", "-B", *args], check=False, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout_s, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise RuntimeError(f"mvn {' '.join(args)} failed ({proc.returncode}) in {cwd}:\n"
@@ -107,7 +107,7 @@ class JavaPrograms:
         running at ``timeout_s`` is killed (its own --timeout-s should end it first)."""
         cmd = self.command(program, *args, home=home, jvm_flags=jvm_flags)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s,
                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
             out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -125,8 +125,8 @@ class JavaPrograms:
 
     def mqadmin(self, *args: str, home: str | os.PathLike[str], timeout_s: float = 60.0) -> str:
         """Runs the real mqadmin (``MQAdminStartup``) and returns what it printed."""
-        proc = subprocess.run(self.command("mqadmin", *args, home=home), capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(self.command("mqadmin", *args, home=home), check=False, capture_output=True,
+                              text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             raise AssertionError(f"mqadmin {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc.stdout

@@ -1,6 +1,6 @@
 """The servers the interop tests run the Java programs against ("targets").
 
-- ``apache``: a real Apache RocketMQ from Maven Central's jars (``_rocketmq.ApacheRocketMQ``), a
+- ``apache``: a real Apache RocketMQ from Maven Central's jars (``_apache.ApacheRocketMQ``), a
   NameServer and two brokers of one cluster.
 - ``rmq-broker``: this project's broker with its remoting server and NameServer
   (``python -m rmq_spark.broker ... --remoting-listen 127.0.0.1:0 --namesrv-listen 127.0.0.1:0``).
@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import IO
 
+from _apache import GET_BROKER_CLUSTER_INFO, ApacheRocketMQ, remoting_request
 from _java import JavaPrograms
-from _rocketmq import GET_BROKER_CLUSTER_INFO, ApacheRocketMQ, remoting_request
 
-__all__ = ["ApacheTarget", "RmqBrokerTarget", "Target", "enabled_targets", "cluster_info"]
+__all__ = ["ApacheTarget", "RmqBrokerTarget", "Target", "cluster_info", "enabled_targets"]
 
 TARGETS_ENV = "RMQ_INTEROP_TARGETS"
 ALL_TARGETS = ("apache", "rmq-broker")
@@ -107,7 +107,8 @@ class RmqBrokerTarget(Target):
     def __init__(self, workdir: Path) -> None:
         store = workdir / "store"
         store.mkdir(parents=True, exist_ok=True)
-        self._log: IO[bytes] = open(workdir / "rmq-broker.log", "ab")
+        self.log_path = workdir / "rmq-broker.log"
+        self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 -- closed in close()
         cmd = [sys.executable, "-m", "rmq_spark.broker", "--store", str(store), "--listen", "127.0.0.1:0",
                "--remoting-listen", "127.0.0.1:0", "--namesrv-listen", "127.0.0.1:0"]
         try:
@@ -140,12 +141,15 @@ class RmqBrokerTarget(Target):
                     continue
                 chunk = os.read(self.proc.stdout.fileno(), 4096)
                 if not chunk:
-                    raise RuntimeError(f"rmq-broker exited with {self.proc.wait()}")
+                    raise RuntimeError(f"rmq-broker exited with {self.proc.wait()}: {self.log_tail()}")
                 buf += chunk
         return buf.split(b"\n", 1)[0].decode()
 
+    def log_tail(self, n: int = 2000) -> str:
+        return self.log_path.read_bytes()[-n:].decode(errors="replace")
+
     def wait_route(self, topic: str) -> None:
-        from _rocketmq import GET_ROUTEINFO_BY_TOPIC
+        from _apache import GET_ROUTEINFO_BY_TOPIC
 
         deadline = time.monotonic() + 30.0
         while True:

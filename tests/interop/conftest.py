@@ -66,7 +66,7 @@ def apache_cluster(_apache: ApacheTarget):
 
 
 @pytest.fixture
-def apache_java(programs: JavaPrograms, _apache: ApacheTarget, java_home: Path) -> "Java":
+def apache_java(programs: JavaPrograms, _apache: ApacheTarget, java_home: Path) -> Java:
     """``java`` bound to the Apache RocketMQ target whatever RMQ_INTEROP_TARGETS says, for tests
     that stop and restart one of its brokers."""
     return Java(programs, _apache, java_home)

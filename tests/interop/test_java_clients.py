@@ -8,6 +8,7 @@ NameServer address, seed 001's push and pull consumers, seed 003's SQL92 selecto
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter, defaultdict
 
@@ -229,7 +230,7 @@ def test_consumer_retry_then_dead_letter_queue(java, names):
             assert e["retryTopic"] == e["topic"] == topic
             assert e["msgId"] == deliveries[0]["msgId"]
         # delay level 1 (1 s) between the tries
-        for before, after in zip(deliveries, deliveries[1:]):
+        for before, after in itertools.pairwise(deliveries):
             assert after["receivedAt"] - before["receivedAt"] >= 900
 
     dlq = java.run("lite-pull-consumer", group=f"{group}_dlq", topic=f"%DLQ%{group}", mode="assign", expect=2,
@@ -323,3 +324,15 @@ def test_seed004_producer_routes_around_a_stopped_broker(apache_java, apache_clu
     got = java.run("seed001-push-consumer", group=group, topic=topic, expect=16, settle_ms=1000).events("received")
     assert bodies(got) == sorted([f"before {i}" for i in range(8)] + [f"during {i}" for i in range(8)])
     assert {e["brokerName"] for e in got if e["body"].startswith("before")} == {"broker-a", "broker-b"}
+
+
+def test_maven_build_is_skipped_when_sources_did_not_change(programs, client):
+    """The session's build left a stamp; building again with the same sources runs no Maven."""
+    from _java import JAVA_DIR, build_programs
+
+    stamp = JAVA_DIR / "target" / client / "build.sha256"
+    classes = JAVA_DIR / "target" / client / "classes" / "interop" / "Main.class"
+    before = (stamp.stat().st_mtime_ns, classes.stat().st_mtime_ns)
+    again = build_programs(client)
+    assert again.classpath == programs.classpath
+    assert (stamp.stat().st_mtime_ns, classes.stat().st_mtime_ns) == before

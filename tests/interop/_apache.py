@@ -34,8 +34,8 @@ from typing import IO
 from _java import JAVA_DIR, maven, sources_digest
 
 __all__ = [
-    "ApacheRocketMQ",
     "SERVER_VERSION_DEFAULT",
+    "ApacheRocketMQ",
     "free_port",
     "remoting_request",
     "server_classpath",
@@ -121,7 +121,7 @@ class _JavaProcess:
         self.name = name
         self.log_path = log_path
         self.ready_text = ready_text
-        self._log: IO[bytes] = open(log_path, "ab")
+        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 -- open for the process's life
         self._log_start = log_path.stat().st_size
         try:
             self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -204,7 +204,7 @@ class ApacheRocketMQ:
         return ["java", f"-Xms{heap}", f"-Xmx{heap}", *self.jvm_flags, f"-Duser.home={self.home}",
                 f"-Drocketmq.home.dir={self.home}", "-cp", self.classpath, main, "-c", str(conf)]
 
-    def start(self) -> "ApacheRocketMQ":
+    def start(self) -> ApacheRocketMQ:
         """Starts the NameServer, then every broker in parallel; returns once all registered."""
         try:
             conf = self.workdir / "namesrv.conf"
@@ -280,7 +280,7 @@ class ApacheRocketMQ:
         for proc in brokers:
             try:
                 proc.stop()
-            except BaseException as e:  # keep stopping the others
+            except (OSError, subprocess.SubprocessError) as e:  # keep stopping the others
                 errors.append(e)
         if self.namesrv is not None:
             self.namesrv.stop()
@@ -288,8 +288,9 @@ class ApacheRocketMQ:
         if errors:
             raise errors[0]
 
-    def __enter__(self) -> "ApacheRocketMQ":
-        return self.start()
+    def __enter__(self) -> ApacheRocketMQ:  # noqa: PYI034 -- typing.Self needs 3.11
+        self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
