@@ -256,9 +256,14 @@ class ApacheRocketMQ:
         self.wait_registered(name, registered=True)
         self.startup_s[name] = time.monotonic() - proc.started_at
 
-    def stop_broker(self, name: str) -> None:
-        """Stops one broker (SIGTERM) and waits until the NameServer no longer lists it."""
-        self.brokers.pop(name).stop()
+    def stop_broker(self, name: str, *, kill: bool = False) -> None:
+        """Stops one broker and waits until the NameServer no longer lists it: SIGTERM (its
+        shutdown hook takes about 11 s with 5.5.0), or with ``kill`` SIGKILL, a crash (the
+        NameServer notices the closed connection at once; the store recovers on restart)."""
+        proc = self.brokers.pop(name)
+        if kill and proc.proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.stop()
         self.wait_registered(name, registered=False)
 
     def start_broker(self, name: str) -> None:
