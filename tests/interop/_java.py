@@ -19,6 +19,8 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ __all__ = [
     "JAVA_DIR",
     "JavaPrograms",
     "ProgramResult",
+    "RunningProgram",
     "build_programs",
     "maven",
     "sources_digest",
@@ -87,6 +90,71 @@ class ProgramResult:
                 f"{self.stdout[-6000:]}\n--- stderr (tail)\n{self.stderr[-6000:]}")
 
 
+def _parse(args: list[str], returncode: int, stdout: str, stderr: str) -> ProgramResult:
+    result = ProgramResult(args, returncode, stdout, stderr)
+    for line in stdout.splitlines():
+        # the clients' own loggers may print to stdout too; the programs' lines are JSON objects
+        if line.startswith('{"event":'):
+            result.lines.append(json.loads(line))
+    return result
+
+
+class RunningProgram:
+    """A program started in the background; its output goes to temporary files (no pipes to
+    drain).  ``wait`` (or ``kill``) must be called: the tests do it in a ``finally``."""
+
+    def __init__(self, cmd: list[str], args: list[str]) -> None:
+        self.args = args
+        self._out = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by wait() or kill()
+        self._err = tempfile.TemporaryFile()  # noqa: SIM115
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL)
+        except BaseException:
+            self._close()
+            raise
+
+    def printed(self, event: str) -> bool:
+        """Whether the program has printed an event line named ``event`` so far."""
+        self._out.flush()
+        with open(self._out.fileno(), "rb", closefd=False) as f:
+            f.seek(0)
+            return f'{{"event":"{event}"'.encode() in f.read()
+
+    def wait_for(self, event: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.printed(event):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{' '.join(self.args)} printed no {event!r}:\n{self.wait(5).describe()}")
+            time.sleep(0.1)
+
+    def wait(self, timeout_s: float = 120.0, check: bool = False) -> ProgramResult:
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            self._out.seek(0)
+            self._err.seek(0)
+            result = _parse(self.args, self.proc.returncode, self._out.read().decode(errors="replace"),
+                            self._err.read().decode(errors="replace"))
+        finally:
+            self._close()
+        if check and result.returncode != 0:
+            raise AssertionError(result.describe())
+        return result
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        self._out.close()
+        self._err.close()
+
+
 class JavaPrograms:
     """The programs built against one client version."""
 
@@ -114,14 +182,16 @@ class JavaPrograms:
             err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
             raise AssertionError(f"program {program} {' '.join(args)} killed after {timeout_s}s\n"
                                  f"{out[-4000:]}\n{err[-4000:]}") from None
-        result = ProgramResult([program, *args], proc.returncode, proc.stdout, proc.stderr)
-        for line in proc.stdout.splitlines():
-            # the clients' own loggers may print to stdout too; the programs' lines are JSON objects
-            if line.startswith('{"event":'):
-                result.lines.append(json.loads(line))
+        result = _parse([program, *args], proc.returncode, proc.stdout, proc.stderr)
         if check and proc.returncode != 0:
             raise AssertionError(result.describe())
         return result
+
+    def spawn(self, program: str, *args: str, home: str | os.PathLike[str],
+              jvm_flags: tuple[str, ...] = ()) -> RunningProgram:
+        """Starts a program in the background (a consumer that must be up before a producer
+        sends); ``RunningProgram.wait`` collects it like ``run``."""
+        return RunningProgram(self.command(program, *args, home=home, jvm_flags=jvm_flags), [program, *args])
 
     def mqadmin(self, *args: str, home: str | os.PathLike[str], timeout_s: float = 60.0) -> str:
         """Runs the real mqadmin (``MQAdminStartup``) and returns what it printed."""

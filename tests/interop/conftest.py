@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _java import CLIENT_VERSION_DEFAULT, JavaPrograms, ProgramResult, build_programs
+from _java import (
+    CLIENT_VERSION_DEFAULT,
+    JavaPrograms,
+    ProgramResult,
+    RunningProgram,
+    build_programs,
+)
 from _targets import ApacheTarget, RmqBrokerTarget, Target, enabled_targets
 
 
@@ -94,6 +100,9 @@ class Java:
         self.home = home
 
     def run(self, program: str, *, check: bool = True, timeout_s: float = 120.0, **options: Any) -> ProgramResult:
+        return self.programs.run(program, *self._args(options), home=self.home, timeout_s=timeout_s, check=check)
+
+    def _args(self, options: dict[str, Any]) -> list[str]:
         args = ["--namesrv", self.target.namesrv_addr]
         for key, value in options.items():
             if value is False or value is None:
@@ -101,7 +110,11 @@ class Java:
             args.append("--" + key.replace("_", "-"))
             if value is not True:
                 args.append(str(value))
-        return self.programs.run(program, *args, home=self.home, timeout_s=timeout_s, check=check)
+        return args
+
+    def spawn(self, program: str, **options: Any) -> RunningProgram:
+        """Like ``run``, in the background: ``.wait_for("started")``, then ``.wait()``."""
+        return self.programs.spawn(program, *self._args(options), home=self.home)
 
     def mqadmin(self, *args: str) -> str:
         return self.programs.mqadmin(*args, "-n", self.target.namesrv_addr, home=self.home)
