@@ -152,14 +152,21 @@ def test_clustering_shares_the_queues_between_instances(java, names):
 
 @BOTH_CLIENTS
 def test_lite_pull_consumer_assign_and_seek(java, names):
+    """assign() then seek(mq, 2), as rocketmq's LitePullConsumerAssign example does.  The client
+    starts pulling each queue at assign() (from the group's position, offset 0 for a new group),
+    so a pull already in flight when seek() lands may still deliver offsets below 2 (seen with
+    5.5.0); what the seek guarantees is that everything from offset 2 on arrives."""
     topic, group = f"{names}_T", f"{names}_G"
     java.create_topic(topic, queues=2)
     sent = java.run("producer", group=f"{group}_p", topic=topic, count=12).events("sent")
-    want = sorted(e["msgId"] for e in sent if e["queueOffset"] >= 2)
+    want = {e["msgId"] for e in sent if e["queueOffset"] >= 2}
     got = java.run("lite-pull-consumer", group=group, topic=topic, mode="assign", seek=2, expect=len(want),
-                   settle_ms=1500).events("received")
-    assert sorted(e["msgId"] for e in got) == want
-    assert min(e["queueOffset"] for e in got) == 2
+                   settle_ms=2500).events("received")
+    assert {e["msgId"] for e in got if e["queueOffset"] >= 2} == want
+    by_id = {e["msgId"]: e for e in sent}
+    for e in got:
+        s = by_id[e["msgId"]]
+        assert (e["brokerName"], e["queueId"], e["queueOffset"]) == (s["brokerName"], s["queueId"], s["queueOffset"])
 
 
 @BOTH_CLIENTS
