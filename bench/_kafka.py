@@ -219,3 +219,45 @@ class KafkaBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2"
+SPARK_KAFKA_ARTIFACT = "org/apache/spark/spark-sql-kafka-0-10_2.13"
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split("."))
+
+
+def spark_kafka_package(spark_version: str) -> tuple[str, str]:
+    """Spark's Kafka connector for ``spark.jars.packages``, and a note when it is not at Spark's version.
+
+    The connector at pyspark's own version is wanted; when Maven Central does not serve it (a
+    pyspark release ahead of the Maven artifacts), the newest release of the same major version
+    not newer than pyspark is taken instead, and the note says so.
+    """
+    import re
+    import urllib.error
+    import urllib.request
+
+    def package(v: str) -> str:
+        return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{v}"
+
+    pom = f"{MAVEN_CENTRAL}/{SPARK_KAFKA_ARTIFACT}/{spark_version}/spark-sql-kafka-0-10_2.13-{spark_version}.pom"
+    try:
+        urllib.request.urlopen(urllib.request.Request(pom, method="HEAD"), timeout=20).close()
+        return package(spark_version), ""
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise KafkaError(f"Maven Central answered {e.code} for {pom}") from e
+    except urllib.error.URLError:  # offline: Ivy may still have it cached
+        return package(spark_version), ""
+    with urllib.request.urlopen(f"{MAVEN_CENTRAL}/{SPARK_KAFKA_ARTIFACT}/maven-metadata.xml", timeout=20) as r:
+        listed = re.findall(r"<version>([0-9]+\.[0-9]+\.[0-9]+)</version>", r.read().decode())
+    major = spark_version.split(".")[0]
+    same = [v for v in listed if v.split(".")[0] == major and _version_key(v) <= _version_key(spark_version)]
+    if not same:
+        raise KafkaError(f"Maven Central has no spark-sql-kafka-0-10_2.13 for Spark {spark_version}")
+    chosen = max(same, key=_version_key)
+    return package(chosen), (f"spark-sql-kafka-0-10_2.13:{spark_version} is not on Maven Central; "
+                             f"using {chosen}, the newest {major}.x release not newer than pyspark")
