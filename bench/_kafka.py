@@ -200,7 +200,7 @@ class KafkaBroker:
         done = subprocess.run(
             [java, "-Dorg.slf4j.simpleLogger.defaultLogLevel=error", "-cp", self.classpath, source,
              self.bootstrap, name, str(partitions), str(int(START_TIMEOUT_S * 1000))],
-            capture_output=True, text=True,
+            check=False, capture_output=True, text=True,
         )
         if done.returncode != 0:
             raise KafkaError(f"creating topic {name} ({partitions} partitions) failed: {done.stderr.strip()[-2000:]}")

@@ -358,7 +358,13 @@ def main() -> None:
         print(f"parquet peer: the same {n:,} rows (14 columns) written in {t.seconds:.1f}s")
         kafka = None
         if "kafka" in peers:
-            from bench._kafka import KAFKA_VERSION, KafkaBroker, broker_classpath, cache_dir, spark_kafka_package
+            from bench._kafka import (
+                KAFKA_VERSION,
+                KafkaBroker,
+                broker_classpath,
+                cache_dir,
+                spark_kafka_package,
+            )
 
             _, cached = broker_classpath()
             print(f"kafka peer: kafka_2.13:{KAFKA_VERSION} classpath {'from the cache' if cached else 'resolved with mvn'} "
