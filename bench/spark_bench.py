@@ -1,6 +1,8 @@
-"""Spark benchmark of format rmq, each figure next to Spark's Parquet file source/sink in the same run.
+"""Spark benchmark of format rmq, each figure next to its peers in the same run: Spark's Parquet
+file source/sink and a single-node Kafka broker with Spark's Kafka source/sink.
 
     python bench/spark_bench.py [--messages N] [--sink-rows N] [--runs R] [--only read|sink]
+                                [--peers parquet,kafka]
 
 1. Streaming read: N messages (default 5 000 000) with 100-byte bodies, in 4 queues, read with
    ``spark.readStream.format("rmq")`` (Trigger.AvailableNow) into the ``noop`` sink, against
@@ -8,17 +10,35 @@
    store with pyarrow) into the same sink.  Best of R runs each, after a warm-up.  A third line
    is the ceiling of Spark's Python data source path itself: a trivial source yielding ready-made
    Arrow batches of the same rows (the store read costs nothing there).
-2. Sink: the same input (a Parquet stream of 100-byte bodies, 200 000 rows per micro-batch)
+2. Reads against Kafka: the same N messages (key, value = body) in a topic of 4 partitions, each
+   in the partition numbered like its rmq queue, written there by Spark's batch Kafka sink from the
+   Parquet peer's files.  Streaming read (Trigger.AvailableNow, ``noop`` sink) and batch read
+   (``spark.read`` earliest to latest, ``.write.format("noop")``) of rmq and of Kafka, interleaved,
+   best of R runs after a warm-up; Kafka reads with ``minPartitions`` equal to rmq's partition count.
+3. Sink: the same input (a Parquet stream of 100-byte bodies, 200 000 rows per micro-batch)
    written by the ``rmq`` sink exactly-once (default), at-least-once (``transactional=false``),
-   and by Spark's Parquet file sink, each after a warm-up run.
+   by Spark's Parquet file sink and by Spark's Kafka sink (``value`` = body, the connector's
+   default producer settings), each after a warm-up run.
+A summary table ends the run: each figure, its peer, the ratio rmq / peer and the goal.
 
-Goal (the issue's compass): rmq read >= 1.0x Parquet.  The store is written directly (no broker
-running); the data source starts its embedded broker for planning and reads the files itself.
+Goals (the issue's compass): rmq streaming read >= 1.0x Parquet and >= 1.0x Kafka; rmq batch read
+>= 1.0x Kafka; rmq at-least-once sink >= 1.0x Kafka's sink; exactly-once shown beside them.  The
+store is written directly (no broker running); the data source starts its embedded broker for
+planning and reads the files itself.
+
+Kafka (``--peers`` without ``kafka`` skips it; ``make test`` never needs it): ``bench/_kafka.py``
+resolves ``org.apache.kafka:kafka_2.13`` with Maven once (jars in ``~/.m2/repository``, the
+classpath cached under ``~/.cache/rmq_spark/``), formats a KRaft log dir and starts the broker on
+free local ports, stopping it when the bench ends.  Spark gets
+``spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark's version>`` (the
+newest release not newer than pyspark when Maven Central lacks that one); Ivy downloads it once
+into its cache (``~/.ivy2.5.2/`` by default).  The bench prints where each came from.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -219,16 +239,115 @@ def bench_sink(spark, store: str, work: str, rows: int) -> dict[str, float]:  # 
     return out
 
 
+KAFKA_TOPIC = "Bench"
+
+
+def kafka_session(package: str):  # type: ignore[no-untyped-def]
+    """The bench's session with Spark's Kafka connector on its classpath (``spark.jars.packages``,
+    given to the JVM launcher: Ivy downloads the jars once and keeps them under ``~/.ivy2*``)."""
+    args = os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--packages {package} {args}"
+    return session()
+
+
+def fill_kafka(spark, parquet: str, bootstrap: str) -> int:  # type: ignore[no-untyped-def]
+    """The Parquet peer's rows into the Kafka topic with Spark's batch Kafka sink: body as the value,
+    keys as the key, each row in the partition numbered like its rmq queue."""
+    df = spark.read.parquet(parquet).selectExpr("CAST(keys AS BINARY) AS key", "body AS value", "queueId AS partition")
+    (df.write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", KAFKA_TOPIC)
+     .option("kafka.linger.ms", "20").option("kafka.batch.size", "1048576").save())
+    return int(df.count())
+
+
+def kafka_partitions(messages: int) -> int:
+    """Spark partitions for the Kafka read (``minPartitions``): as many as the rmq source plans with
+    ``maxRecordsPerPartition=650000`` over the 4 queues, so both read with the same parallelism."""
+    per_queue = -(-messages // QUEUES)
+    return QUEUES * max(1, -(-per_queue // 650_000))
+
+
+def bench_kafka_read(spark, store: str, bootstrap: str, work: str, runs: int, splits: int) -> dict[str, tuple[float, float]]:  # type: ignore[no-untyped-def]
+    """Streaming and batch reads of the same rows from rmq and from Kafka, interleaved; best of R
+    runs after a warm-up.  Returns {"streaming read": (rmq, kafka), "batch read": (rmq, kafka)} in rows/s."""
+
+    def kafka(reader):  # type: ignore[no-untyped-def]
+        return (reader.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", KAFKA_TOPIC)
+                .option("startingOffsets", "earliest").option("minPartitions", str(splits)))
+
+    def rmq(reader):  # type: ignore[no-untyped-def]
+        return (reader.format("rmq").option("path", store).option("topics", "Bench")
+                .option("startingOffsets", "earliest").option("maxRecordsPerPartition", "650000"))
+
+    def stream(make, name: str) -> tuple[float, int]:
+        return timed_query(make(spark.readStream).load().writeStream.format("noop"), os.path.join(work, f"ck-{name}"))
+
+    def batch(df) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+        with Timer() as t:
+            df.write.format("noop").mode("overwrite").save()
+        return t.seconds, 0
+
+    rows = rmq(spark.read).load().count()
+    kafka_rows = kafka(spark.read).option("endingOffsets", "latest").load().count()
+    if kafka_rows != rows:
+        raise RuntimeError(f"the peers hold different rows: rmq {rows:,}, kafka {kafka_rows:,}")
+    best = {"streaming read": [0.0, 0.0], "batch read": [0.0, 0.0]}
+    for run in range(runs + 1):  # run 0 warms up
+        s1, n1 = stream(rmq, "rmq-vs-kafka")
+        s2, n2 = stream(kafka, "kafka")
+        s3, _ = batch(rmq(spark.read).load())
+        s4, _ = batch(kafka(spark.read).option("endingOffsets", "latest").load())
+        if run == 0:
+            continue
+        for key, rates in (("streaming read", (n1 / s1, n2 / s2)), ("batch read", (rows / s3, rows / s4))):
+            best[key] = [max(b, r) for b, r in zip(best[key], rates)]
+        print(f"  run {run}: stream rmq {n1:,} rows in {s1:.2f}s, kafka {n2:,} in {s2:.2f}s; "
+              f"batch rmq {rows:,} in {s3:.2f}s, kafka in {s4:.2f}s")
+    return {k: (v[0], v[1]) for k, v in best.items()}
+
+
+def bench_kafka_sink(spark, kafka, work: str) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """Spark's Kafka sink over the sink section's input (written by ``bench_sink``), body as the value,
+    into a topic of 4 partitions; after a warm-up run.  Producer settings are the connector's defaults."""
+    src, warm = os.path.join(work, "sink-input"), os.path.join(work, "sink-warm")
+    schema = spark.read.parquet(src).schema
+    for topic in ("SinkWarm", "Sink"):
+        kafka.create_topic(topic, QUEUES)
+
+    def make(directory: str, topic: str):  # type: ignore[no-untyped-def]
+        df = spark.readStream.schema(schema).option("maxFilesPerTrigger", "2").parquet(directory)
+        return (df.selectExpr("body AS value").writeStream.format("kafka")
+                .option("kafka.bootstrap.servers", kafka.bootstrap).option("topic", topic))
+
+    timed_query(make(warm, "SinkWarm"), os.path.join(work, "ck-kafka-sink-warm"))
+    seconds, n = timed_query(make(src, "Sink"), os.path.join(work, "ck-kafka-sink"))
+    print(f"  {'kafka sink':<20} {n:,} rows in {seconds:.2f}s")
+    return n / seconds, n
+
+
+def print_summary(rows: list[tuple[str, str, float, str, float, str]]) -> None:
+    """One table: figure, rmq's line and rate, the peer's line and rate, the ratio and its goal."""
+    print("summary (rows/s; ratio = rmq / peer):")
+    print(f"  {'figure':<16} {'rmq':<20} {'rows/s':>11}   {'peer':<18} {'rows/s':>11} {'ratio':>7}  goal")
+    for figure, ours, ours_rate, peer, peer_rate, goal in rows:
+        print(f"  {figure:<16} {ours:<20} {ours_rate:>11,.0f}   {peer:<18} {peer_rate:>11,.0f} {ours_rate / peer_rate:>6.2f}x  {goal}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=5_000_000)
     ap.add_argument("--sink-rows", type=int, default=400_000)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--only", choices=["read", "sink"], help="run one section")
+    ap.add_argument("--peers", default="parquet,kafka",
+                    help="comma-separated peers of the read sections: parquet, kafka (default both)")
     args = ap.parse_args()
+    peers = {p.strip() for p in args.peers.split(",") if p.strip()}
+    if not peers <= {"parquet", "kafka"}:
+        ap.error(f"--peers: unknown peer(s) {sorted(peers - {'parquet', 'kafka'})}; known: parquet, kafka")
     from rmq_spark.datasource.embedded import stop_broker
 
-    with scratch_dir("spark-bench-") as work:
+    summary: list[tuple[str, str, float, str, float, str]] = []
+    with scratch_dir("spark-bench-") as work, contextlib.ExitStack() as stack:
         store = os.path.join(work, "store")
         parquet = os.path.join(work, "parquet")
         with Timer() as t:
@@ -237,24 +356,76 @@ def main() -> None:
         with Timer() as t:
             n = store_to_parquet(store, parquet)
         print(f"parquet peer: the same {n:,} rows (14 columns) written in {t.seconds:.1f}s")
-        spark = session()
+        kafka = None
+        if "kafka" in peers:
+            from bench._kafka import (
+                KAFKA_VERSION,
+                KafkaBroker,
+                broker_classpath,
+                cache_dir,
+                spark_kafka_package,
+            )
+
+            _, cached = broker_classpath()
+            print(f"kafka peer: kafka_2.13:{KAFKA_VERSION} classpath {'from the cache' if cached else 'resolved with mvn'} "
+                  f"in {cache_dir()} (jars in Maven's local repository, ~/.m2/repository)")
+            kafka = stack.enter_context(KafkaBroker.start(os.path.join(work, "kafka")))
+            print(f"kafka peer: single-node KRaft broker on {kafka.bootstrap}, serving {kafka.startup_s:.1f}s after launch")
+            kafka.create_topic(KAFKA_TOPIC, QUEUES)
+            package, note = spark_kafka_package(pyspark_version())
+            if note:
+                print(f"kafka peer: {note}")
+            print(f"kafka peer: spark.jars.packages={package} (Ivy downloads it once; Spark's default Ivy cache is ~/.ivy2.5.2/)")
+            spark = kafka_session(package)
+        else:
+            spark = session()
         try:
-            if args.only in (None, "read"):
+            if kafka is not None:
+                with Timer() as t:
+                    n = fill_kafka(spark, parquet, kafka.bootstrap)
+                print(f"kafka peer: the same {n:,} messages (key, value = body) in topic {KAFKA_TOPIC}, "
+                      f"{QUEUES} partitions, written by Spark's Kafka sink in {t.seconds:.1f}s")
+            if args.only in (None, "read") and "parquet" in peers:
                 print("streaming read to the noop sink (rows/s, best run):")
                 ours, peer, ceiling = bench_read(spark, store, parquet, work, args.runs)
                 print(f"  rmq source              {ours:>12,.0f} rows/s")
                 print(f"  parquet source          {peer:>12,.0f} rows/s")
                 print(f"  ready batches (ceiling) {ceiling:>12,.0f} rows/s  ({ceiling / peer:.2f}x parquet)")
                 print(f"  ratio rmq / parquet = {ours / peer:.2f}x (goal >= 1.0x); rmq / ceiling = {ours / ceiling:.2f}x")
+                summary.append(("streaming read", "rmq source", ours, "parquet source", peer, ">= 1.0x"))
+                summary.append(("streaming read", "rmq source", ours, "ready batches", ceiling, "(ceiling)"))
+            if args.only in (None, "read") and kafka is not None:
+                splits = kafka_partitions(args.messages)
+                print(f"reads, rmq vs kafka (minPartitions={splits}), to the noop sink (rows/s, best run):")
+                rates = bench_kafka_read(spark, store, kafka.bootstrap, work, args.runs, splits)
+                for figure, (ours, peer) in rates.items():
+                    print(f"  {figure:<15} rmq {ours:>12,.0f}  kafka {peer:>12,.0f}  ratio {ours / peer:.2f}x (goal >= 1.0x)")
+                    summary.append((figure, "rmq source", ours, "kafka source", peer, ">= 1.0x"))
             if args.only in (None, "sink"):
                 print(f"streaming sink, {args.sink_rows:,} rows of {BODY_BYTES} B (rows/s):")
                 sink = bench_sink(spark, store, work, args.sink_rows)
+                if kafka is not None:
+                    sink["kafka sink"], _ = bench_kafka_sink(spark, kafka, work)
                 base = sink["parquet file sink"]
                 for name, rate in sink.items():
-                    print(f"  {name:<20} {rate:>12,.0f} rows/s  {rate / base:.2f}x parquet")
+                    vs_kafka = f"  {rate / sink['kafka sink']:.2f}x kafka" if "kafka sink" in sink else ""
+                    print(f"  {name:<20} {rate:>12,.0f} rows/s  {rate / base:.2f}x parquet{vs_kafka}")
+                for name in ("rmq at-least-once", "rmq exactly-once"):
+                    for peer in ("parquet file sink", "kafka sink"):
+                        if peer in sink:
+                            goal = ">= 1.0x" if (name, peer) == ("rmq at-least-once", "kafka sink") else "(beside)"
+                            summary.append(("sink", name, sink[name], peer, sink[peer], goal))
         finally:
             spark.stop()
             stop_broker(store)
+    if summary:
+        print_summary(summary)
+
+
+def pyspark_version() -> str:
+    import pyspark
+
+    return str(pyspark.__version__)
 
 
 if __name__ == "__main__":
