@@ -81,7 +81,7 @@ def store_to_parquet(root: str, out: str, files_per_queue: int = 2) -> int:
     n = 0
     for q in range(QUEUES):
         end = r.max_offset("Bench", q)
-        step = -(-end // files_per_queue)
+        step = max(1, -(-end // files_per_queue))
         for i, start in enumerate(range(0, end, step)):
             stop = min(end, start + step)
             batches = [r.read_arrow("Bench", q, s, min(stop, s + 250_000)) for s in range(start, stop, 250_000)]
