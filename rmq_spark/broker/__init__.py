@@ -2,10 +2,12 @@
 official clients, over an rmq_spark store.
 
 Modules: ``server`` (:class:`Broker`, the process), ``options`` (flags), ``service`` (the RPCs),
-``producer`` (send, transactions, recall), ``pop`` / ``popstate`` (receive, ack, redelivery,
-retry and DLQ), ``telemetry`` (clients, settings, check-back), ``messages`` (protocol <-> store),
-``auth`` (access control), ``codes`` (status codes); ``connector/`` the private service the
-Spark data source uses (bulk reads, the sink).
+``handler`` (how each RPC is counted and answers a fault), ``producer`` (send, transactions,
+recall), ``pop`` / ``popstate`` / ``receipt`` (receive, ack, invisible time, receipt handles),
+``revive`` (expired messages to the retry topic or the DLQ), ``telemetry`` (clients, settings,
+check-back), ``messages`` (protocol <-> store), ``auth`` (access control), ``codes`` (the one
+status table of both gRPC services); ``connector/`` the private service the Spark data source
+uses (bulk reads, the sink; its documents in ``connector/protocol``).
 """
 
 from __future__ import annotations

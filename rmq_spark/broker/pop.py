@@ -17,7 +17,8 @@ ForwardMessageToDeadLetterQueue do to a consumer group (RocketMQ 5's pop, as the
   that says goodbye gets its messages released.
 
 Queue state and persistence: :mod:`rmq_spark.broker.popstate`.  Time comes from the injected
-clock; :meth:`PopService.revive_once` does one round of expiry (a background thread calls it).
+clock; :meth:`PopService.revive_once` does one round of expiry (a background thread calls it),
+and the retry / DLQ copies are written by :mod:`rmq_spark.broker.revive`.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rmq_spark.broker.codes import AckOutcome
-from rmq_spark.broker.popstate import MAIN, RETRY, InFlight, OffsetSet, Pending, PopStateFile, QueueState
-from rmq_spark.errors import StoreError
+from rmq_spark.broker.popstate import MAIN, RETRY, GroupState, InFlight, OffsetSet, Pending, PopStateFile, QueueState
+from rmq_spark.broker.receipt import parse_receipt_handle, receipt_handle
+from rmq_spark.broker.revive import Move, dlq_topic, move_expired, retry_topic
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
 from rmq_spark.filter import SqlFilter, TagFilter
-from rmq_spark.store.message import Message, MessageExt
+from rmq_spark.store.message import MessageExt
 from rmq_spark.store.status import GetStatus
 from rmq_spark.store.store import MessageStore
 
@@ -45,19 +47,7 @@ __all__ = ["PopConfig", "PopService", "Delivery", "retry_topic", "dlq_topic"]
 log = logging.getLogger("rmq_spark.broker.pop")
 
 PENDING_CAP = 2048  # read-ahead held back per queue (FIFO groups blocked behind a message)
-MAX_HANDLE_CHARS = 256
 WAIT_SLICE_S = 0.5  # long polls re-check cancellation this often
-# properties a retry / DLQ copy must not carry (they would send it through a put hook again)
-_DROP_ON_COPY = (L.P_DELAY, L.P_TIMER_DELIVER_MS, L.P_TIMER_DELAY_MS, L.P_TIMER_DELAY_SEC, L.P_REAL_TOPIC,
-                 L.P_REAL_QID, L.P_TRAN_MSG)
-
-
-def retry_topic(group: str) -> str:
-    return L.RETRY_GROUP_TOPIC_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    return L.DLQ_GROUP_TOPIC_PREFIX + group
 
 
 @dataclass
@@ -75,16 +65,6 @@ class Delivery:
     handle: str
     attempt: int  # delivery_attempt
     invisible_ms: int
-
-
-class _Group:
-    __slots__ = ("name", "lock", "queues", "rr")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.lock = threading.Lock()
-        self.queues: dict[tuple[int, str, int], QueueState] = {}
-        self.rr = 0
 
 
 def _matches(flt: object, ext: MessageExt) -> bool:
@@ -108,7 +88,7 @@ class PopService:
         self.clock = clock
         self.is_client_alive = is_client_alive
         self._file = PopStateFile(store.root)
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, GroupState] = {}
         self._groups_lock = threading.Lock()
         self._heap: list[tuple[int, int, str, tuple[int, str, int], int]] = []
         self._heap_lock = threading.Lock()
@@ -182,15 +162,19 @@ class PopService:
             except Exception:  # keep reviving: one bad round must not stop redelivery
                 log.exception("pop revive round failed")
 
+    def _unique(self) -> str:
+        """What makes a receipt handle unique: this broker's epoch and a new sequence number."""
+        return f"{self._epoch}.{next(self._seq)}"
+
     # --- state ----------------------------------------------------------------------------------
-    def _group(self, name: str) -> _Group:
+    def _group(self, name: str) -> GroupState:
         g = self._groups.get(name)
         if g is None:
             with self._groups_lock:
-                g = self._groups.setdefault(name, _Group(name))
+                g = self._groups.setdefault(name, GroupState(name))
         return g
 
-    def _queue(self, g: _Group, kind: int, topic: str, qid: int) -> QueueState:
+    def _queue(self, g: GroupState, kind: int, topic: str, qid: int) -> QueueState:
         key = (kind, topic, qid)
         q = g.queues.get(key)
         if q is None:
@@ -280,7 +264,7 @@ class PopService:
             deadline = now + invisible_ms
             out = []
             for q, off, ext, reconsume, origin, msg_group in picked:
-                handle = f"{off} {now} {invisible_ms} {q.kind} {q.queue_id} {ext.commitlog_offset} {self._epoch}.{next(self._seq)}"
+                handle = receipt_handle(off, now, invisible_ms, q.kind, q.queue_id, ext.commitlog_offset, self._unique())
                 q.track(InFlight(off, ext.commitlog_offset, ext.store_size, reconsume, msg_group, origin, deadline,
                                  handle, client_id, auto_renew))
                 out.append(Delivery(ext, origin, handle, reconsume + 1, invisible_ms))
@@ -353,24 +337,8 @@ class PopService:
                 break
 
     # --- handles --------------------------------------------------------------------------------
-    @staticmethod
-    def _parse(handle: str) -> tuple[int, int, int, int] | None:
-        """(kind, queue id, queue offset, CommitLog offset) of a handle, None if malformed."""
-        if not isinstance(handle, str) or len(handle) > MAX_HANDLE_CHARS:
-            return None
-        parts = handle.split(" ")
-        if len(parts) != 7:
-            return None
-        try:
-            off, _pop, _inv, kind, qid, phys = (int(x) for x in parts[:6])
-        except ValueError:
-            return None
-        if kind not in (MAIN, RETRY) or min(off, qid, phys) < 0:
-            return None
-        return kind, qid, off, phys
-
-    def _locate(self, group: str, topic: str, handle: str) -> tuple[_Group, QueueState, int] | None:
-        parsed = self._parse(handle)
+    def _locate(self, group: str, topic: str, handle: str) -> tuple[GroupState, QueueState, int] | None:
+        parsed = parse_receipt_handle(handle)
         if parsed is None:
             return None
         kind, qid, off, _phys = parsed
@@ -414,7 +382,7 @@ class PopService:
                 return AckOutcome.EXPIRED, ""
             e.deadline_ms = now + invisible_ms
             e.auto_renew = False
-            e.handle = f"{off} {now} {invisible_ms} {q.kind} {q.queue_id} {e.phys} {self._epoch}.{next(self._seq)}"
+            e.handle = receipt_handle(off, now, invisible_ms, q.kind, q.queue_id, e.phys, self._unique())
             new = e.handle
         with self._heap_lock:
             heapq.heappush(self._heap, (e.deadline_ms, next(self._seq), group, (q.kind, q.topic, q.queue_id), off))
@@ -441,7 +409,7 @@ class PopService:
                 return AckOutcome.OK
             else:
                 return AckOutcome.INVALID_HANDLE
-        self._move([(g, q, off, phys, size, reconsume, topic, True)])
+        move_expired(self.store, [Move(g, q, off, phys, size, reconsume, topic, True)], self._commit)
         self.notify()
         return AckOutcome.OK
 
@@ -471,7 +439,7 @@ class PopService:
         with self._heap_lock:
             while self._heap and self._heap[0][0] <= now:
                 due.append(heapq.heappop(self._heap))
-        moves = []
+        moves: list[Move] = []
         renewed = []
         requeued = 0
         at = 0  # the entry of ``due`` in hand: if anything raises, it and those after go back
@@ -495,7 +463,7 @@ class PopService:
                         q.pending[off] = Pending(e.phys, e.size, e.msg_group, e.reconsume + 1, e.origin)
                         requeued += 1
                     else:
-                        moves.append((g, q, off, e.phys, e.size, e.reconsume, e.origin, last))
+                        moves.append(Move(g, q, off, e.phys, e.size, e.reconsume, e.origin, last))
                     # out of flight only once it is pending or to be moved
                     del q.inflight[off]
                     q.untrack(e)
@@ -506,84 +474,13 @@ class PopService:
                     for item in renewed + due[at:]:
                         heapq.heappush(self._heap, item)
             if moves:
-                self._move(moves)
+                move_expired(self.store, moves, self._commit)
             if moves or requeued:
                 self.notify()
         return len(moves) + requeued
 
-    def _move(self, moves: list) -> None:  # type: ignore[type-arg]
-        """Copy expired messages to the retry topic (or the DLQ when ``to_dlq``) in one write, then
-        finish them in their queues.  Whatever fails, each message ends either finished or pending
-        in its queue (delivered again from there), never out of both."""
-        settled: set[int] = set()  # indexes into ``moves`` finished or made pending
-        try:
-            self._move_all(moves, settled)
-        except Exception:
-            log.exception("moving %d expired messages failed: they are delivered again from their queues",
-                          len(moves) - len(settled))
-            for i, (g, q, off, phys, size, reconsume, origin, _dlq) in enumerate(moves):
-                if i not in settled:
-                    self._redeliver_later(g, q, off, phys, size, reconsume, origin)
-
-    @staticmethod
-    def _redeliver_later(g: _Group, q: QueueState, off: int, phys: int, size: int, reconsume: int,
-                         origin: str) -> None:
-        with g.lock:
-            if off not in q.pending:
-                q.pending[off] = Pending(phys, size, None, reconsume, origin)
-
-    def _move_all(self, moves: list, settled: set[int]) -> None:  # type: ignore[type-arg]
-        msgs: list[Message] = []
-        kept = []
-        for i, (g, q, off, phys, size, reconsume, origin, to_dlq) in enumerate(moves):
-            try:
-                ext = self.store.look_message_by_offset(phys, size)
-                copy = None if ext is None else self._copy(ext, g.name, origin, reconsume + 1, to_dlq)
-            except Exception:  # unreadable (the error names file and position): it stays to redeliver
-                log.exception("reading message %s of %s (CommitLog offset %d) to move it failed", off, q.topic, phys)
-                self._redeliver_later(g, q, off, phys, size, reconsume, origin)
-                settled.add(i)
-                continue
-            if copy is not None:  # None: gone from the store, nothing to redeliver
-                msgs.append(copy)
-            kept.append(i)
-        if msgs and not self.store.put_messages(msgs, allow_system=True).ok:
-            raise StoreError(f"the store refused the {len(msgs)} retry/DLQ copies")
-        for i in kept:
-            g, q, off = moves[i][:3]
-            with g.lock:
-                q.finish(off)
-                self._commit(g, q)
-            settled.add(i)
-
-    @staticmethod
-    def _copy(ext: MessageExt, group: str, origin: str, reconsume: int, to_dlq: bool) -> Message:
-        props = {k: v for k, v in ext.properties.items() if k not in _DROP_ON_COPY}
-        props.setdefault(L.P_ORIGIN_MESSAGE_ID, ext.msg_id)
-        props[L.P_RECONSUME_TIME] = str(reconsume)
-        if to_dlq:
-            props.pop(L.P_RETRY_TOPIC, None)
-            props[L.P_DLQ_ORIGIN_TOPIC] = origin
-            props[L.P_DLQ_ORIGIN_MESSAGE_ID] = ext.client_msg_id
-            topic = dlq_topic(group)
-        else:
-            props[L.P_RETRY_TOPIC] = origin
-            topic = retry_topic(group)
-        return Message(
-            topic=topic,
-            body=ext.body,
-            properties=props,
-            queue_id=0,
-            flag=ext.flag,
-            sys_flag=ext.sys_flag & ~L.TRANSACTION_MASK,
-            born_timestamp_ms=ext.born_timestamp_ms,
-            born_host=ext.born_host,
-            born_port=ext.born_port,
-            reconsume_times=reconsume,
-        )
-
     # --- offsets --------------------------------------------------------------------------------
-    def _commit(self, g: _Group, q: QueueState) -> None:
+    def _commit(self, g: GroupState, q: QueueState) -> None:
         self.store.offsets.commit(g.name, q.topic, q.queue_id, q.base)
 
     def persist(self) -> None:

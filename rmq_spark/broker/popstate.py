@@ -25,6 +25,7 @@ delivered again.
 from __future__ import annotations
 
 import os
+import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.jsonfile import read_json, write_json_atomic
 
-__all__ = ["OffsetSet", "InFlight", "Pending", "QueueState", "PopStateFile", "MAIN", "RETRY"]
+__all__ = ["OffsetSet", "InFlight", "Pending", "QueueState", "GroupState", "PopStateFile", "MAIN", "RETRY"]
 
 POP_STATE_FILE = "popState.json"
 POP_STATE_VERSION = 1
@@ -174,6 +175,18 @@ class QueueState:
 
     def snapshot(self) -> dict[str, Any]:
         return {"base": self.base, "done": self.done.intervals()}
+
+
+class GroupState:
+    """The queues of one consumer group, under the group's lock, and its round-robin position."""
+
+    __slots__ = ("name", "lock", "queues", "rr")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.queues: dict[tuple[int, str, int], QueueState] = {}  # (MAIN | RETRY, topic, queue id)
+        self.rr = 0
 
 
 class PopStateFile:

@@ -21,7 +21,8 @@ import grpc
 from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer_to_server
 
 from rmq_spark.broker.options import BrokerOptions, split_listen
-from rmq_spark.broker.service import Activity, MessagingService
+from rmq_spark.broker.handler import Activity
+from rmq_spark.broker.service import MessagingService
 from rmq_spark.services.core import BrokerConfig, BrokerCore
 from rmq_spark.errors import RmqError
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock

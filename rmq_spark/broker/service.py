@@ -1,9 +1,10 @@
 """``apache.rocketmq.v2.MessagingService`` over a :class:`rmq_spark.services.core.BrokerCore`.
 
 Every handler validates its request, checks access when an ACL is loaded, does its work and
-answers with a RocketMQ status; nothing escapes as a gRPC error (a fault becomes a status through
-:mod:`rmq_spark.broker.codes`).  Sending and transactions: :mod:`rmq_spark.broker.producer`;
-receive/ack: :mod:`rmq_spark.broker.pop`; clients and Telemetry: :mod:`rmq_spark.broker.telemetry`.
+answers with a RocketMQ status; nothing escapes as a gRPC error (:mod:`rmq_spark.broker.handler`
+wraps each one: a fault becomes a status through :mod:`rmq_spark.broker.codes`).  Sending and
+transactions: :mod:`rmq_spark.broker.producer`; receive/ack: :mod:`rmq_spark.broker.pop`; clients
+and Telemetry: :mod:`rmq_spark.broker.telemetry`.
 
 The offset RPCs (PullMessage, GetOffset, QueryOffset, UpdateOffset), which Apache's proxy does not
 implement, follow the proto: a pull streams ``status``, the messages from ``offset`` and
@@ -13,11 +14,9 @@ implement, follow the proto: a pull streams ``status``, the messages from ``offs
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -28,6 +27,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer
 from rmq_spark.broker import codes
 from rmq_spark.broker.auth import AccessControl, Perm
 from rmq_spark.broker.codes import Code, RpcStatusError
+from rmq_spark.broker.handler import Activity, now_response, streaming, unary
 from rmq_spark.broker.messages import checked_group, checked_topic, timestamp_ms, to_proto
 from rmq_spark.broker.options import BrokerOptions
 from rmq_spark.broker.pop import WAIT_SLICE_S, PopConfig, PopService
@@ -38,7 +38,7 @@ from rmq_spark.store.config import TopicConfig
 from rmq_spark.filter import make_filter
 from rmq_spark.store.status import GetStatus
 
-__all__ = ["MessagingService", "Activity"]
+__all__ = ["MessagingService"]
 
 CLIENT_ID = "x-mq-client-id"
 ALL_TYPES = (D.MessageType.NORMAL, D.MessageType.FIFO, D.MessageType.DELAY, D.MessageType.TRANSACTION)
@@ -46,106 +46,6 @@ _TYPE_OF = {"NORMAL": D.MessageType.NORMAL, "FIFO": D.MessageType.FIFO, "DELAY":
             "TRANSACTION": D.MessageType.TRANSACTION}
 PULL_MAX_BYTES = 16 * 1024 * 1024
 _DEADLINE_MARGIN_S = 0.3  # answer a long poll this long before the client's deadline
-
-
-class Activity:
-    """Calls in progress (a stream counts while open) and when the last one ended: what
-    ``--idle-exit-s`` watches.  The MessagingService handlers count themselves; other services
-    mounted on the server are counted by :meth:`wrap`."""
-
-    def __init__(self) -> None:
-        self._open: deque[None] = deque()  # one entry per call in progress (deque ops are atomic)
-        self._last_s = time.monotonic()
-
-    @property
-    def active(self) -> int:
-        return len(self._open)
-
-    def begin(self) -> None:
-        self._open.append(None)
-
-    def end(self) -> None:
-        self._last_s = time.monotonic()  # before the count drops: an idle reader sees this end
-        self._open.pop()
-
-    def idle_s(self) -> float:
-        return 0.0 if self._open else time.monotonic() - self._last_s
-
-    def wrap(self, handler: Any) -> Any:
-        """An ``RpcMethodHandler`` whose behaviour is counted."""
-        if handler is None or not hasattr(handler, "_replace"):
-            return handler
-        for kind in ("unary_unary", "stream_unary"):
-            fn = getattr(handler, kind)
-            if fn is not None:
-                return handler._replace(**{kind: self._counted_unary(fn)})
-        for kind in ("unary_stream", "stream_stream"):
-            fn = getattr(handler, kind)
-            if fn is not None:
-                return handler._replace(**{kind: self._counted_stream(fn)})
-        return handler
-
-    def _counted_unary(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def counted(request: Any, context: grpc.ServicerContext) -> Any:
-            self.begin()
-            try:
-                return fn(request, context)
-            finally:
-                self.end()
-
-        return counted
-
-    def _counted_stream(self, fn: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
-        def counted(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            self.begin()
-            try:
-                yield from fn(request, context)
-            finally:
-                self.end()
-
-        return counted
-
-
-def _unary(response_cls: type) -> Callable:  # type: ignore[type-arg]
-    def deco(fn: Callable) -> Callable:  # type: ignore[type-arg]
-        @functools.wraps(fn)
-        def handler(self: MessagingService, request: Any, context: grpc.ServicerContext) -> Any:
-            self.activity.begin()
-            try:
-                return fn(self, request, context)
-            except Exception as exc:  # every fault is a status at this seam
-                return response_cls(status=codes.status_of(exc))
-            finally:
-                self.activity.end()
-
-        return handler
-
-    return deco
-
-
-def _streaming(response_cls: type, with_timestamp: bool) -> Callable:  # type: ignore[type-arg]
-    def deco(fn: Callable) -> Callable:  # type: ignore[type-arg]
-        @functools.wraps(fn)
-        def handler(self: MessagingService, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            self.activity.begin()
-            try:
-                yield from fn(self, request, context)
-            except Exception as exc:
-                yield response_cls(status=codes.status_of(exc))
-                if with_timestamp:
-                    yield _now_response(self)
-            finally:
-                self.activity.end()
-
-        return handler
-
-    return deco
-
-
-def _now_response(self: MessagingService) -> S.ReceiveMessageResponse:
-    r = S.ReceiveMessageResponse()
-    r.delivery_timestamp.FromMilliseconds(self.clock.now_ms())
-    return r
 
 
 def _peer_host(context: grpc.ServicerContext) -> str:
@@ -291,7 +191,7 @@ class MessagingService(MessagingServiceServicer):
         return False
 
     # --- route and clients ----------------------------------------------------------------------------
-    @_unary(S.QueryRouteResponse)
+    @unary(S.QueryRouteResponse)
     def QueryRoute(self, request: S.QueryRouteRequest, context: grpc.ServicerContext) -> S.QueryRouteResponse:
         meta = self._meta(context)
         name = checked_topic(request.topic.name)
@@ -302,7 +202,7 @@ class MessagingService(MessagingServiceServicer):
         queues = [self._message_queue(cfg, q, eps, request.topic.resource_namespace) for q in range(n)]
         return S.QueryRouteResponse(status=codes.ok(), message_queues=queues)
 
-    @_unary(S.HeartbeatResponse)
+    @unary(S.HeartbeatResponse)
     def Heartbeat(self, request: S.HeartbeatRequest, context: grpc.ServicerContext) -> S.HeartbeatResponse:
         meta = self._meta(context)
         group = checked_group(request.group.name) if request.HasField("group") and request.group.name else None
@@ -324,7 +224,7 @@ class MessagingService(MessagingServiceServicer):
         finally:
             self.activity.end()
 
-    @_unary(S.NotifyClientTerminationResponse)
+    @unary(S.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request: S.NotifyClientTerminationRequest,
                                 context: grpc.ServicerContext) -> S.NotifyClientTerminationResponse:
         meta = self._meta(context)
@@ -335,7 +235,7 @@ class MessagingService(MessagingServiceServicer):
         return S.NotifyClientTerminationResponse(status=codes.ok())
 
     # --- producing ------------------------------------------------------------------------------------
-    @_unary(S.SendMessageResponse)
+    @unary(S.SendMessageResponse)
     def SendMessage(self, request: S.SendMessageRequest, context: grpc.ServicerContext) -> S.SendMessageResponse:
         meta = self._meta(context)
         messages = request.messages
@@ -366,14 +266,14 @@ class MessagingService(MessagingServiceServicer):
             raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} has no writable queue")
         return cfg
 
-    @_unary(S.EndTransactionResponse)
+    @unary(S.EndTransactionResponse)
     def EndTransaction(self, request: S.EndTransactionRequest, context: grpc.ServicerContext) -> S.EndTransactionResponse:
         meta = self._meta(context)
         name = checked_topic(request.topic.name)
         self._allow(meta, topic=name, need=Perm.PUB)
         return S.EndTransactionResponse(status=self.producer.end_transaction(request))
 
-    @_unary(S.RecallMessageResponse)
+    @unary(S.RecallMessageResponse)
     def RecallMessage(self, request: S.RecallMessageRequest, context: grpc.ServicerContext) -> S.RecallMessageResponse:
         meta = self._meta(context)
         name = checked_topic(request.topic.name)
@@ -381,7 +281,7 @@ class MessagingService(MessagingServiceServicer):
         return self.producer.recall(self._topic(name), request.recall_handle)
 
     # --- pop consumption ---------------------------------------------------------------------------------
-    @_unary(S.QueryAssignmentResponse)
+    @unary(S.QueryAssignmentResponse)
     def QueryAssignment(self, request: S.QueryAssignmentRequest, context: grpc.ServicerContext) -> S.QueryAssignmentResponse:
         meta = self._meta(context)
         group = checked_group(request.group.name)
@@ -394,7 +294,7 @@ class MessagingService(MessagingServiceServicer):
         mq = self._message_queue(cfg, -1, self._endpoints(request.endpoints), request.topic.resource_namespace)
         return S.QueryAssignmentResponse(status=codes.ok(), assignments=[D.Assignment(message_queue=mq)])
 
-    @_streaming(S.ReceiveMessageResponse, with_timestamp=True)
+    @streaming(S.ReceiveMessageResponse, with_timestamp=True)
     def ReceiveMessage(self, request: S.ReceiveMessageRequest, context: grpc.ServicerContext) -> Iterator[S.ReceiveMessageResponse]:
         meta = self._meta(context)
         group = checked_group(request.group.name)
@@ -430,7 +330,7 @@ class MessagingService(MessagingServiceServicer):
                     delivery_attempt=d.attempt, invisible_ms=d.invisible_ms))
         else:
             yield S.ReceiveMessageResponse(status=codes.status(Code.MESSAGE_NOT_FOUND, "no new message"))
-        yield _now_response(self)
+        yield now_response(self)
 
     def _check_invisible(self, ms: int, least_ms: int) -> None:
         if not least_ms <= ms <= self.options.max_invisible_ms:
@@ -439,7 +339,7 @@ class MessagingService(MessagingServiceServicer):
                 f"invisible time {ms} ms is outside [{least_ms}, {self.options.max_invisible_ms}] ms",
             )
 
-    @_unary(S.AckMessageResponse)
+    @unary(S.AckMessageResponse)
     def AckMessage(self, request: S.AckMessageRequest, context: grpc.ServicerContext) -> S.AckMessageResponse:
         meta = self._meta(context)
         group = checked_group(request.group.name)
@@ -456,7 +356,7 @@ class MessagingService(MessagingServiceServicer):
         text = "OK" if top == Code.OK else next(r.status.message for r in results if r.status.code != Code.OK)
         return S.AckMessageResponse(status=codes.status(top, text), entries=results)
 
-    @_unary(S.ChangeInvisibleDurationResponse)
+    @unary(S.ChangeInvisibleDurationResponse)
     def ChangeInvisibleDuration(self, request: S.ChangeInvisibleDurationRequest,
                                 context: grpc.ServicerContext) -> S.ChangeInvisibleDurationResponse:
         meta = self._meta(context)
@@ -470,7 +370,7 @@ class MessagingService(MessagingServiceServicer):
         return S.ChangeInvisibleDurationResponse(status=codes.status(code, text),
                                                  receipt_handle=handle or request.receipt_handle)
 
-    @_unary(S.ForwardMessageToDeadLetterQueueResponse)
+    @unary(S.ForwardMessageToDeadLetterQueueResponse)
     def ForwardMessageToDeadLetterQueue(self, request: S.ForwardMessageToDeadLetterQueueRequest,
                                         context: grpc.ServicerContext) -> S.ForwardMessageToDeadLetterQueueResponse:
         meta = self._meta(context)
@@ -481,7 +381,7 @@ class MessagingService(MessagingServiceServicer):
         return S.ForwardMessageToDeadLetterQueueResponse(status=codes.status(code, text))
 
     # --- offset-based consumption ----------------------------------------------------------------------
-    @_streaming(S.PullMessageResponse, with_timestamp=False)
+    @streaming(S.PullMessageResponse, with_timestamp=False)
     def PullMessage(self, request: S.PullMessageRequest, context: grpc.ServicerContext) -> Iterator[S.PullMessageResponse]:
         meta = self._meta(context)
         group = checked_group(request.group.name) if request.group.name else None
@@ -524,7 +424,7 @@ class MessagingService(MessagingServiceServicer):
             next_offset = res.min_offset if offset < res.min_offset else res.max_offset
         yield S.PullMessageResponse(next_offset=next_offset)
 
-    @_unary(S.UpdateOffsetResponse)
+    @unary(S.UpdateOffsetResponse)
     def UpdateOffset(self, request: S.UpdateOffsetRequest, context: grpc.ServicerContext) -> S.UpdateOffsetResponse:
         meta = self._meta(context)
         group = checked_group(request.group.name)
@@ -537,7 +437,7 @@ class MessagingService(MessagingServiceServicer):
         self.pop.reset(group, cfg.topic_name, qid)
         return S.UpdateOffsetResponse(status=codes.ok())
 
-    @_unary(S.GetOffsetResponse)
+    @unary(S.GetOffsetResponse)
     def GetOffset(self, request: S.GetOffsetRequest, context: grpc.ServicerContext) -> S.GetOffsetResponse:
         meta = self._meta(context)
         group = checked_group(request.group.name)
@@ -548,7 +448,7 @@ class MessagingService(MessagingServiceServicer):
             raise RpcStatusError(Code.OFFSET_NOT_FOUND, f"group {group!r} has no offset for {cfg.topic_name}/{qid}")
         return S.GetOffsetResponse(status=codes.ok(), offset=offset)
 
-    @_unary(S.QueryOffsetResponse)
+    @unary(S.QueryOffsetResponse)
     def QueryOffset(self, request: S.QueryOffsetRequest, context: grpc.ServicerContext) -> S.QueryOffsetResponse:
         meta = self._meta(context)
         cfg, qid = self._queue_of(request.message_queue)
@@ -567,7 +467,7 @@ class MessagingService(MessagingServiceServicer):
             raise RpcStatusError(Code.BAD_REQUEST, f"unknown query_offset_policy {policy}")
         return S.QueryOffsetResponse(status=codes.ok(), offset=offset)
 
-    @_unary(S.SyncLiteSubscriptionResponse)
+    @unary(S.SyncLiteSubscriptionResponse)
     def SyncLiteSubscription(self, request: Any, context: grpc.ServicerContext) -> S.SyncLiteSubscriptionResponse:
         self._meta(context)
         raise RpcStatusError(Code.NOT_IMPLEMENTED, "lite topics are not supported by this broker")

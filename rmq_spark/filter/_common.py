@@ -1,10 +1,14 @@
 """Small pieces shared by the TAG and SQL92 filters.
 
 Java's ``String.trim`` and ``long.intValue`` semantics, the numeric limits of Java's ``int``,
-``long`` and ``double``, and joining the per-chunk masks of a ``ChunkedArray``.
+``long`` and ``double``, joining the per-chunk masks of a ``ChunkedArray``, and the types of a
+compiled SQL92 tree (its node shapes are drawn in ``sql_compile``), which the compiler and both
+evaluators share.
 """
 
 from __future__ import annotations
+
+from typing import Any, Union
 
 import pyarrow as pa
 
@@ -26,3 +30,8 @@ def _concat_masks(parts: list[pa.Array]) -> pa.BooleanArray:
     if not parts:
         return pa.array([], type=pa.bool_())
     return pa.concat_arrays(parts)
+
+
+# a compiled SQL92 node, and a comparison plan (domain, left_conversion, right_conversion)
+Node = tuple[Any, ...]
+Plan = tuple[str, Union[str, None], Union[str, None]]

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Union
 
 from lark import Token, Tree
 from lark.exceptions import UnexpectedInput
 
 from rmq_spark.errors import FilterExpressionError
-from rmq_spark.filter._common import _DOUBLE_MAX, _INT32_MAX, _INT64_MAX, _int32
+from rmq_spark.filter._common import _DOUBLE_MAX, _INT32_MAX, _INT64_MAX, Node, Plan, _int32
 from rmq_spark.filter.sql_eval import _compare
 from rmq_spark.filter.sql_parse import _parser, _sql_error, _syntax_error
 
@@ -40,8 +39,7 @@ _MAX_DEPTH = 200
 # A plan (domain, left_conversion, right_conversion) is the outcome of ComparisonExpression's
 # type promotion for the two static kinds; see _plan.
 
-Node = tuple[Any, ...]
-Plan = tuple[str, Union[str, None], Union[str, None]]
+# Node and Plan (the types of the above) are defined in _common: the evaluators share them.
 
 _NUMERIC_KINDS = ("int", "long", "double")
 _DOMAIN = {"int": "int", "long": "int", "double": "double", "bool": "bool", "str": "str"}

@@ -11,12 +11,9 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rmq_spark.filter._common import _JAVA_TRIM_CHARS
-
-if TYPE_CHECKING:
-    from rmq_spark.filter.sql_compile import Node, Plan
+from rmq_spark.filter._common import _JAVA_TRIM_CHARS, Node, Plan
 
 # Java conversions, scalar (the vectorized twins are in sql_mask; both follow the same regexes)
 

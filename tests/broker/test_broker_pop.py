@@ -8,6 +8,7 @@ import random
 import pytest
 
 from rmq_spark.broker.codes import AckOutcome
+from rmq_spark.broker import revive
 from rmq_spark.broker.pop import PopConfig, PopService, dlq_topic, retry_topic
 from rmq_spark.broker.popstate import OffsetSet
 from rmq_spark.store import layout as L
@@ -142,19 +143,19 @@ def test_a_copy_that_cannot_be_made_stays_to_redeliver_and_the_others_move(env, 
     core, pop, clock = env
     put(core, "T", [b"a", b"b", b"c"])
     assert bodies(pop.pop("g", "T", ALL, 5, 1000)) == [b"a", b"b", b"c"]
-    real = PopService._copy
+    real = revive.retry_copy
 
     def copy(ext, *args):  # type: ignore[no-untyped-def]
         if ext.body == b"b":
             raise ValueError("a property the copy cannot take")
         return real(ext, *args)
 
-    monkeypatch.setattr(PopService, "_copy", staticmethod(copy))
+    monkeypatch.setattr(revive, "retry_copy", copy)
     clock.advance(1001)
     assert pop.revive_once() == 3
     assert "a property the copy cannot take" in caplog.text
     assert core.store.max_offset(retry_topic("g"), 0) == 2  # a and c moved
-    monkeypatch.setattr(PopService, "_copy", staticmethod(real))
+    monkeypatch.setattr(revive, "retry_copy", real)
     again = {d.message.body: d.attempt for d in pop.pop("g", "T", ALL, 5, 1000)}
     assert again == {b"a": 2, b"b": 1, b"c": 2}  # b from its queue (it was never copied)
 

@@ -1,0 +1,53 @@
+"""The one fault table (``broker/codes.py``): each fault's RocketMQ code (MessagingService) and
+gRPC status (connector service) come from the same row, and the connector names an RmqError's
+class in its ``rmq-error`` trailer (what its client re-raises)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from rmq_spark.broker import codes
+from rmq_spark.broker.codes import Code, RpcStatusError
+from rmq_spark.errors import (
+    ConfigError,
+    CorruptStoreError,
+    FilterExpressionError,
+    MessageIllegalError,
+    RmqError,
+    StoreError,
+)
+
+SC = grpc.StatusCode
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "grpc_status", "trailer"),
+    [
+        (FilterExpressionError("bad tag"), Code.ILLEGAL_FILTER_EXPRESSION, SC.INVALID_ARGUMENT, "FilterExpressionError"),
+        (MessageIllegalError("too big"), Code.BAD_REQUEST, SC.INVALID_ARGUMENT, "MessageIllegalError"),
+        (ConfigError("unknown option"), Code.BAD_REQUEST, SC.INVALID_ARGUMENT, "ConfigError"),
+        (CorruptStoreError("bad record", "f", 7), Code.INTERNAL_SERVER_ERROR, SC.DATA_LOSS, "CorruptStoreError"),
+        (StoreError("shut down"), Code.INTERNAL_SERVER_ERROR, SC.FAILED_PRECONDITION, "StoreError"),
+        (RmqError("other"), Code.INTERNAL_SERVER_ERROR, SC.INTERNAL, "RmqError"),
+        (ValueError("malformed"), Code.BAD_REQUEST, SC.INVALID_ARGUMENT, None),
+        (UnicodeError("bad text"), Code.BAD_REQUEST, SC.INVALID_ARGUMENT, None),
+        (TypeError("missing field"), Code.BAD_REQUEST, SC.INTERNAL, None),
+        (OverflowError("too large"), Code.BAD_REQUEST, SC.INTERNAL, None),
+        (KeyError("query_id"), Code.INTERNAL_SERVER_ERROR, SC.INTERNAL, None),
+    ],
+)
+def test_each_fault_maps_to_one_row_for_both_services(exc, code, grpc_status, trailer):
+    assert codes.status_of(exc).code == code
+    status, name, detail = codes.connector_fault(exc)
+    assert (status, name) == (grpc_status, trailer)
+    if isinstance(exc, (RmqError, ValueError)):
+        assert detail == str(exc)
+    else:
+        assert detail == f"{type(exc).__name__}: {exc}"
+
+
+def test_rpc_status_error_keeps_its_code_on_the_messaging_service():
+    exc = RpcStatusError(Code.TOPIC_NOT_FOUND, "no route")
+    assert (codes.status_of(exc).code, codes.status_of(exc).message) == (Code.TOPIC_NOT_FOUND, "no route")
+    assert codes.connector_fault(exc)[:2] == (SC.INTERNAL, "RpcStatusError")
