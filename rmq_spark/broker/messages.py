@@ -25,7 +25,7 @@ from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt, encode_properties, tags_code
-from rmq_spark.store.record import Row
+from rmq_spark.store.encode import Row
 from rmq_spark.services.transaction.check import P_CHECK_SOURCE
 from rmq_spark.store.validation import check_group, check_topic_cached
 

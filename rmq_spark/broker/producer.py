@@ -37,7 +37,7 @@ from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt, java_string_hash
-from rmq_spark.store.record import Row
+from rmq_spark.store.encode import Row
 from rmq_spark.store.status import PutStatus
 from rmq_spark.services.timer.service import RecallError
 from rmq_spark.services.transaction.service import TransactionAction

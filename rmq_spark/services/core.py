@@ -16,7 +16,8 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.services.transaction.halves import message_of
 from rmq_spark.store.message import Message
-from rmq_spark.store.record import SMALL_BATCH, Row
+from rmq_spark.store.encode import Row
+from rmq_spark.store.encoded import SMALL_BATCH
 from rmq_spark.services.redelivery.rewrite import DELIVERY_REQUEST_KEYS
 from rmq_spark.store.store import MessageStore, PutResult, StoreConfig
 

@@ -16,15 +16,14 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import Column, DispatchBatch, as_list, group_by_queue
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import MessageExt, offset_msg_ids
+from rmq_spark.store.encode import place_one
+from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.record import (
-    POS_STORE_TIMESTAMP_V4,
-    SMALL_BATCH,
-    RecordCheck,
-    EncodedBatch,
+    store_timestamp_at,
     blank_record,
     check_record,
     decode_record,
-    place_one,
+    RecordCheck,
 )
 
 import struct
@@ -298,10 +297,7 @@ class CommitLog:
         mf = self.mfq.find(offset)
         if mf is None:
             return -1
-        pos = offset - mf.from_offset
-        sys_flag = _INT.unpack_from(mf.mm, pos + 36)[0]
-        p = pos + POS_STORE_TIMESTAMP_V4 + (12 if sys_flag & L.FLAG_BORNHOST_V6 else 0)
-        return _TS.unpack_from(mf.mm, p)[0]
+        return store_timestamp_at(mf.mm, offset - mf.from_offset)
 
     # --- recovery -------------------------------------------------------------------------------------
     def recover(

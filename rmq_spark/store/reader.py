@@ -120,8 +120,8 @@ _FIELDS = {
     "sys_flag": (R.POS_SYS_FLAG, ">i4", 0),
     "born_ts": (R.POS_BORN_TIMESTAMP, ">i8", 0),
     "store_ts": (R.POS_STORE_TIMESTAMP_V4, ">i8", 1),
-    "reconsume": (R.POS_STORE_TIMESTAMP_V4 + 16, ">i4", 2),
-    "body_len": (R.POS_STORE_TIMESTAMP_V4 + 28, ">i4", 2),
+    "reconsume": (R.POS_RECONSUME_TIMES_V4, ">i4", 2),
+    "body_len": (R.POS_BODY_LEN_V4, ">i4", 2),
 }
 # ... all within one span from SYSFLAG to BODYLEN, gathered as ONE item per record
 _HEAD_AT = R.POS_SYS_FLAG
@@ -649,15 +649,10 @@ class StoreReader:
         if cq is None:
             return 0
         self.commitlog.refresh()
-        from rmq_spark.store.commitlog import _TS, _INT
 
         def store_time(offset: int) -> int:
             mf = self.commitlog.find(offset)
-            if mf is None:
-                return -1
-            pos = offset - mf.from_offset
-            sf = _INT.unpack_from(mf.mm, pos + 36)[0]
-            return _TS.unpack_from(mf.mm, pos + 56 + (12 if sf & L.FLAG_BORNHOST_V6 else 0))[0]
+            return -1 if mf is None else R.store_timestamp_at(mf.mm, offset - mf.from_offset)
 
         return cq.offset_by_time(timestamp_ms, store_time)
 

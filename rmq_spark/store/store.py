@@ -36,18 +36,16 @@ from rmq_spark.store.message import (
     tags_code,
 )
 from rmq_spark.store.offsets import ConsumerOffsetManager
-from rmq_spark.store.record import (
-    PROP_CRC_BYTES,
-    PROP_CRC_PLACEHOLDER,
-    SMALL_BATCH,
+from rmq_spark.store.encode import (
     V4_SYS_FLAG_MASK,
-    EncodedBatch,
-    Row,
     encode_batch,
     encode_few,
     encode_messages,
     encode_one,
+    Row,
 )
+from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
+from rmq_spark.store.record import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER
 from rmq_spark.store.status import GetStatus, PutStatus
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
 

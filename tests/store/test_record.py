@@ -18,14 +18,14 @@ from rmq_spark.store.message import (
     offset_msg_id,
     tags_code,
 )
+from rmq_spark.store.encode import encode_batch
+from rmq_spark.store.encoded import SMALL_BATCH
 from rmq_spark.store.record import (
-    SMALL_BATCH,
-    RecordCheck,
     blank_record,
     check_record,
     decode_record,
-    encode_batch,
     record_length,
+    RecordCheck,
 )
 
 BORN_MS = 1_700_000_000_123

@@ -24,15 +24,15 @@ import pyarrow as pa
 from rmq_spark.errors import MessageIllegalError, RmqError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import encode_properties, host_bytes, new_uniq_ids, tags_code
+from rmq_spark.store.encode import encode_batch
+from rmq_spark.store.encoded import EncodedBatch
 from rmq_spark.store.record import (
     HEADER_V4,
     POS_STORE_TIMESTAMP_V4,
     PROP_CRC_BYTES,
     PROP_CRC_PLACEHOLDER,
     PROP_CRC_PREFIX,
-    EncodedBatch,
     decode_record,
-    encode_batch,
 )
 from rmq_spark.store.validation import check_topic
 

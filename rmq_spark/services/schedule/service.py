@@ -58,7 +58,7 @@ from rmq_spark.services.redelivery.rewrite import (
     scan_sources,
 )
 from rmq_spark.store.message import Message
-from rmq_spark.store.record import EncodedBatch
+from rmq_spark.store.encoded import EncodedBatch
 
 if TYPE_CHECKING:
     from rmq_spark.services.core import BrokerConfig

@@ -60,7 +60,7 @@ from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThr
 from rmq_spark.store.jsonfile import read_json
 from rmq_spark.store.message import Message, new_uniq_id, tags_code
 from rmq_spark.store.reader import read_units_arrow
-from rmq_spark.store.record import EncodedBatch
+from rmq_spark.store.encoded import EncodedBatch
 from rmq_spark.services.redelivery.rewrite import (
     DELIVERY_DROP,
     DELIVERY_KEYS,

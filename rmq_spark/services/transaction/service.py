@@ -71,7 +71,7 @@ from rmq_spark.store.message import (
     new_uniq_ids,
     tags_code,
 )
-from rmq_spark.store.record import SMALL_BATCH, EncodedBatch
+from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.services.redelivery.rewrite import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_topic

@@ -57,7 +57,7 @@ import numpy as np
 from rmq_spark.errors import ConfigError, CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import DispatchBatch, as_list
-from rmq_spark.store.record import RecordCheck, check_record
+from rmq_spark.store.record import POS_SYS_FLAG, RecordCheck, check_record, store_timestamp_at, walk
 
 __all__ = [
     "DEFAULT_INDEX_ENTRIES",
@@ -176,7 +176,6 @@ def file_bytes(slot_num: int, index_num: int) -> int:
 
 
 _SYS_FLAG = struct.Struct(">i")
-_LONG = struct.Struct(">q")
 _KEYS_PREFIX = L.P_KEYS + L.NAME_VALUE_SEPARATOR
 _UNIQ_PREFIX = L.P_UNIQ_KEY + L.NAME_VALUE_SEPARATOR
 
@@ -185,20 +184,11 @@ def _index_fields(buf, pos: int) -> tuple[str, int, int, str | None, str | None]
     """What the index needs of the (valid) record at ``pos``: topic, sysflag, store time, KEYS and
     UNIQ_KEY — read straight from the bytes, without decoding the whole record (the catch-up
     after a crash scans the CommitLog with it)."""
-    sys_flag = _SYS_FLAG.unpack_from(buf, pos + 36)[0]
-    at = pos + 48 + (20 if sys_flag & L.FLAG_BORNHOST_V6 else 8)  # past the born host and port
-    store_ts = _LONG.unpack_from(buf, at)[0]
-    at += 8 + (20 if sys_flag & L.FLAG_STOREHOST_V6 else 8) + 4 + 8  # store host, reconsume, prepared
-    at += 4 + _SYS_FLAG.unpack_from(buf, at)[0]  # body
-    if _SYS_FLAG.unpack_from(buf, pos + 4)[0] & 0xFFFFFFFF == L.MAGIC_V2:
-        tlen = (buf[at] << 8) | buf[at + 1]
-        at += 2
-    else:
-        tlen = buf[at]
-        at += 1
-    topic = bytes(buf[at : at + tlen]).decode("utf-8")
-    at += tlen
-    plen = (buf[at] << 8) | buf[at + 1]
+    sys_flag = _SYS_FLAG.unpack_from(buf, pos + POS_SYS_FLAG)[0]
+    store_ts = store_timestamp_at(buf, pos)
+    t = walk(buf, pos)
+    topic = bytes(buf[t.topic_at : t.topic_at + t.topic_len]).decode("utf-8")
+    at, plen = t.props_at - 2, t.props_len
     keys = uniq = None
     for seg in bytes(buf[at + 2 : at + 2 + plen]).decode("utf-8", "replace").split(L.PROPERTY_SEPARATOR):
         if seg.startswith(_KEYS_PREFIX):
