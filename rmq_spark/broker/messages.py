@@ -24,7 +24,8 @@ from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.store.message import Message, MessageExt, encode_properties, tags_code
+from rmq_spark.store.message import Message, MessageExt, tags_code
+from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.encode import Row
 from rmq_spark.services.transaction.check import P_CHECK_SOURCE
 from rmq_spark.store.validation import check_group, check_topic_cached

@@ -26,8 +26,6 @@ __all__ = [
     "MessageExt",
     "java_string_hash",
     "tags_code",
-    "encode_properties",
-    "decode_properties",
     "offset_msg_id",
     "decode_offset_msg_id",
     "UniqIdGenerator",
@@ -59,33 +57,6 @@ def tags_code(tags: str | None) -> int:
         if len(_TAGS_CODE_CACHE) < 65536:
             _TAGS_CODE_CACHE[tags] = code
     return code
-
-
-def encode_properties(props: Mapping[str, str | None]) -> bytes:
-    """``key \\x01 value \\x02`` for each entry with a value, UTF-8, trailing separator kept."""
-    if not props:
-        return b""
-    parts = []
-    for k, v in props.items():
-        if v is None or k.startswith(L.TRANSIENT_PREFIX):
-            continue
-        parts.append(f"{k}\x01{v}\x02")
-    return "".join(parts).encode("utf-8")
-
-
-def decode_properties(data: bytes | str) -> dict[str, str]:
-    """RocketMQ's ``string2messageProperties``: segments split on \\x02; a segment needs a
-    non-empty key and a non-empty value around its first \\x01, otherwise it is dropped."""
-    text = data.decode("utf-8", errors="replace") if isinstance(data, (bytes, bytearray)) else data
-    out: dict[str, str] = {}
-    if not text:
-        return out
-    for seg in text.split(L.PROPERTY_SEPARATOR):
-        i = seg.find(L.NAME_VALUE_SEPARATOR)
-        if 0 < i < len(seg) - 1:
-            out[seg[:i]] = seg[i + 1 :]
-    out.pop("__CRC32#", None)  # the record CRC is part of the record, not a user property
-    return out
 
 
 @functools.lru_cache(maxsize=256)

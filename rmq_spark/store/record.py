@@ -29,7 +29,8 @@ import numpy as np
 from zlib_ng.zlib_ng import crc32  # hardware-accelerated CRC32, same polynomial as java.util.zip
 
 from rmq_spark.store import layout as L
-from rmq_spark.store.message import MessageExt, decode_properties, offset_msg_id
+from rmq_spark.store.message import MessageExt, offset_msg_id
+from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER, PROP_CRC_PREFIX, decode_properties
 
 # Fixed header for IPv4 born and store hosts, plus BODYLEN (so 88 bytes); one definition, used by
 # the vectorized encoder and by the bulk reader.
@@ -96,12 +97,6 @@ def body_len_pos(sys_flag: int) -> int:
     )
 
 
-# optional whole-record CRC (RocketMQ's enabledAppendPropCRC): the last 20 bytes of the properties
-# are "__CRC32#" \x01 <10 ASCII digits, least significant first> \x02, the CRC32 (sign bit
-# cleared) of every record byte before them.
-PROP_CRC_PREFIX = b"__CRC32#\x01"
-PROP_CRC_BYTES = 20
-PROP_CRC_PLACEHOLDER = PROP_CRC_PREFIX + b"0" * 10 + b"\x02"
 
 _INT = struct.Struct(">i")
 _SHORT = struct.Struct(">H")

@@ -25,16 +25,8 @@ from rmq_spark.store.config import TopicConfigManager
 from rmq_spark.store.consumequeue import ConsumeQueue
 from rmq_spark.store.dispatch import ConsumeQueueDispatcher, DispatchBatch, Dispatcher
 from rmq_spark.store.flush import AsyncFlushService, GroupCommitService
-from rmq_spark.store.message import (
-    Message,
-    MessageExt,
-    encode_properties,
-    host_bytes,
-    new_uniq_ids,
-    new_uniq_ids_array,
-    split_ids,
-    tags_code,
-)
+from rmq_spark.store.message import Message, MessageExt, host_bytes, new_uniq_ids, new_uniq_ids_array, split_ids, tags_code
+from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.offsets import ConsumerOffsetManager
 from rmq_spark.store.encode import (
     V4_SYS_FLAG_MASK,

@@ -559,22 +559,6 @@ def test_a_group_with_a_delayed_half_is_committed_through_the_hooks(store_dir):
         core.shutdown()
 
 
-def test_fast_property_encoding_equals_the_store_one():
-    from rmq_spark.store.message import encode_properties
-    from rmq_spark.services.transaction.halves import encode_props as _encode_props
-
-    cases = [
-        {},
-        {"a": "1", "KEYS": "k1 k2", "u": "\u00e9\u4e2d"},
-        {"a": None, "b": "2"},  # None is dropped
-        {"n": 5, "b": "x"},  # a non-string value is str()-ed
-        {L.TRANSIENT_PREFIX + "x": "1", "b": "2"},  # a transient key is not stored
-        {"b": "v" + L.TRANSIENT_PREFIX},  # ... but a value may contain the prefix
-    ]
-    for props in cases:
-        assert _encode_props(props) == encode_properties(props)  # type: ignore[arg-type]
-
-
 def test_prepare_validates_like_put_messages(env):
     with pytest.raises(MessageIllegalError, match="body"):
         env.svc.prepare([Message("T", b"ok"), Message("T", None)], PG)  # type: ignore[arg-type]

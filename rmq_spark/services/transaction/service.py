@@ -57,7 +57,6 @@ from rmq_spark.services.transaction.halves import (
     Real,
     Row,
     body_halves,
-    encode_props,
     encode_rows,
     half_of,
     half_rows,
@@ -72,6 +71,7 @@ from rmq_spark.store.message import (
     tags_code,
 )
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
+from rmq_spark.store.properties import encode_properties
 from rmq_spark.services.redelivery.rewrite import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_topic
@@ -553,7 +553,7 @@ class TransactionService:
             props = {L.P_TAGS: C.REMOVE_TAG, P_OP_ACTION: act.value}
             if reals:
                 props[P_OP_GROUP] = str(reals)
-            known = (props, encode_props(props))
+            known = (props, encode_properties(props))
             if len(_OP_PROPS) < 1024:
                 _OP_PROPS[(act, reals)] = known
         props, enc = known
@@ -614,7 +614,7 @@ class TransactionService:
             m.properties[L.P_UNIQ_KEY] = uniq or new_uniq_ids(1)[0]
         p = m.properties
         return (
-            m.topic, m.queue_id, bytes(m.body), p, encode_props(p), tags_code(p.get(L.P_TAGS)),
+            m.topic, m.queue_id, bytes(m.body), p, encode_properties(p), tags_code(p.get(L.P_TAGS)),
             m.flag, m.sys_flag, m.born_timestamp_ms or self.clock.now_ms(), m.born_host,
             m.born_port, m.reconsume_times, m.prepared_transaction_offset,
         )

@@ -57,6 +57,7 @@ import numpy as np
 from rmq_spark.errors import ConfigError, CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import DispatchBatch, as_list
+from rmq_spark.store.properties import find_properties
 from rmq_spark.store.record import POS_SYS_FLAG, RecordCheck, check_record, store_timestamp_at, walk
 
 __all__ = [
@@ -176,8 +177,6 @@ def file_bytes(slot_num: int, index_num: int) -> int:
 
 
 _SYS_FLAG = struct.Struct(">i")
-_KEYS_PREFIX = L.P_KEYS + L.NAME_VALUE_SEPARATOR
-_UNIQ_PREFIX = L.P_UNIQ_KEY + L.NAME_VALUE_SEPARATOR
 
 
 def _index_fields(buf, pos: int) -> tuple[str, int, int, str | None, str | None]:  # type: ignore[no-untyped-def]
@@ -189,12 +188,7 @@ def _index_fields(buf, pos: int) -> tuple[str, int, int, str | None, str | None]
     t = walk(buf, pos)
     topic = bytes(buf[t.topic_at : t.topic_at + t.topic_len]).decode("utf-8")
     at, plen = t.props_at - 2, t.props_len
-    keys = uniq = None
-    for seg in bytes(buf[at + 2 : at + 2 + plen]).decode("utf-8", "replace").split(L.PROPERTY_SEPARATOR):
-        if seg.startswith(_KEYS_PREFIX):
-            keys = seg[len(_KEYS_PREFIX) :] or None
-        elif seg.startswith(_UNIQ_PREFIX):
-            uniq = seg[len(_UNIQ_PREFIX) :] or None
+    keys, uniq = find_properties(bytes(buf[at + 2 : at + 2 + plen]), L.P_KEYS, L.P_UNIQ_KEY)
     return topic, sys_flag, store_ts, keys, uniq
 
 
