@@ -43,7 +43,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rmq_spark.services.core import BrokerConfig
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import ConfigError
 from rmq_spark.store.store import StoreConfig
 
@@ -200,8 +200,6 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     store_kw: dict[str, Any] = {"auto_create_topics": not v.get("no-auto-create-topics", False)}
     if "flush" in v:
         store_kw["flush"] = v["flush"]
-    if "delay-levels" in v:
-        store_kw["delay_levels"] = v["delay-levels"]
     if "commitlog-segment-bytes" in v:
         store_kw["commitlog_segment_bytes"] = v["commitlog-segment-bytes"]
     if "default-queue-nums" in v:
@@ -212,6 +210,8 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     if v.get("truncate-corrupt"):
         store_kw["truncate_corrupt"] = True
     cfg = BrokerConfig(store=StoreConfig(**store_kw))
+    if "delay-levels" in v:
+        cfg = BrokerConfig(store=cfg.store, delay_levels=v["delay-levels"])
     if "transaction-timeout" in v:
         cfg.transaction_timeout_s = pos("transaction-timeout", v["transaction-timeout"])
     if "transaction-check-interval" in v:

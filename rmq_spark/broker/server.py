@@ -23,7 +23,8 @@ from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer
 from rmq_spark.broker.options import BrokerOptions, split_listen
 from rmq_spark.broker.handler import Activity
 from rmq_spark.broker.service import MessagingService
-from rmq_spark.services.core import BrokerConfig, BrokerCore
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.core import BrokerCore
 from rmq_spark.errors import RmqError
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 

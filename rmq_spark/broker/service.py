@@ -78,7 +78,7 @@ class MessagingService(MessagingServiceServicer):
         self.policy = SettingsPolicy(
             max_body_size=self.store.config.body_max_bytes,
             max_delivery_attempts=options.max_delivery_attempts,
-            retry_backoff_ms=list(self.store.config.delay_levels_ms),
+            retry_backoff_ms=list(core.config.delay_levels_ms),
             long_polling_timeout_ms=options.long_polling_max_ms,
         )
         self.producer = ProducerPath(core, self.clients)

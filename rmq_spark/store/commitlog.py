@@ -7,7 +7,7 @@ records (magic, length, CRC), truncates a torn tail and reports corruption with 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import numpy as np
 
@@ -92,6 +92,7 @@ class CommitLog:
         store_port: int,
         now_ms: Callable[[], int],
         tags_code_for: Callable[[str, dict[str, str], int], int | None] | None = None,
+        tags_code_topics: Collection[str] = (),
     ) -> None:
         self.mfq = MappedFileQueue(directory, segment_bytes, writable=True)
         self.segment_bytes = segment_bytes
@@ -101,7 +102,8 @@ class CommitLog:
         self.put_lock = threading.RLock()
         # next queue offset per (topic, queueId)
         self.queue_table: dict[tuple[str, int], int] = {}
-        self._tags_code_for = tags_code_for
+        self._tags_code_for = tags_code_for  # the store's tagsCode rules, for tags_code_topics
+        self._tags_code_topics = tags_code_topics
         self.last_store_timestamp_ms = 0
 
     # --- append -------------------------------------------------------------------------------------
@@ -239,7 +241,7 @@ class CommitLog:
         self, batch: EncodedBatch, phys, qoffs, now: int, base: int, end: int, n: int
     ) -> tuple[AppendResult, DispatchBatch]:
         tags = batch._tags_codes  # noqa: SLF001 - a list for a small batch
-        if self._tags_code_for is not None and L.SCHEDULE_TOPIC in batch.topics:
+        if self._tags_code_for is not None and any(t in batch.topics for t in self._tags_code_topics):
             tags = list(as_list(tags))
             for i, (t, p) in enumerate(zip(batch.topics, batch.properties)):
                 code = self._tags_code_for(t, p, now)

@@ -11,7 +11,7 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,25 +43,6 @@ from rmq_spark.store.validation import check_body, check_properties_size, check_
 
 log = logging.getLogger("rmq_spark.store")
 
-DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_delay_levels(text: str) -> list[int]:
-    """``"1s 5s 1m"`` -> delays in ms, level 1 first."""
-    out = []
-    for tok in text.split():
-        for unit in ("ms", "s", "m", "h", "d"):
-            if tok.endswith(unit) and tok[: -len(unit)].isdigit():
-                out.append(int(tok[: -len(unit)]) * _UNITS_MS[unit])
-                break
-        else:
-            raise ConfigError(f"delay level {tok!r} is not a number followed by ms, s, m, h or d")
-    if not out:
-        raise ConfigError("delay levels are empty")
-    return out
-
-
 @dataclass
 class StoreConfig:
     commitlog_segment_bytes: int = L.COMMITLOG_SEGMENT_BYTES
@@ -80,7 +61,6 @@ class StoreConfig:
     # a CRC of the whole record in the __CRC32# property (RocketMQ's enabledAppendPropCRC): lets
     # recovery detect a torn record anywhere, not only in its body
     append_prop_crc: bool = True
-    delay_levels: str = DEFAULT_DELAY_LEVELS
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,7 +70,6 @@ class StoreConfig:
             raise ConfigError("commitlog_segment_bytes must be at least 4096")
         if self.cq_segment_units < 1:
             raise ConfigError("cq_segment_units must be positive")
-        self.delay_levels_ms = parse_delay_levels(self.delay_levels)
 
 
 @dataclass
@@ -113,6 +92,13 @@ class GetResult:
     max_offset: int
 
 
+# A topic whose ConsumeQueue units carry, as tagsCode, a number computed from the record's
+# properties and store time instead of the hash of its TAGS (RocketMQ's schedule topic stores the
+# delivery time there): ``rule(properties, store_timestamp_ms) -> tagsCode or None``.  The services
+# above the store give theirs to :class:`MessageStore`; recovery and re-dispatch apply them too.
+TagsCodeRule = Callable[[dict[str, str], int], "int | None"]
+
+
 class MessageStore:
     """Open (recovering if needed) the store at ``root``; a context manager."""
 
@@ -123,10 +109,12 @@ class MessageStore:
         clock: Clock = SYSTEM_CLOCK,
         dispatchers: Iterable[Callable[[MessageStore], Dispatcher]] = (),
         start_services: bool = True,
+        tags_code_rules: Mapping[str, TagsCodeRule] | None = None,
     ) -> None:
         self.root = os.path.abspath(root)
         self.config = config or StoreConfig()
         self.clock = clock
+        self.tags_code_rules: dict[str, TagsCodeRule] = dict(tags_code_rules or {})
         os.makedirs(self.root, exist_ok=True)
         self._lock_fd = _lock_directory(self.root)
         self._closed = False
@@ -152,6 +140,7 @@ class MessageStore:
             store_port=cfg.store_port,
             now_ms=self.clock.now_ms,
             tags_code_for=self._special_tags_code,
+            tags_code_topics=self.tags_code_rules.keys(),
         )
         self.publish_lock = threading.RLock()
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
@@ -328,16 +317,9 @@ class MessageStore:
             assert self.commitlog.max_offset == end
 
     def _special_tags_code(self, topic: str, props: dict[str, str], store_ts: int) -> int | None:
-        """Schedule-topic messages carry their delivery time as tagsCode."""
-        if topic == L.SCHEDULE_TOPIC and L.P_DELAY in props:
-            try:
-                level = int(props[L.P_DELAY])
-            except ValueError:
-                return store_ts + 1000
-            levels = self.config.delay_levels_ms
-            level = min(max(level, 1), len(levels))
-            return store_ts + levels[level - 1]
-        return None
+        """The tagsCode a topic's rule gives a record (None: the hash of its TAGS)."""
+        rule = self.tags_code_rules.get(topic)
+        return None if rule is None else rule(props, store_ts)
 
     # --- put ------------------------------------------------------------------------------------------
     def put_message(self, msg: Message) -> PutResult:
@@ -402,13 +384,13 @@ class MessageStore:
         """:meth:`put_rows` of one record, with asynchronous flush, encoded, appended and handed to
         the dispatchers without batch objects: its (CommitLog offset, size, queue offset, store
         time).  None, nothing written, where :meth:`put_rows` must take it: sync flush, an IPv6
-        host, a delay-level record, oversized properties, a segment to roll."""
+        host, a topic with a tagsCode rule, oversized properties, a segment to roll."""
         if not self._one_by_one:
             return None
         topic, qid, body, props, pb, tags, flag, sf, born_ms, born_host, born_port, rts, prep = row
         cfg = self.config
         prop_crc = cfg.append_prop_crc
-        if topic == L.SCHEDULE_TOPIC or len(pb) + PROP_CRC_BYTES > L.PROPERTY_MAX_BYTES:
+        if topic in self.tags_code_rules or len(pb) + PROP_CRC_BYTES > L.PROPERTY_MAX_BYTES:
             return None
         sf &= V4_SYS_FLAG_MASK
         buf = encode_one(topic, qid, body, pb, flag, sf, born_ms, host_bytes(born_host), born_port, rts, prep,
@@ -534,8 +516,8 @@ class MessageStore:
         return self._put_encoded(batch, uniq)
 
     def put_encoded(self, batch: EncodedBatch) -> PutResult:
-        """Append an already encoded batch as one write (services that re-write stored records:
-        delay and timer delivery). ``batch.uniq_keys`` are its messages' unique ids."""
+        """Append an already encoded batch as one write (for services that re-write stored
+        records). ``batch.uniq_keys`` are its messages' unique ids."""
         return self._put_encoded(batch, list(batch.uniq_keys))
 
     def _put_encoded(self, batch: EncodedBatch, uniq_keys: list[str]) -> PutResult:

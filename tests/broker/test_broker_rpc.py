@@ -18,7 +18,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from rmq_spark.broker import Broker, BrokerOptions
 from rmq_spark.broker.testing import metadata
-from rmq_spark.services.core import BrokerConfig
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message
 from rmq_spark.store.store import StoreConfig

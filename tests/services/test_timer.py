@@ -19,7 +19,7 @@ from _delay_worker import (
     run_and_kill,
 )
 
-from rmq_spark.services.core import BrokerConfig
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock

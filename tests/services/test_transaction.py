@@ -17,7 +17,8 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
-from rmq_spark.services.core import BrokerConfig, BrokerCore
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.core import BrokerCore
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock, SystemClock

@@ -52,7 +52,7 @@ class ConnectorService:
             host=socket.gethostname(),
             pid=os.getpid(),
             broker_name=getattr(self.core.config, "broker_name", ""),
-            delay_levels_ms=list(getattr(cfg, "delay_levels_ms", [])),
+            delay_levels_ms=list(self.core.config.delay_levels_ms),
             commitlog_segment_bytes=cfg.commitlog_segment_bytes,
             cq_segment_units=cfg.cq_segment_units,
             transactions=self.sink.transactions_available,

@@ -74,7 +74,7 @@ from rmq_spark.services.redelivery.rewrite import (
 )
 
 if TYPE_CHECKING:
-    from rmq_spark.services.core import BrokerConfig
+    from rmq_spark.services.config import BrokerConfig
     from rmq_spark.store.store import MessageStore
 
 __all__ = [

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from rmq_spark.services.core import BrokerConfig
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, RmqError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.services.transaction import check as C
