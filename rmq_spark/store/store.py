@@ -648,9 +648,10 @@ class MessageStore:
         message_filter: object | None = None,
     ) -> GetResult:
         """Messages of (topic, queue) from ``offset``: at most ``max_msgs`` messages or
-        ``max_bytes`` bytes.  ``message_filter`` is a TagFilter (checked on the ConsumeQueue's
-        tagsCode, then on the tag string) or an SqlFilter (checked on the properties), or any
-        object with ``matches_code(tagsCode)`` and/or ``matches_message(MessageExt)``."""
+        ``max_bytes`` bytes.  ``message_filter`` is any object with ``matches_code(tagsCode)``
+        (checked on the ConsumeQueue unit first) and/or ``matches_message(MessageExt)`` (then on
+        the record), and ``match_all`` when it lets everything through (the filters of
+        :mod:`rmq_spark.filter` are such objects)."""
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
@@ -666,17 +667,10 @@ class MessageStore:
         out: list[MessageExt] = []
         nbytes = 0
         next_offset = offset
-        from rmq_spark.filter import SqlFilter, TagFilter
-
         match_code = getattr(message_filter, "matches_code", None)
         match_msg = getattr(message_filter, "matches_message", None)
-        if isinstance(message_filter, TagFilter):
-            if message_filter.match_all:
-                match_code = None
-            else:
-                match_msg = lambda m: message_filter.matches(m.tags)  # noqa: E731 - re-check the string
-        elif isinstance(message_filter, SqlFilter):
-            match_msg = lambda m: message_filter.matches(m.properties)  # noqa: E731
+        if getattr(message_filter, "match_all", False):
+            match_code = match_msg = None
         while next_offset < hi and len(out) < max_msgs and nbytes < max_bytes:
             units = cq.units(next_offset, min(hi, next_offset + max(max_msgs * 4, 64)))
             if len(units) == 0:
