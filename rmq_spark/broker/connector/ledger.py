@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from rmq_spark.errors import StoreError
+from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store.message import Message
 from rmq_spark.store.store import PutResult
 
@@ -27,14 +28,6 @@ MAX_GROUP_HALVES = 3_000_000
 class Outcome(enum.Enum):
     COMMITTED = "COMMITTED"
     ALREADY_COMMITTED = "ALREADY_COMMITTED"
-
-
-class Resolution(enum.Enum):
-    """A resolver's answer (the transaction service reads it by name)."""
-
-    COMMIT = "COMMIT"
-    ROLLBACK = "ROLLBACK"
-    UNKNOWN = "UNKNOWN"
 
 
 class HalfLedger:
@@ -63,7 +56,7 @@ class HalfLedger:
         built column-wise)."""
         return self._svc.prepare_bodies(topic, queue_id, bodies, properties, producer_group)
 
-    def register_resolver(self, prefix: str, fn: Callable[[dict[str, str]], Resolution]) -> None:
+    def register_resolver(self, prefix: str, fn: Callable[[dict[str, str]], TransactionAction]) -> None:
         self._svc.register_resolver(prefix, lambda half: fn(dict(half.properties)))
 
     def commit_group(self, offsets: Sequence[int]) -> None:
@@ -101,4 +94,4 @@ def _first(result) -> str:  # type: ignore[no-untyped-def]
     return f"(first: offset {off} {status.value})"
 
 
-__all__ = ["HalfLedger", "MAX_GROUP_HALVES", "Outcome", "Resolution"]
+__all__ = ["HalfLedger", "MAX_GROUP_HALVES", "Outcome"]

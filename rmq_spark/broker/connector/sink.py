@@ -37,7 +37,8 @@ import pyarrow.compute as pc
 from rmq_spark.errors import MessageIllegalError, StoreError
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.sinklog import SinkCommitLog
-from rmq_spark.broker.connector.ledger import HalfLedger, Outcome, Resolution
+from rmq_spark.broker.connector.ledger import HalfLedger, Outcome
+from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store import layout as L
 from rmq_spark.filter import java_string_hash
 from rmq_spark.store.message import Message
@@ -277,19 +278,19 @@ class SinkService:
                 self._halves().rollback(halves)
         return P.AbortBatchResponse(rolled_back=len(halves))
 
-    def resolve(self, properties: dict[str, str]) -> Resolution:
+    def resolve(self, properties: dict[str, str]) -> TransactionAction:
         """The check-back's answer for an orphaned half of the sink."""
         parsed = parse_sink_key(properties.get(P_SINK_KEY, ""))
         if parsed is None:
-            return Resolution.ROLLBACK
+            return TransactionAction.ROLLBACK
         query_id, batch_id, attempt = parsed
         with self._lock:
             committed = self.commits.lookup(query_id, batch_id)
             if committed == attempt:
-                return Resolution.COMMIT
+                return TransactionAction.COMMIT
             last = self._last_send_ms.get(attempt)
             if committed is None and last is not None and self.core.clock.now_ms() - last < ATTEMPT_IDLE_MS:
-                return Resolution.UNKNOWN
+                return TransactionAction.UNKNOWN
             self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())
             self._last_send_ms.pop(attempt, None)
-            return Resolution.ROLLBACK
+            return TransactionAction.ROLLBACK

@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -38,12 +38,14 @@ import pyarrow.compute as pc
 
 from rmq_spark.errors import RmqError
 from rmq_spark.store import layout as L
+from rmq_spark.services.transaction.halves import Half, half_of
+from rmq_spark.services.transaction.states import EndTxStatus, GroupResult, TransactionAction, TxnState, as_action
 from rmq_spark.store.message import Message, MessageExt
 
 if TYPE_CHECKING:
     from rmq_spark.store.consumequeue import ConsumeQueue
     from rmq_spark.store.store import MessageStore
-    from rmq_spark.services.transaction.service import TransactionService, TxnState
+    from rmq_spark.store.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,25 @@ MAX_PROCESS_TIME_S = 60.0  # per queue per round (MAX_PROCESS_TIME_LIMIT)
 P_CHECK_SOURCE = "TRAN_CHECK_SOURCE"  # half queue offset a check copy came from
 P_OP_ACTION = "TRAN_OP_ACTION"  # on op messages: COMMIT | ROLLBACK (see transaction.py)
 P_OP_GROUP = "TRAN_OP_GROUP"  # on a commit's op message: the real messages after it
+
+
+class TransactionService(Protocol):
+    """What the check needs of the transaction service that runs it."""
+
+    store: MessageStore
+    clock: Clock
+    checker: TransactionChecker | None
+    check_max: int
+    timeout_ms: int
+    file_reserved_ms: int
+    needs_source_scan: bool
+
+    stopping: bool
+
+    def is_resolved(self, half: MessageExt) -> bool: ...
+    def resolver_for(self, group: str) -> Any: ...
+    def end_halves(self, halves: list[Half], action: TransactionAction) -> GroupResult: ...
+    def real_message(self, half: Half) -> Message: ...
 
 
 class TransactionChecker(Protocol):
@@ -379,20 +400,18 @@ def half_at(store: MessageStore, cq: ConsumeQueue, queue_offset: int) -> Message
 def ask(svc: TransactionService, half: MessageExt, queue_offset: int) -> bool:
     """Ask about ``half``: True when a resolver ended it now; otherwise it is put back (the copy
     carries the raised check count) and the checker is asked about the copy."""
-    from rmq_spark.services.transaction import service as T
-
     group = half.properties.get(L.P_PGROUP, "")
     fn = svc.resolver_for(group)
     if fn is not None:
         try:
-            act = T.as_action(fn(half))
+            act = as_action(fn(half))
         except Exception:  # a resolver's fault must not stop the check
             log.exception("transaction resolver for %r failed", group)
-            act = T.TransactionAction.UNKNOWN
-        h = T.half_of(half) if act is not T.TransactionAction.UNKNOWN else None
+            act = TransactionAction.UNKNOWN
+        h = half_of(half) if act is not TransactionAction.UNKNOWN else None
         if h is not None:
             try:
-                if svc.end_halves([h], act).status is not T.EndTxStatus.IN_PROGRESS:
+                if svc.end_halves([h], act).status is not EndTxStatus.IN_PROGRESS:
                     return True
             except RmqError:  # e.g. its real topic cannot take it now: counted, asked again
                 log.exception("transaction %s could not be ended as %s", h.txn_id, act.value)
@@ -442,7 +461,6 @@ def load_resolved(svc: TransactionService) -> dict[str, TxnState]:
     """Transaction id -> how it ended, from the whole op queue (an op names half offsets; the half
     names the transaction).  If the last op opened a commit append that a crash cut short, the
     missing real messages are written now: the op holds the decision."""
-    from rmq_spark.services.transaction.service import TxnState
 
     store = svc.store
     lo, hi = store.min_offset(L.TRANS_OP_HALF_TOPIC, 0), store.max_offset(L.TRANS_OP_HALF_TOPIC, 0)
@@ -507,7 +525,6 @@ def _complete_torn_commit(
 ) -> None:
     """The ``reals`` records after the op at ``op_phys`` belong to its append: write the real
     messages that are not among them."""
-    from rmq_spark.services.transaction.service import half_of
 
     store = svc.store
     op = store.look_message_by_offset(op_phys)

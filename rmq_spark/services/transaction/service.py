@@ -34,14 +34,13 @@ straight from their rows, record by record, as ``put_messages`` encodes as many:
 
 from __future__ import annotations
 
-import enum
 import logging
 import struct
 import threading
 from collections import OrderedDict, deque
 from itertools import islice
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -50,6 +49,14 @@ from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, RmqError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.services.transaction import check as C
+from rmq_spark.services.transaction.states import (
+    EndTxStatus,
+    GroupResult,
+    HalfRef,
+    TransactionAction,
+    TxnState,
+    as_action,
+)
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.dispatch import DispatchBatch
 from rmq_spark.services.transaction.halves import (
@@ -113,64 +120,11 @@ FEW_RECORDS = SMALL_BATCH
 _OP_PROPS: dict[tuple[TransactionAction, int], tuple[dict[str, str], bytes]] = {}
 
 
-class TransactionAction(enum.Enum):
-    COMMIT = "COMMIT"
-    ROLLBACK = "ROLLBACK"
-    UNKNOWN = "UNKNOWN"
-
-
-class EndTxStatus(enum.Enum):
-    SUCCESS = "SUCCESS"
-    NOT_HANDLED = "NOT_HANDLED"  # action UNKNOWN: nothing to do
-    NOT_FOUND = "NOT_FOUND"  # no half message at that CommitLog offset
-    PRODUCER_GROUP_MISMATCH = "PRODUCER_GROUP_MISMATCH"
-    QUEUE_OFFSET_MISMATCH = "QUEUE_OFFSET_MISMATCH"  # tranStateTableOffset
-    TRANSACTION_ID_MISMATCH = "TRANSACTION_ID_MISMATCH"
-    ILLEGAL_OPERATION = "ILLEGAL_OPERATION"  # a producer's end after its CHECK_IMMUNITY time
-    ALREADY_COMMITTED = "ALREADY_COMMITTED"
-    ALREADY_ROLLED_BACK = "ALREADY_ROLLED_BACK"
-    ALREADY_RESOLVED = "ALREADY_RESOLVED"  # ended by an op that does not say how
-    IN_PROGRESS = "IN_PROGRESS"  # another end of the same transaction is being written
-    EXPIRED = "EXPIRED"  # a half stored longer ago than the store keeps files (file reserved time)
-    CONFLICT = "CONFLICT"  # a group mixes pending and ended halves (or commits and rollbacks)
-    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"  # written (so ended), not yet durable
-
-
-class TxnState(enum.Enum):
-    PENDING = "PENDING"
-    COMMITTED = "COMMITTED"
-    ROLLED_BACK = "ROLLED_BACK"
-    RESOLVED = "RESOLVED"  # an op without TRAN_OP_ACTION (written by another tool)
-    NOT_FOUND = "NOT_FOUND"
-
-
 _ALREADY = {
     TxnState.COMMITTED: EndTxStatus.ALREADY_COMMITTED,
     TxnState.ROLLED_BACK: EndTxStatus.ALREADY_ROLLED_BACK,
     TxnState.RESOLVED: EndTxStatus.ALREADY_RESOLVED,
 }
-
-
-@dataclass(frozen=True)
-class HalfRef:
-    """A half to end in a group; the fields other than the offset are checked when given."""
-
-    commitlog_offset: int
-    queue_offset: int | None = None
-    producer_group: str | None = None
-    transaction_id: str | None = None
-
-
-@dataclass
-class GroupResult:
-    status: EndTxStatus
-    put: PutResult | None = None
-    transaction_ids: list[str] = field(default_factory=list)  # the transactions this call ended
-    rejected: dict[int, EndTxStatus] = field(default_factory=dict)  # CommitLog offset -> why
-
-    @property
-    def ok(self) -> bool:
-        return self.status is EndTxStatus.SUCCESS
 
 
 class TransactionService:
@@ -694,23 +648,6 @@ class TransactionService:
             self._thread = None
 
     crash = shutdown  # nothing to flush: the op queue and the check offsets are the state
-
-
-def as_action(value: Any) -> TransactionAction:
-    """A TransactionAction from itself, an enum with the same member names, or a string
-    (``COMMIT_MESSAGE`` / ``ROLLBACK_MESSAGE`` / ``UNKNOW`` as RocketMQ's LocalTransactionState)."""
-    if isinstance(value, TransactionAction):
-        return value
-    name = str(getattr(value, "name", None) or value).upper()
-    name = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK", "UNKNOW": "UNKNOWN"}.get(
-        name, name
-    )
-    try:
-        return TransactionAction[name]
-    except KeyError:
-        raise MessageIllegalError(
-            f"transaction action {value!r} is not COMMIT, ROLLBACK or UNKNOWN"
-        ) from None
 
 
 def _mismatch(

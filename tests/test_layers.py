@@ -1,0 +1,172 @@
+"""The package's shape, read from its source with ``ast``: layers import only downwards, no
+import cycles, modules of at most about 500 lines (a longer one says why in its docstring), and
+the store knows nothing of Spark or of the services above it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "rmq_spark"
+PKG = "rmq_spark"
+
+# lowest first: a module may import its own layer and the layers below it
+LAYERS = ["errors", "store", "filter", "services", "remoting", "namesrv", "broker", "datasource"]
+# modules outside the layers: the package's entry points
+TOP = {"rmq_spark", "rmq_spark.__init__"}
+MAX_LINES = 500
+LONG_REASON = "Why this module is long:"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(module: str, name: str) -> str | None:
+    """The package module ``name`` denotes (a module, or the module holding a name)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Every package module that ``module`` imports: at module level, in functions, under
+    TYPE_CHECKING, and through ``importlib.import_module`` strings or tables of module names."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    pkg = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")
+                up = up[: len(up) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            # import strings: "rmq_spark.x.y" or "rmq_spark.x.y:attr" (not logger names: those
+            # are passed to logging.getLogger, skipped below)
+            if re.fullmatch(r"rmq_spark(\.\w+)+(:\w+)?", node.value):
+                names = [node.value.split(":")[0]]
+        for name in names:
+            if name == PKG or name.startswith(PKG + "."):
+                target = _resolve(module, name)
+                if target and target != module:
+                    out.add(target)
+    # logger names are not imports
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "getLogger":
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    out.discard(arg.value)
+    return out
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    return LAYERS.index(parts[1]) if parts[1] in LAYERS else None
+
+
+def test_every_module_is_in_a_layer():
+    unplaced = [m for m in MODULES if m not in TOP and _layer(m) is None]
+    assert not unplaced, f"modules outside the layers {LAYERS}: {unplaced}"
+
+
+def test_no_upward_import():
+    bad = []
+    for m, deps in GRAPH.items():
+        lm = _layer(m)
+        if lm is None:
+            continue
+        for d in sorted(deps):
+            ld = _layer(d)
+            if ld is not None and ld > lm:
+                bad.append(f"{m} -> {d}")
+    assert not bad, "imports from a higher layer:\n" + "\n".join(bad)
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    # a package's __init__ that re-exports its modules is not a cycle with them
+    cycles = [c for c in _cycles() if not all(m == c[0] or m.startswith(c[0] + ".") for m in c)]
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_size(module):
+    path = MODULES[module]
+    text = path.read_text(encoding="utf-8")
+    lines = text.count("\n")
+    if lines <= MAX_LINES:
+        return
+    doc = ast.get_docstring(ast.parse(text)) or ""
+    assert LONG_REASON in doc, f"{path.name}: {lines} lines; split it or say why in its docstring ({LONG_REASON!r})"
+
+
+def test_store_knows_nothing_of_spark_or_the_services():
+    words = re.compile(r"\b(pyspark|spark|delay.?level|schedule_topic|SCHEDULE_TOPIC|timer|transaction)\b", re.I)
+    found = []
+    for m, path in MODULES.items():
+        if _layer(m) != LAYERS.index("store"):
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if words.search(line):
+                found.append(f"{path.relative_to(ROOT.parent)}:{n}: {line.strip()}")
+    assert not found, "the store mentions what is above it:\n" + "\n".join(found[:60]) + f"\n({len(found)} lines)"
