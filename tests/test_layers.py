@@ -17,7 +17,7 @@ PKG = "rmq_spark"
 LAYERS = ["errors", "store", "filter", "services", "remoting", "namesrv", "broker", "datasource"]
 # modules outside the layers: the package's entry points
 TOP = {"rmq_spark", "rmq_spark.__init__"}
-MAX_LINES = 500
+MAX_LINES = 520  # "about 500"
 LONG_REASON = "Why this module is long:"
 
 

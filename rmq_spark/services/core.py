@@ -16,7 +16,7 @@ from rmq_spark.services.transaction.halves import message_of
 from rmq_spark.store.message import Message
 from rmq_spark.store.encode import Row
 from rmq_spark.store.encoded import SMALL_BATCH
-from rmq_spark.services.redelivery.rewrite import DELIVERY_REQUEST_KEYS
+from rmq_spark.services.redelivery.records import DELIVERY_REQUEST_KEYS
 from rmq_spark.services.schedule.service import ScheduleService, store_rules
 from rmq_spark.services.timer.service import TimerService
 from rmq_spark.services.transaction.service import TransactionService

@@ -19,6 +19,7 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import as_list
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.message import host_bytes, tags_code
+from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER, PROP_CRC_PREFIX
 from rmq_spark.store.record import (
     HEADER_V4,
     HOST_V6_EXTRA,
@@ -26,9 +27,6 @@ from rmq_spark.store.record import (
     POS_BORN_HOST,
     POS_QUEUE_OFFSET,
     POS_STORE_TIMESTAMP_V4,
-    PROP_CRC_BYTES,
-    PROP_CRC_PLACEHOLDER,
-    PROP_CRC_PREFIX,
 )
 
 _INT = struct.Struct(">i")

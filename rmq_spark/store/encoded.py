@@ -10,12 +10,8 @@ import numpy as np
 from zlib_ng.zlib_ng import crc32
 
 from rmq_spark.store.dispatch import Column, as_list
-from rmq_spark.store.record import (
-    POS_PHYSICAL_OFFSET,
-    POS_QUEUE_OFFSET,
-    PROP_CRC_BYTES,
-    PROP_CRC_PREFIX,
-)
+from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PREFIX
+from rmq_spark.store.record import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET
 
 _TS = struct.Struct(">q")
 _QP = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET

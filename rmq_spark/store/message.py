@@ -14,7 +14,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np

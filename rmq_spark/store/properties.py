@@ -11,7 +11,6 @@ from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.views import _at, _binary_as_string, _fixed_strings, _owner, _tiled_offsets, _views

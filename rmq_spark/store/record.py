@@ -30,7 +30,7 @@ from zlib_ng.zlib_ng import crc32  # hardware-accelerated CRC32, same polynomial
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import MessageExt, offset_msg_id
-from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER, PROP_CRC_PREFIX, decode_properties
+from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PREFIX, decode_properties
 
 # Fixed header for IPv4 born and store hosts, plus BODYLEN (so 88 bytes); one definition, used by
 # the vectorized encoder and by the bulk reader.

@@ -37,7 +37,7 @@ from rmq_spark.store.encode import (
     Row,
 )
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
-from rmq_spark.store.record import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER
+from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER
 from rmq_spark.store.status import GetStatus, PutStatus
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
 

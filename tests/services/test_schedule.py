@@ -430,7 +430,7 @@ def test_gather_runs_concatenates_the_runs():
     reused per-thread index that is larger than needed, and a gather bigger than it included."""
     import numpy as np
 
-    from rmq_spark.services.redelivery.rewrite import gather_runs
+    from rmq_spark.services.redelivery.patch import gather_runs
 
     rng = np.random.default_rng(5)
     for size in [3000, 5, 40_000, 200, 1]:  # shrinking after growing reuses a longer index

@@ -45,18 +45,16 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
 from rmq_spark.store.jsonfile import read_json
 from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
-from rmq_spark.services.redelivery.rewrite import (
+from rmq_spark.services.redelivery.patch import PATCH_MIN_MSGS, patch_redelivery
+from rmq_spark.services.redelivery.records import (
     DELIVERY_DROP,
     DELIVERY_KEYS,
     DROPPED_ON_DELIVERY,
-    PATCH_MIN_MSGS,
     StoredRecords,
-    encode_redelivered,
-    patch_redelivery,
     read_records,
-    resolve_queue,
-    scan_sources,
 )
+from rmq_spark.services.redelivery.recovery import scan_sources
+from rmq_spark.services.redelivery.rewrite import encode_redelivered, resolve_queue
 from rmq_spark.store.message import Message
 from rmq_spark.store.encoded import EncodedBatch
 

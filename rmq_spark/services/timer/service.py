@@ -61,17 +61,15 @@ from rmq_spark.store.jsonfile import read_json
 from rmq_spark.store.message import Message, new_uniq_id, tags_code
 from rmq_spark.store.reader import read_units_arrow
 from rmq_spark.store.encoded import EncodedBatch
-from rmq_spark.services.redelivery.rewrite import (
+from rmq_spark.services.redelivery.patch import PATCH_MIN_MSGS, patch_redelivery
+from rmq_spark.services.redelivery.records import (
     DELIVERY_DROP,
     DELIVERY_KEYS,
     DROPPED_ON_DELIVERY,
-    PATCH_MIN_MSGS,
-    encode_redelivered,
-    patch_redelivery,
     read_records,
-    resolve_queue,
-    scan_sources,
 )
+from rmq_spark.services.redelivery.recovery import scan_sources
+from rmq_spark.services.redelivery.rewrite import encode_redelivered, resolve_queue
 
 if TYPE_CHECKING:
     from rmq_spark.services.config import BrokerConfig

@@ -20,8 +20,9 @@ from rmq_spark.store.message import Message, MessageExt, host_bytes, new_uniq_id
 from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.encode import encode_batch, Row
 from rmq_spark.store.encoded import concat_encoded, EncodedBatch
-from rmq_spark.store.record import HEADER_V4, PROP_CRC_BYTES
-from rmq_spark.services.redelivery.rewrite import ParsedRecords, parse_records, record_sizes
+from rmq_spark.store.properties import PROP_CRC_BYTES
+from rmq_spark.store.record import HEADER_V4
+from rmq_spark.services.redelivery.patch import ParsedRecords, parse_records, record_sizes
 from rmq_spark.store.store import MessageStore
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
 

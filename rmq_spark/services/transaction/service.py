@@ -79,7 +79,7 @@ from rmq_spark.store.message import (
 )
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.properties import encode_properties
-from rmq_spark.services.redelivery.rewrite import commit_keys, encode_commits
+from rmq_spark.services.transaction.commit import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_topic
 

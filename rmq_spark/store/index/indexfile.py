@@ -58,7 +58,13 @@ from rmq_spark.errors import ConfigError, CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import DispatchBatch, as_list
 from rmq_spark.store.properties import find_properties
-from rmq_spark.store.record import POS_SYS_FLAG, RecordCheck, check_record, store_timestamp_at, walk
+from rmq_spark.store.record import (
+    POS_SYS_FLAG,
+    RecordCheck,
+    check_record,
+    store_timestamp_at,
+    walk,
+)
 
 __all__ = [
     "DEFAULT_INDEX_ENTRIES",
