@@ -46,7 +46,7 @@ from rmq_spark.errors import (
     StoreError,
 )
 from rmq_spark.store.status import GetStatus, PutStatus
-from rmq_spark.services.timer.service import RecallFailure
+from rmq_spark.services.timer.recall import RecallFailure
 from rmq_spark.services.transaction.service import EndTxStatus
 
 __all__ = [

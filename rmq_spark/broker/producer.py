@@ -35,10 +35,11 @@ from rmq_spark.services.core import HOOK_KEYS
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.store.message import Message, MessageExt, java_string_hash
+from rmq_spark.store.hashing import java_string_hash
+from rmq_spark.store.message import Message, MessageExt
 from rmq_spark.store.encode import Row
 from rmq_spark.store.status import PutStatus
-from rmq_spark.services.timer.service import RecallError
+from rmq_spark.services.timer.recall import RecallError
 from rmq_spark.services.transaction.states import HalfRef, TransactionAction
 from rmq_spark.services.transaction.check import CHECK_GROUP
 

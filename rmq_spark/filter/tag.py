@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_spark.filter._common import _JAVA_TRIM_CHARS, _concat_masks, _int32
-from rmq_spark.store.message import java_string_hash
+from rmq_spark.store.hashing import java_string_hash
 
 SUB_ALL = "*"
 

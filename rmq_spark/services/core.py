@@ -20,7 +20,7 @@ from rmq_spark.services.redelivery.records import DELIVERY_REQUEST_KEYS
 from rmq_spark.services.schedule.service import ScheduleService, store_rules
 from rmq_spark.services.timer.service import TimerService
 from rmq_spark.services.transaction.service import TransactionService
-from rmq_spark.store.index.indexfile import IndexService
+from rmq_spark.store.index.service import IndexService
 from rmq_spark.services.config import BrokerConfig
 from rmq_spark.store.store import MessageStore, PutResult
 

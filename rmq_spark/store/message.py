@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rmq_spark.store import layout as L
+from rmq_spark.store.hashing import java_string_hash
 
 __all__ = [
     "Message",
@@ -33,14 +34,6 @@ __all__ = [
 ]
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-
-
-def java_string_hash(s: str) -> int:
-    """Java ``String.hashCode()`` (over UTF-16 code units), as a signed 32-bit int."""
-    h = 0
-    for unit in np.frombuffer(s.encode("utf-16-le", "surrogatepass"), dtype="<u2").tolist():
-        h = (31 * h + unit) & 0xFFFFFFFF
-    return h - 0x100000000 if h & 0x80000000 else h
 
 
 _TAGS_CODE_CACHE: dict[str, int] = {}

@@ -25,17 +25,9 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message, tags_code
 from rmq_spark.store.store import MessageStore, StoreConfig
-from rmq_spark.services.timer.service import (
-    ENTRY,
-    P_TIMER_SOURCE,
-    TIMER_CHECK_FILE,
-    RecallError,
-    RecallFailure,
-    TimerService,
-    TimerWheel,
-    build_recall_handle,
-    parse_recall_handle,
-)
+from rmq_spark.services.timer.recall import RecallError, RecallFailure, build_recall_handle, parse_recall_handle
+from rmq_spark.services.timer.service import P_TIMER_SOURCE, TIMER_CHECK_FILE, TimerService
+from rmq_spark.services.timer.wheel import ENTRY, TimerWheel
 
 T0 = 1_700_000_000_000
 

@@ -25,7 +25,7 @@ from rmq_spark.store.clock import FakeClock, SystemClock
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt
 from rmq_spark.store.store import MessageStore, StoreConfig
-from rmq_spark.store.index.indexfile import IndexService
+from rmq_spark.store.index.service import IndexService
 from rmq_spark.store.query import MessageQuery
 from rmq_spark.services.redelivery.records import DELIVERY_REQUEST_KEYS
 from rmq_spark.services.transaction.service import EndTxStatus, HalfRef, TransactionService, TxnState

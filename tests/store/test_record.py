@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from rmq_spark.store import layout as L
-from rmq_spark.store.message import UniqIdGenerator, decode_offset_msg_id, java_string_hash, offset_msg_id, tags_code
+from rmq_spark.store.hashing import java_string_hash
+from rmq_spark.store.message import UniqIdGenerator, decode_offset_msg_id, offset_msg_id, tags_code
 from rmq_spark.store.properties import decode_properties, encode_properties
 from rmq_spark.store.encode import encode_batch
 from rmq_spark.store.encoded import SMALL_BATCH

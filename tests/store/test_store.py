@@ -398,7 +398,7 @@ def test_one_row_puts_write_the_bytes_batch_puts_write(tmp_path, monkeypatch, cr
     ConsumeQueues and the index it leaves are byte for byte those of the batch path, across
     segment rolls, IPv6 hosts, transaction records and keys."""
     from rmq_spark.store.commitlog import CommitLog
-    from rmq_spark.store.index.indexfile import IndexService
+    from rmq_spark.store.index.service import IndexService
     from rmq_spark.store.properties import encode_properties
 
     fast = [0]

@@ -40,7 +40,7 @@ from rmq_spark.broker.connector.sinklog import SinkCommitLog
 from rmq_spark.broker.connector.ledger import HalfLedger, Outcome
 from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store import layout as L
-from rmq_spark.filter import java_string_hash
+from rmq_spark.store.hashing import java_string_hash
 from rmq_spark.store.message import Message
 from rmq_spark.store.validation import check_topic
 
