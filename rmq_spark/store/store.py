@@ -3,6 +3,10 @@ recovery, checkpoint, topic config and consumer offsets.
 
 One process writes a store directory at a time (an exclusive ``lock`` file); readers in other
 processes use :class:`rmq_spark.store.reader.StoreReader`.
+
+Why this module is long: :class:`MessageStore` owns the put lock, the publish order and the
+durable offset, and its put, recovery and read paths all take or publish under them; what holds
+no such state has its own module (commitlog, consumequeue, dispatch, flush, encode, reader, query).
 """
 
 from __future__ import annotations

@@ -30,6 +30,11 @@ half adds its three — and keeps them with the half in memory; a commit reuses 
 delivery hook replaced the message) and both write through ``store.put_encoded``, with the checks
 of ``store.put_messages`` done here per batch.  Up to ``record.SMALL_BATCH`` records are encoded
 straight from their rows, record by record, as ``put_messages`` encodes as many: no columns built.
+
+Why this module is long: prepare, end, group commit and the check's resolutions all read and
+change one state under one lock (the transactions being ended, the resolved set, the op-queue
+writes); what needs none of it is in :mod:`.states`, :mod:`.halves`, :mod:`.commit`,
+:mod:`.check` and :mod:`.recovery`.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, RmqError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.services.transaction import check as C
+from rmq_spark.services.transaction.recovery import load_resolved
 from rmq_spark.services.transaction.states import (
     EndTxStatus,
     GroupResult,
@@ -166,7 +172,7 @@ class TransactionService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.needs_source_scan = store.last_exit_abnormal
-        self._state.update(C.load_resolved(self))
+        self._state.update(load_resolved(self))
         store.add_listener(self._on_dispatch, L.TRANS_HALF_TOPIC)
 
     # --- put hook and prepare ------------------------------------------------------------------------
