@@ -41,7 +41,7 @@ from rmq_spark.broker.connector.ledger import HalfLedger, Outcome, Resolution
 from rmq_spark.store import layout as L
 from rmq_spark.filter import java_string_hash
 from rmq_spark.store.message import Message
-from rmq_spark.store.validation import check_topic
+from rmq_spark.broker.access import Use, topic_name
 
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
 P_SINK_KEY = "__RMQ_SPARK_SINK"  # <queryId>|<batchId>|<attempt> on every half of the sink
@@ -109,7 +109,7 @@ class SinkService:
         if body.null_count:
             raise MessageIllegalError("a row has a null body")
         for t in pc.unique(topics).to_pylist():
-            check_topic(t)
+            topic_name(t, Use.WRITE)
         qids = self._queues(table)
         plain = self._plain(table)
         if mode == "normal" and plain:
