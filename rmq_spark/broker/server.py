@@ -99,10 +99,11 @@ class Broker:
             services = [self.service.access()]
             if internal is not None:
                 services.append(internal.connector.access())
+            self.access = AccessInterceptor(acl, services)  # every call on the port passes it
             self._server = grpc.server(
                 futures.ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="rmq-grpc"),
                 options=SERVER_OPTIONS,
-                interceptors=(AccessInterceptor(acl, services),),
+                interceptors=(self.access,),
             )
             add_MessagingServiceServicer_to_server(self.service, self._server)
             if internal is not None:
