@@ -375,3 +375,16 @@ def test_consumer_offsets_take_legal_names_only(broker):
         with pytest.raises(Exception, match="outside"):
             root.commit_offsets("../../etc", {TOPIC: {"0": 1}})
     assert broker.store.offsets.query_topic(GROUP, "../../etc") == {}
+
+
+def test_a_sink_attempt_ends_only_its_own_halves(broker):
+    """CommitBatch / AbortBatch name halves by CommitLog offset: another attempt's halves, or a
+    client's transaction, are refused (nothing ends, no commit record), the attempt's own commit."""
+    rows = pa.table({"topic": [TOPIC, TOPIC], "body": [b"h1", b"h2"]})
+    with InternalClient(broker.endpoints, access_key="app", secret_key="app-secret") as app:
+        sent = app.send(rows, P.SendHeader(mode="half", query_id="qx", batch_id=7, attempt="mine"))
+        for call in (app.commit_batch, app.abort_batch):
+            with pytest.raises(PermissionDeniedError, match="not halves of this sink attempt"):
+                call("qx", 7, "thief", [sent["offsets"]])
+        assert app.sink_status("qx")["batches"] == {}  # no commit record was written
+        assert app.commit_batch("qx", 7, "mine", [sent["offsets"]])["outcome"] == "COMMITTED"
