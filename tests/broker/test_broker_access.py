@@ -388,3 +388,29 @@ def test_a_sink_attempt_ends_only_its_own_halves(broker):
                 call("qx", 7, "thief", [sent["offsets"]])
         assert app.sink_status("qx")["batches"] == {}  # no commit record was written
         assert app.commit_batch("qx", 7, "mine", [sent["offsets"]])["outcome"] == "COMMITTED"
+
+
+@pytest.mark.parametrize("read_path", ["arrow", "pull"])
+def test_the_data_source_reads_with_its_credentials(broker, read_path):
+    """accessKey / secretKey of the data source sign its calls: the planner's, and each read
+    path's on the executors (the connector's bulk read, RocketMQ's PullMessage)."""
+    from rmq_spark.datasource.embedded import client_for
+    from rmq_spark.datasource.options import Connection, ReadPath
+    from rmq_spark.datasource.read.arrow import read_arrow
+    from rmq_spark.datasource.read.partition import QueueRange, ReadContext
+    from rmq_spark.datasource.read.pull import read_pull
+
+    read = {"arrow": read_arrow, "pull": read_pull}[read_path]
+
+    def rows(connection: Connection) -> int:
+        ctx = ReadContext(connection=connection, store_root=None, store_host=None, read_path=ReadPath(read_path),
+                          pull_group=GROUP)
+        return sum(b.num_rows for b in read(QueueRange(TOPIC, 0, 0, 1, ctx)))
+
+    signed = Connection(endpoints=broker.endpoints, access_key="app", secret_key="app-secret")
+    assert rows(signed) == 1
+    assert client_for(signed).offsets([TOPIC])[0][TOPIC]["0"] >= 1
+    with pytest.raises(Exception, match="(?i)unauthori|not signed"):
+        rows(Connection(endpoints=broker.endpoints))
+    with pytest.raises(Exception, match="(?i)forbidden|may not"):
+        rows(Connection(endpoints=broker.endpoints, access_key="nobody", secret_key="nobody-secret"))
