@@ -414,3 +414,29 @@ def test_the_data_source_reads_with_its_credentials(broker, read_path):
         rows(Connection(endpoints=broker.endpoints))
     with pytest.raises(Exception, match="(?i)forbidden|may not"):
         rows(Connection(endpoints=broker.endpoints, access_key="nobody", secret_key="nobody-secret"))
+
+
+def test_a_method_without_a_rule_is_refused():
+    """Fail closed: a method mounted on the server that no service gave a rule is refused, so a
+    method added without one cannot skip the check."""
+    from concurrent import futures
+
+    from rmq_spark.broker.access import AccessInterceptor, ServiceAccess
+
+    served = grpc.method_handlers_generic_handler("demo.Service", {
+        "Ruled": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
+        "Forgotten": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
+    })
+    access = ServiceAccess("demo.Service", {"Ruled": None}, refuse=lambda m, exc, ctx: [b"refused"])
+    server = grpc.server(futures.ThreadPoolExecutor(2), interceptors=(AccessInterceptor(None, [access]),))
+    server.add_generic_rpc_handlers((served,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            assert ch.unary_unary("/demo.Service/Ruled")(b"", timeout=10) == b"ok"
+            with pytest.raises(grpc.RpcError) as e:
+                ch.unary_unary("/demo.Service/Forgotten")(b"", timeout=10)
+            assert e.value.code() == SC.PERMISSION_DENIED and "no access rule" in e.value.details()
+    finally:
+        server.stop(0)
