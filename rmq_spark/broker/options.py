@@ -23,6 +23,8 @@ flag (config-file key)             meaning                                  defa
 --idle-exit-s S                    exit after S s with no RPC and no open   0 (never)
                                    stream
 --acl FILE                         access keys, secrets and permissions     (no access control)
+--acl-window-s S                   how far a signed x-mq-date-time may be   900
+                                   from the broker's clock
 --max-delivery-attempts N          deliveries before the DLQ                17
 --min-invisible-s S                least invisible time a receive may ask   10
 --long-polling-max-s S             longest long poll of a receive           20
@@ -64,6 +66,7 @@ class BrokerOptions:
     auto_renew_invisible_ms: int = 60_000
     idle_exit_s: float = 0.0
     acl_path: str | None = None
+    acl_window_ms: int = 15 * 60 * 1000  # rmq_spark.broker.auth.DATE_WINDOW_MS
     workers: int = 128
     max_receive_batch: int = 1024
     max_pull_batch: int = 10_000
@@ -98,6 +101,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("default-queue-nums", int, "queues of an auto-created topic (default 4)"),
     ("idle-exit-s", float, "exit after this many seconds with no RPC and no open stream (default 0: never)"),
     ("acl", str, "JSON file of access keys, secrets and permissions (default: no access control)"),
+    ("acl-window-s", float, "seconds a signed request date may be away from the broker's clock (default 900)"),
     ("max-delivery-attempts", int, "deliveries of a message before it goes to the DLQ (default 17)"),
     ("min-invisible-s", float, "least invisible time a receive may ask for (default 10)"),
     ("long-polling-max-s", float, "longest long-polling time of a receive (default 20)"),
@@ -234,6 +238,8 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
         opt_kw["idle_exit_s"] = max(0.0, v["idle-exit-s"])
     if "acl" in v:
         opt_kw["acl_path"] = v["acl"]
+    if "acl-window-s" in v:
+        opt_kw["acl_window_ms"] = int(pos("acl-window-s", v["acl-window-s"]) * 1000)
     if "max-delivery-attempts" in v:
         opt_kw["max_delivery_attempts"] = v["max-delivery-attempts"]
     if "min-invisible-s" in v:

@@ -44,7 +44,7 @@ import struct
 import threading
 from collections import OrderedDict, deque
 from itertools import islice
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -277,6 +277,13 @@ class TransactionService:
                 self._cache.popitem(last=False)
 
     # --- looking halves up ---------------------------------------------------------------------------
+    def foreign_halves(self, offsets: Sequence[int], expect: Mapping[str, str]) -> list[int]:
+        """The offsets among ``offsets`` whose half does not carry the ``expect`` properties (a
+        missing half is not listed: ending it reports NOT_FOUND)."""
+        wanted = tuple(expect.items())
+        found = self._lookup(list(offsets))
+        return [off for off, h in zip(offsets, found) if h is not None and any(h.properties.get(k) != v for k, v in wanted)]
+
     def _lookup(self, offsets: list[int]) -> list[Half | None]:
         with self._cache_lock:
             found = list(map(self._cache.get, offsets))
@@ -362,19 +369,25 @@ class TransactionService:
         bad = _mismatch(h, tran_state_table_offset, producer_group, transaction_id)
         return bad if bad is not None else self._end_one(h, act)[0]
 
-    def commit_group(self, halves: Iterable[int | tuple | HalfRef]) -> GroupResult:
+    def commit_group(
+        self, halves: Iterable[int | tuple | HalfRef], expect: Mapping[str, str] | None = None
+    ) -> GroupResult:
         """Commit every half in ONE append (op message first, then all real messages), so that a
         reader sees all of them or none.  All must be pending, else nothing is written: the status
         is ALREADY_COMMITTED when every one was committed before (a retried group), else CONFLICT
-        (or IN_PROGRESS); ``rejected`` names them.  Items: CommitLog offsets, HalfRef or tuples."""
-        return self._end_group(halves, TransactionAction.COMMIT)
+        (or IN_PROGRESS); ``rejected`` names them.  Items: CommitLog offsets, HalfRef or tuples.
+        ``expect``: properties every half must carry (else PRODUCER_GROUP_MISMATCH, nothing ends):
+        a caller that names halves by offset ends only its own."""
+        return self._end_group(halves, TransactionAction.COMMIT, expect)
 
-    def rollback_group(self, halves: Iterable[int | tuple | HalfRef]) -> GroupResult:
+    def rollback_group(
+        self, halves: Iterable[int | tuple | HalfRef], expect: Mapping[str, str] | None = None
+    ) -> GroupResult:
         """Roll back the pending halves in one op message; the ended ones are in ``rejected``."""
-        return self._end_group(halves, TransactionAction.ROLLBACK)
+        return self._end_group(halves, TransactionAction.ROLLBACK, expect)
 
     def _end_group(
-        self, items: Iterable[int | tuple | HalfRef], act: TransactionAction
+        self, items: Iterable[int | tuple | HalfRef], act: TransactionAction, expect: Mapping[str, str] | None = None
     ) -> GroupResult:
         refs = items if isinstance(items, list) else list(items)
         if all(x.__class__ is int for x in refs):  # CommitLog offsets: found or not, no more
@@ -397,6 +410,11 @@ class TransactionService:
                     bad = _mismatch(h, ref.queue_offset, ref.producer_group, ref.transaction_id)
                 if bad is not None:
                     rejected[off] = bad
+        if expect:
+            wanted = tuple(expect.items())
+            for h in found:
+                if h is not None and any(h.properties.get(k) != v for k, v in wanted):
+                    rejected[h.phys] = EndTxStatus.PRODUCER_GROUP_MISMATCH
         # as end_transaction: how a half this old ended may be forgotten by now, so a commit of it
         # is refused (the whole group: it is atomic); a rollback ends the others
         oldest = self.clock.now_ms() - self.file_reserved_ms
