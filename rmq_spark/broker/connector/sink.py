@@ -41,10 +41,10 @@ from rmq_spark.broker.connector.ledger import HalfLedger, Outcome, Resolution
 from rmq_spark.store import layout as L
 from rmq_spark.filter import java_string_hash
 from rmq_spark.store.message import Message
-from rmq_spark.store.validation import check_topic
+from rmq_spark.store.validation import SendLimits, check_rows
 
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
-P_SINK_KEY = "__RMQ_SPARK_SINK"  # <queryId>|<batchId>|<attempt> on every half of the sink
+P_SINK_KEY = L.P_SPARK_SINK  # <queryId>|<batchId>|<attempt> on every half of the sink
 ATTEMPT_IDLE_MS = 300_000  # an attempt silent this long, and not committed, is given up
 ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
 
@@ -91,25 +91,32 @@ class SinkService:
         return self.ledger
 
     # --- send ----------------------------------------------------------------------------------------------
+    def limits(self) -> SendLimits:
+        """The rules rows are checked against here, with this broker's clock."""
+        timer = getattr(self.core, "timer", None)
+        return SendLimits(
+            body_max_bytes=self.store.config.body_max_bytes,
+            max_delay_ms=int(timer.max_delay_ms) if timer is not None else None,
+            now_ms=self.core.clock.now_ms(),
+        )
+
     def send(self, header: P.SendHeader, table: pa.Table | None) -> P.SendResponse:
+        """Store the rows of one Send -- every row checked first (``check_rows``: the rules of
+        SendMessage), so a bad row stores none of them."""
+        limits = self.limits()
         if table is None or table.num_rows == 0:
-            return P.SendResponse(count=0, offsets="")
+            return P.SendResponse(count=0, offsets="", limits=limits.to_json())
         mode = header.mode
         if mode not in ("normal", "half"):
             raise MessageIllegalError(f"send mode must be 'normal' or 'half', not {mode!r}")
         unknown = set(table.column_names) - set(ROW_COLUMNS)
         if unknown:
             raise MessageIllegalError(f"unknown row columns {sorted(unknown)}")
+        if "topic" not in table.column_names or "body" not in table.column_names:
+            raise MessageIllegalError("a Send needs the row columns 'topic' and 'body'")
         table = table.combine_chunks()
         n = table.num_rows
-        topics = table.column("topic")
-        if topics.null_count:
-            raise MessageIllegalError("a row has no topic: set option 'topic' or the 'topic' column")
-        body = table.column("body")
-        if body.null_count:
-            raise MessageIllegalError("a row has a null body")
-        for t in pc.unique(topics).to_pylist():
-            check_topic(t)
+        check_rows(table, limits, where=" of this send")
         qids = self._queues(table)
         plain = self._plain(table)
         if mode == "normal" and plain:
@@ -228,9 +235,8 @@ class SinkService:
         out = []
         for i in range(n):
             p: dict[str, str] = {}
-            if props[i]:
+            if props[i]:  # keys checked (check_rows): none reserved
                 p.update((k, v) for k, v in props[i] if v is not None)
-                p.pop(P_SINK_KEY, None)
             if tags[i]:
                 p[L.P_TAGS] = tags[i]
             if keys[i]:
