@@ -220,3 +220,36 @@ def test_the_sink_refuses_what_send_message_refuses_and_writes_none_of_the_parti
         with pytest.raises(Exception, match=match):
             w.mode("append").save()
         assert read_topic(rmq, topic).num_rows == 0, name
+
+
+def test_writes_from_another_python_thread_find_the_format(spark, rmq, tmp_path):
+    """Spark looks a write's format up in the JVM thread's active session, which the thread of a
+    new Python thread lacks (DATA_SOURCE_NOT_FOUND); after register(spark) writes work there."""
+    import rmq_spark
+
+    rmq_spark.register(spark)
+    produce(rmq, "ThreadIn", ["a", "b", "c"], queueId=[0, 0, 0])
+    batch = spark.createDataFrame([("x",), ("y",)], "body string")
+    stream = (
+        spark.readStream.format("rmq").option("path", rmq).option("topics", "ThreadIn")
+        .option("startingOffsets", "earliest").load().select("body")
+    )
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            batch.write.format("rmq").option("path", rmq).option("topic", "ThreadBatch").mode("append").save()
+            q = (
+                stream.writeStream.format("rmq").option("path", rmq).option("topic", "ThreadStream")
+                .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+            )
+            q.awaitTermination(300)
+        except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+            errors.append(e)
+
+    t = threading.Thread(target=write)
+    t.start()
+    t.join(600)
+    assert errors == []
+    assert sorted(read_topic(rmq, "ThreadBatch").column("body").to_pylist()) == [b"x", b"y"]
+    assert sorted(read_topic(rmq, "ThreadStream").column("body").to_pylist()) == [b"a", b"b", b"c"]
