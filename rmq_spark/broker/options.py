@@ -288,6 +288,12 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
         raise ConfigError(f"{where.get('store', '--store')}: {store!r} is not a directory name")
     if not store:
         raise ConfigError("--store DIR is required")
+    here = os.path.abspath(store)
+    while not os.path.exists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    if os.path.exists(here) and not os.path.isdir(here):
+        what = "is a file" if here == os.path.abspath(store) else f"lies under {here}, which is a file"
+        raise ConfigError(f"{where.get('store', '--store')} {store} {what}, not a store directory")
     return ParsedArgs(os.path.abspath(str(store)), cfg, options)
 
 

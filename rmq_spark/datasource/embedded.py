@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rmq_spark.errors import StoreError
+from rmq_spark.errors import ConfigError, StoreError
 from rmq_spark.broker.connector.client import BrokerUnavailableError, InternalClient
 
 ENDPOINT_FILE = "broker.endpoint"
@@ -84,13 +84,37 @@ def _answers(endpoint: str, root: str) -> bool:
         client.close()
 
 
-def ensure_broker(path: str, flags: tuple[tuple[str, str], ...] = (), idle_exit_s: float = 30.0) -> str:
-    """The endpoint of a live broker on store ``path``, starting one if needed."""
+def check_store_path(path: str, create: bool) -> None:
+    """``path`` can hold a store: a directory (created when ``create``; a read never creates a
+    store), never a file.  ConfigError names the option and what is wrong."""
+    here = os.path.abspath(path)
+    while True:
+        if os.path.exists(here):
+            if not os.path.isdir(here):
+                what = "is a file" if here == os.path.abspath(path) else f"lies under {here}, which is a file"
+                raise ConfigError(f"option 'path': {path} {what}, not a store directory")
+            break
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    if not create and not os.path.isdir(path):
+        raise ConfigError(
+            f"option 'path': store directory {path} does not exist (a read never creates a store: "
+            "write to it first, or give the path of an existing store)"
+        )
+
+
+def ensure_broker(path: str, flags: tuple[tuple[str, str], ...] = (), idle_exit_s: float = 30.0,
+                  create: bool = True) -> str:
+    """The endpoint of a live broker on store ``path``, starting one if needed (on a directory
+    that does not exist only when ``create``: the sink's, not a read's)."""
     root = os.path.realpath(path)
     with _known_lock:
         ep = _known.get(root)
     if ep is not None and _answers(ep, root):
         return ep
+    check_store_path(path, create)
     os.makedirs(root, exist_ok=True)
     fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -196,7 +220,8 @@ def endpoint_of(connection) -> str:  # type: ignore[no-untyped-def]
     """The broker endpoint for a :class:`rmq_spark.datasource.options.Connection`."""
     if connection.endpoints:
         return str(connection.endpoints).split(",")[0].strip()
-    return ensure_broker(connection.path, connection.broker_flags, connection.idle_exit_s)
+    return ensure_broker(connection.path, connection.broker_flags, connection.idle_exit_s,
+                         getattr(connection, "create_store", True))
 
 
 def client_for(connection) -> InternalClient:  # type: ignore[no-untyped-def]

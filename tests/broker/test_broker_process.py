@@ -159,6 +159,15 @@ def test_bad_config_values_name_the_file_and_the_key(tmp_path, data, problem):
     assert problem in str(e.value)
 
 
+def test_a_store_that_is_a_file_is_named(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match=f"--store {a_file} is a file, not a store directory"):
+        parse_args(["--store", str(a_file)])
+    with pytest.raises(ConfigError, match=f"--store {a_file}/s lies under {a_file}, which is a file"):
+        parse_args(["--store", str(a_file / "s")])
+
+
 def test_a_config_file_that_is_not_utf8_is_named(tmp_path, capsys):
     bad = tmp_path / "latin1.conf"
     bad.write_bytes("flush=sync\nbroker-name=Br\xf6ker\n".encode("latin-1"))
