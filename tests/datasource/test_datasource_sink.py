@@ -253,3 +253,28 @@ def test_writes_from_another_python_thread_find_the_format(spark, rmq, tmp_path)
     assert errors == []
     assert sorted(read_topic(rmq, "ThreadBatch").column("body").to_pylist()) == [b"x", b"y"]
     assert sorted(read_topic(rmq, "ThreadStream").column("body").to_pylist()) == [b"a", b"b", b"c"]
+
+
+def test_partition_rows_past_the_spill_size_wait_on_disk_and_come_back_whole(monkeypatch):
+    """A write task holds its checked rows until the whole partition is checked: past
+    SPILL_BYTES they go to a local Arrow file, and are sent back in order, whole."""
+    import pyarrow as pa
+
+    from rmq_spark.datasource import writer as W
+    from rmq_spark.store.validation import SendLimits
+
+    monkeypatch.setattr(W, "SPILL_BYTES", 4096)
+    rows = W.PartitionRows(lambda: SendLimits(now_ms=int(time.time() * 1000)), 0, {})
+    batches = [pa.table({"topic": ["T"] * 100, "body": [b"%d-%d" % (b, i) for i in range(100)]}) for b in range(5)]
+    for b in batches:
+        rows.add(b)
+    assert rows._spill is not None and os.path.exists(rows._spill[1])
+    spilled = rows._spill[0].name
+    back = pa.concat_tables(list(rows.chunks()))
+    assert back.column("body").to_pylist() == [x for b in batches for x in b.column("body").to_pylist()]
+    rows.close()
+    assert not os.path.exists(spilled)
+    bad = W.PartitionRows(lambda: SendLimits(now_ms=0), 7, {})
+    bad.add(batches[0])
+    with pytest.raises(Exception, match=r"MESSAGE_BODY_EMPTY: column 'body', row 103 of partition 7"):
+        bad.add(pa.table({"topic": ["T"] * 4, "body": [b"a", b"b", b"c", b""]}))
