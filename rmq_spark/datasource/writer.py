@@ -18,6 +18,10 @@ Exactly-once (the default, ``transactional=true``), see ``docs/semantics.md``:
 
 ``transactional=false`` stores the rows at once (at-least-once: a replayed batch is written
 again).  A batch write is transactional the same way, so it is all-or-nothing.
+
+Before a task sends anything it checks every row of its partition (``check_rows``, the rules of
+SendMessage, against the limits and clock the broker answers a Send of no rows with), so a bad
+row fails the task with nothing of it stored or prepared; the broker checks each Send again.
 """
 
 from __future__ import annotations
