@@ -138,6 +138,25 @@ def test_abort_rolls_back_and_the_attempt_cannot_commit_later(broker):
     assert visible(c, "T") == sorted(f"n{i}".encode() for i in range(5))
 
 
+def test_an_abort_after_the_commit_record_finishes_the_commit(broker, monkeypatch):
+    """A commit that fails after its commit record (Spark then aborts the batch) never leaves the
+    batch in part: the abort finishes the commit, all the batch's rows at once."""
+    c = broker.client
+    offs = half(c, rows("T", 50), "q", 0, "a1")
+    ledger = broker.service.sink.ledger
+    real = ledger.commit_group
+    monkeypatch.setattr(ledger, "commit_group", lambda offsets: (_ for _ in ()).throw(StoreError("disk trouble")))
+    with pytest.raises(StoreError, match="disk trouble"):
+        c.commit_batch("q", 0, "a1", [offs])
+    assert visible(c, "T") == []
+    with pytest.raises(StoreError, match=r"batch 0 of query q is recorded as committed .* check-back commits them"):
+        c.abort_batch("q", 0, "a1", [offs])
+    monkeypatch.setattr(ledger, "commit_group", real)
+    assert c.abort_batch("q", 0, "a1", [offs]) == {"rolled_back": 0}
+    assert visible(c, "T") == sorted(f"m{i}".encode() for i in range(50))
+    assert c.commit_batch("q", 0, "a2", []) == {"outcome": "ALREADY_COMMITTED", "attempt": "a1"}
+
+
 def test_resolver_decides_orphans_by_the_same_attempt(broker):
     sink = broker.service.sink
     c = broker.client

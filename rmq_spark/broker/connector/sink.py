@@ -4,7 +4,8 @@
 (at-least-once) or as transactional half messages tagged with the sink key
 ``<queryId>|<batchId>|<attempt>`` (exactly-once); it returns the halves' CommitLog offsets.
 
-``commit_batch`` follows ``docs/semantics.md`` section 1, under one lock:
+``commit_batch`` follows ``docs/semantics.md`` section 1, under one lock (an abort of an attempt
+whose commit record is written finishes its commit instead: a batch is never left in part):
 
 1. a commit record for (query, batch) exists -> this is a replay: roll back this attempt's
    halves (``ALREADY_COMMITTED``);
@@ -276,7 +277,18 @@ class SinkService:
         halves = decode_offsets(offsets)
         with self._lock:
             if self.commits.lookup(query_id, batch_id) == attempt:
-                raise StoreError(f"sink attempt {attempt} of batch {batch_id} is committed; it cannot be aborted")
+                # the commit record is written, so the batch IS committed: a commit that failed
+                # after it (Spark aborts then) is finished here, never left in part
+                try:
+                    if halves:
+                        self._halves().commit_group(halves)
+                except Exception as e:
+                    raise StoreError(
+                        f"batch {batch_id} of query {query_id} is recorded as committed (attempt {attempt}) but "
+                        f"its messages could not be committed yet: {e}; the broker's check-back commits them"
+                    ) from e
+                self._last_send_ms.pop(attempt, None)
+                return P.AbortBatchResponse(rolled_back=0)
             self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())
             self._last_send_ms.pop(attempt, None)
             if halves:
