@@ -85,8 +85,8 @@ def _answers(endpoint: str, root: str) -> bool:
 
 
 def check_store_path(path: str, create: bool) -> None:
-    """``path`` can hold a store: a directory (created when ``create``; a read never creates a
-    store), never a file.  ConfigError names the option and what is wrong."""
+    """``path`` can hold a store: a directory (created when ``create``; a batch read never
+    creates a store), never a file.  ConfigError names the option and what is wrong."""
     here = os.path.abspath(path)
     while True:
         if os.path.exists(here):
@@ -100,7 +100,7 @@ def check_store_path(path: str, create: bool) -> None:
         here = parent
     if not create and not os.path.isdir(path):
         raise ConfigError(
-            f"option 'path': store directory {path} does not exist (a read never creates a store: "
+            f"option 'path': store directory {path} does not exist (a batch read never creates a store: "
             "write to it first, or give the path of an existing store)"
         )
 
@@ -108,7 +108,7 @@ def check_store_path(path: str, create: bool) -> None:
 def ensure_broker(path: str, flags: tuple[tuple[str, str], ...] = (), idle_exit_s: float = 30.0,
                   create: bool = True) -> str:
     """The endpoint of a live broker on store ``path``, starting one if needed (on a directory
-    that does not exist only when ``create``: the sink's, not a read's)."""
+    that does not exist only when ``create``: a sink's or a stream's, never a batch read's)."""
     root = os.path.realpath(path)
     with _known_lock:
         ep = _known.get(root)

@@ -82,7 +82,7 @@ class Connection:
     path: str | None = None
     broker_flags: tuple[tuple[str, str], ...] = ()
     idle_exit_s: float = DEFAULT_IDLE_EXIT_S
-    create_store: bool = True  # a sink may start a store at ``path``; a read never does
+    create_store: bool = True  # a sink or a stream may start a store at ``path``; a batch read never does
 
 
 @dataclass(frozen=True)
@@ -309,7 +309,8 @@ def _parse_subscription(o: dict[str, str]) -> Subscription:
 def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
     mode = Mode.STREAM_READ if streaming else Mode.BATCH_READ
     o, flags = _normalize(options, mode)
-    conn = replace(_parse_connection(o, flags), create_store=False)
+    # a batch read never creates a store; a stream may watch a store its writer has yet to start
+    conn = replace(_parse_connection(o, flags), create_store=streaming)
     sub = _parse_subscription(o)
     if "startingOffsets" in o and "startingTimestamp" in o:
         raise ConfigError("options 'startingOffsets' and 'startingTimestamp' conflict: give one")

@@ -42,7 +42,7 @@ class RmqDataSource(DataSource):
     ===========================  ===========  ===========================================================
     ``endpoints``                all          ``host:port`` of a running broker
     ``path``                     all          store directory; alone, an embedded broker is started on
-                                              demand and exits when idle (a read never creates a store)
+                                              demand and exits when idle (a batch read never creates one)
     ``embeddedIdleExitS``        all          idle seconds before the embedded broker exits (30)
     ``broker.<flag>``            all          a flag of the embedded broker, e.g. ``broker.delay-levels``
     ``topics``                   reads        comma list of topics  (exactly one of these three)

@@ -152,7 +152,7 @@ def test_reads_that_cannot_mean_anything_are_refused_by_name(spark, data):
 
 def test_a_read_never_creates_a_store_and_a_file_is_not_a_directory(spark, tmp_path):
     missing = tmp_path / "no-store"
-    with pytest.raises(Exception, match=re.escape(f"option 'path': store directory {missing} does not exist (a read never creates a store")):
+    with pytest.raises(Exception, match=re.escape(f"option 'path': store directory {missing} does not exist (a batch read never creates a store")):
         spark.read.format("rmq").option("path", str(missing)).option("topics", "T").load().collect()
     assert not missing.exists()
     a_file = tmp_path / "a-file"
