@@ -40,7 +40,7 @@ from rmq_spark.broker.connector.protocol import SendHeader
 from rmq_spark.datasource.embedded import BrokerLink
 from rmq_spark.datasource.options import SinkOptions
 from rmq_spark.errors import ConfigError, StoreError
-from rmq_spark.store.validation import SendLimits, check_rows
+from rmq_spark.broker.rules import SendLimits, check_rows
 
 SEND_ROWS = 131_072
 SEND_BYTES = 32 * 1024 * 1024

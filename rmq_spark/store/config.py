@@ -73,14 +73,6 @@ class TopicConfig:
         )
 
 
-# system topics and their queue counts (created on demand, never offered to producers)
-SYSTEM_TOPIC_QUEUES = {
-    L.SCHEDULE_TOPIC: 18,
-    L.TRANS_HALF_TOPIC: 1,
-    L.TRANS_OP_HALF_TOPIC: 1,
-    L.TRANS_CHECK_MAX_TIME_TOPIC: 1,
-    L.TIMER_TOPIC: 1,
-}
 
 
 class TopicConfigManager:
@@ -88,6 +80,9 @@ class TopicConfigManager:
         self.path = os.path.join(root, L.CONFIG_DIR, L.TOPICS_FILE)
         self.auto_create = auto_create
         self.default_queue_nums = default_queue_nums
+        # queue counts of the system topics the services above the store write (one queue unless
+        # a service registers more: the schedule topic has one per delay level)
+        self.system_queue_nums: dict[str, int] = {}
         self._lock = threading.Lock()
         self.topics: dict[str, TopicConfig] = {}
         self._version = 0
@@ -105,6 +100,10 @@ class TopicConfigManager:
                 self.topics[name] = cfg
             self._version = data.obj("dataVersion").int("counter", 0, 0)
 
+    def register_system_topic(self, topic: str, queue_nums: int) -> None:
+        """A system topic a service writes, created with ``queue_nums`` queues when first used."""
+        self.system_queue_nums[topic] = queue_nums
+
     def get(self, topic: str) -> TopicConfig | None:
         return self.topics.get(topic)
 
@@ -113,10 +112,8 @@ class TopicConfigManager:
         cfg = self.topics.get(topic)
         if cfg is not None:
             return cfg
-        if topic in SYSTEM_TOPIC_QUEUES or topic.startswith(
-            (L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX)
-        ):
-            n = SYSTEM_TOPIC_QUEUES.get(topic, 1)
+        if L.is_system_topic(topic) or topic.startswith((L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX)):
+            n = self.system_queue_nums.get(topic, 1)
             return self.create(TopicConfig(topic, n, n), system=True)
         if not self.auto_create:
             raise ConfigError(f"topic {topic!r} does not exist and auto-creation is off")

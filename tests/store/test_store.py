@@ -237,22 +237,6 @@ def test_closed_store_refuses_puts(store_dir):
         s.put_message(Message("T", b"x"))
 
 
-def test_producer_batch_rules():
-    from rmq_spark.store.validation import check_batch
-
-    check_batch(["T", "T"], [{}, {"TAGS": "a"}], [10, 20])
-    with pytest.raises(MessageIllegalError, match="one topic"):
-        check_batch(["T", "U"], [{}, {}], [1, 1])
-    with pytest.raises(MessageIllegalError, match="delayed"):
-        check_batch(["T"], [{"DELAY": "3"}], [1])
-    with pytest.raises(MessageIllegalError, match="retry topic"):
-        check_batch(["%RETRY%g"], [{}], [1])
-    with pytest.raises(MessageIllegalError, match="total 11 bytes; the limit is 10"):
-        check_batch(["T", "T"], [{}, {}], [5, 6], body_max_bytes=10)
-    with pytest.raises(MessageIllegalError, match="at least one"):
-        check_batch([], [], [])
-
-
 def test_group_commit_one_flush_serves_all_gathered_waiters():
     from rmq_spark.store.flush import GroupCommitService
 

@@ -44,10 +44,9 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.hashing import java_string_hash
 from rmq_spark.store.message import Message
 from rmq_spark.broker.access import Use, topic_name
-from rmq_spark.store.validation import SendLimits, check_rows
+from rmq_spark.broker.rules import P_SINK_KEY, SendLimits, check_rows
 
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
-P_SINK_KEY = L.P_SPARK_SINK  # <queryId>|<batchId>|<attempt> on every half of the sink
 ATTEMPT_IDLE_MS = 300_000  # an attempt silent this long, and not committed, is given up
 ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
 

@@ -86,6 +86,10 @@ class ScheduleStats:
     per_level: dict[int, int] = field(default_factory=dict)
 
 
+# the schedule topic's queues, as RocketMQ creates it (queue = delay level - 1)
+SCHEDULE_QUEUES = 18
+
+
 def delivery_time_rule(levels_ms: list[int]) -> TagsCodeRule:
     """The schedule topic's tagsCode rule for the store: a record's delivery time, its store time
     plus the delay of its ``DELAY`` level (clamped to the levels; 1 s when not a number), as
@@ -135,6 +139,7 @@ class ScheduleService(DeliveryLifecycle):
         self.levels_ms: list[int] = list(config.delay_levels_ms)
         if L.SCHEDULE_TOPIC not in store.tags_code_rules:
             raise ValueError("the store must be opened with the schedule topic's tagsCode rule (store_rules)")
+        store.topics.register_system_topic(L.SCHEDULE_TOPIC, SCHEDULE_QUEUES)
         self.batch_max_msgs = batch_max_msgs
         self.patch_min_msgs = PATCH_MIN_MSGS
         self.wait_max_ms = max(10, int(config.timer_precision_ms))

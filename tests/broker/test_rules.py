@@ -1,4 +1,4 @@
-"""The rules of a producer's message, defined once (``rmq_spark.store.validation``): the
+"""The rules of a producer's message, defined once (``rmq_spark.broker.rules``): the
 column-wise check of a table of rows (the Spark sink, every connector Send) gives the same verdict
 as the broker's SendMessage (``parse_send``) on every case, and its errors name the code, the
 column and the row."""
@@ -14,7 +14,7 @@ from rmq_spark.broker.messages import SYSTEM_PROPERTIES, parse_send
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.store.validation import RESERVED_PROPERTIES, SendLimits, check_rows
+from rmq_spark.broker.rules import P_SINK_KEY, RESERVED_PROPERTIES, SendLimits, check_rows
 
 NOW_MS = 1_700_000_000_000
 LIMITS = SendLimits(body_max_bytes=64, max_delay_ms=3_600_000, now_ms=NOW_MS)
@@ -113,7 +113,7 @@ def test_rows_and_send_message_give_the_same_verdict(case):
 
 def test_send_message_hides_and_refuses_the_same_keys():
     assert SYSTEM_PROPERTIES is RESERVED_PROPERTIES
-    assert {"UNIQ_KEY", "DELAY", "TIMER_DELIVER_MS", L.P_SPARK_SINK} <= RESERVED_PROPERTIES
+    assert {"UNIQ_KEY", "DELAY", "TIMER_DELIVER_MS", P_SINK_KEY} <= RESERVED_PROPERTIES
 
 
 def test_the_first_bad_row_is_named_with_its_column_and_the_limit():
@@ -145,3 +145,19 @@ def test_topics_are_checked_and_sliced_or_chunked_tables_name_their_own_rows():
     assert rows_verdict(table.slice(2)) == ("ILLEGAL_MESSAGE_PROPERTY_KEY", 1)
     assert rows_verdict(pa.concat_tables([table.slice(2, 1), table.slice(0, 2)])) == ("ILLEGAL_MESSAGE_PROPERTY_KEY", 2)
     assert rows_verdict(table.slice(2, 1)) is None
+
+
+def test_producer_batch_rules():
+    from rmq_spark.broker.rules import check_batch
+
+    check_batch(["T", "T"], [{}, {"TAGS": "a"}], [10, 20])
+    with pytest.raises(MessageIllegalError, match="one topic"):
+        check_batch(["T", "U"], [{}, {}], [1, 1])
+    with pytest.raises(MessageIllegalError, match="delayed"):
+        check_batch(["T"], [{"DELAY": "3"}], [1])
+    with pytest.raises(MessageIllegalError, match="retry topic"):
+        check_batch(["%RETRY%g"], [{}], [1])
+    with pytest.raises(MessageIllegalError, match="total 11 bytes; the limit is 10"):
+        check_batch(["T", "T"], [{}, {}], [5, 6], body_max_bytes=10)
+    with pytest.raises(MessageIllegalError, match="at least one"):
+        check_batch([], [], [])
