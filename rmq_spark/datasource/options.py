@@ -33,7 +33,7 @@ class StartKind(Enum):
 
 
 class ReadPath(Enum):
-    AUTO = "auto"  # the store files when this machine can open them, else gRPC PullMessage
+    AUTO = "auto"  # the store files when this machine can open them, else the broker's bulk read (arrow)
     FILES = "files"  # the store files, or fail
     PULL = "pull"  # RocketMQ 5 PullMessage over gRPC (any compatible broker)
     ARROW = "arrow"  # the broker's bulk read, shipped as Arrow IPC over the private service

@@ -4,9 +4,11 @@ Where the rows of a :class:`~rmq_spark.datasource.read.partition.QueueRange` com
 
 * the store files (:mod:`rmq_spark.datasource.read.files`), when this machine holds the broker's
   store directory;
-* else RocketMQ 5 ``PullMessage`` over gRPC (:mod:`rmq_spark.datasource.read.pull`, any
-  compatible broker), or the broker's own bulk read shipped as Arrow IPC
-  (:mod:`rmq_spark.datasource.read.arrow`, ``readPath=arrow``).
+* else the broker's own bulk read shipped as Arrow IPC (:mod:`rmq_spark.datasource.read.arrow`,
+  ``readPath=arrow``, and ``auto`` on executors that cannot open the files: the driver plans
+  through the same broker's connector service, so it is always there);
+* or RocketMQ 5 ``PullMessage`` over gRPC (:mod:`rmq_spark.datasource.read.pull`,
+  ``readPath=pull`` only: one message at a time, for comparison with any RocketMQ 5 broker).
 
 Whatever the path, the batches are then cut to the pushed-down row bounds and conformed to the
 Spark schema (the Avro ``value`` column added).
@@ -41,10 +43,10 @@ def read_range(p: QueueRange, arrow_schema: Any) -> Iterator[Any]:
             f"readPath=files, but this machine ({socket.gethostname()}) cannot open the store "
             f"{ctx.store_root} of host {ctx.store_host}"
         )
-    elif path is ReadPath.ARROW:
-        batches = read_arrow(p)
-    else:
+    elif path is ReadPath.PULL:
         batches = read_pull(p)
+    else:  # arrow, and auto where the files are out of reach (executors on other hosts)
+        batches = read_arrow(p)
     avro = None
     if ctx.avro_schema is not None:
         from rmq_spark.datasource.avro import parse_avro_schema

@@ -64,7 +64,7 @@ class RmqDataSource(DataSource):
     ``tags``                     reads        RocketMQ tag expression, e.g. ``TagA || TagB``
     ``sql``                      reads        RocketMQ SQL92 property filter, e.g. ``a > 5``
     ``avroSchema``               all          Avro schema: ``value`` struct <-> ``body``
-    ``readPath``                 reads        ``auto`` (files if local, else PullMessage), ``files``,
+    ``readPath``                 reads        ``auto`` (files if local, else arrow), ``files``,
                                               ``pull``, ``arrow`` (broker bulk read over gRPC)
     ``maxRecordsPerPartition``   reads        split a queue's range into Spark partitions (2000000)
     ``topic``                    writes       target topic (wins over the ``topic`` column)

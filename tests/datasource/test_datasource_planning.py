@@ -164,3 +164,29 @@ def test_report_latest_offset_and_group_commit(broker):
     assert r.reportLatestOffset() == {"T": {"0": 2, "1": 0, "2": 1, "3": 0}}
     r.commit({"T": {"0": 2, "2": 1}})
     assert broker.client.query_offsets("spark-g", ["T"]) == {"T": {"0": 2, "2": 1}}
+
+
+def test_executors_off_the_brokers_host_read_through_its_bulk_read_by_default(broker, monkeypatch):
+    """readPath=auto: a partition read where the store files are out of reach (another host)
+    goes through the broker's bulk Arrow read, not PullMessage, and gives the rows the files give."""
+    from dataclasses import replace
+
+    from rmq_spark.datasource import scan
+
+    fill(broker, {0: 7, 1: 4})
+    r = reader(broker, startingOffsets="earliest")
+    parts = r.partitions({"T": {"0": 0, "1": 0}}, {"T": {"0": 7, "1": 4}})
+
+    def rows(partitions: list) -> list[tuple]:
+        return sorted((b["queueId"], b["queueOffset"], b["body"]) for p in partitions for t in r.read(p)
+                      for b in t.to_pylist())  # fmt: skip
+
+    local = rows(parts)
+    assert len(local) == 11
+    elsewhere = [replace(p, ctx=replace(p.ctx, store_host="another-host")) for p in parts]
+    monkeypatch.setattr(scan, "read_pull", lambda p: pytest.fail("auto must not fall back to PullMessage"))
+    called = []
+    real = scan.read_arrow
+    monkeypatch.setattr(scan, "read_arrow", lambda p: called.append(p) or real(p))
+    assert rows(elsewhere) == local
+    assert len(called) == len(parts)
