@@ -1,7 +1,7 @@
 """Spark benchmark of format rmq, each figure next to its peers in the same run: Spark's Parquet
 file source/sink and a single-node Kafka broker with Spark's Kafka source/sink.
 
-    python bench/spark_bench.py [--messages N] [--sink-rows N] [--runs R] [--only read|sink]
+    python bench/spark_bench.py [--messages N] [--sink-rows N] [--runs R] [--only read|remote|sink]
                                 [--peers parquet,kafka]
 
 1. Streaming read: N messages (default 5 000 000) with 100-byte bodies, in 4 queues, read with
@@ -15,7 +15,11 @@ file source/sink and a single-node Kafka broker with Spark's Kafka source/sink.
    Parquet peer's files.  Streaming read (Trigger.AvailableNow, ``noop`` sink) and batch read
    (``spark.read`` earliest to latest, ``.write.format("noop")``) of rmq and of Kafka, interleaved,
    best of R runs after a warm-up; Kafka reads with ``minPartitions`` equal to rmq's partition count.
-3. Sink: the same input (a Parquet stream of 100-byte bodies, 200 000 rows per micro-batch)
+3. Remote read: the same N messages served by a broker whose store Spark cannot open (the broker
+   in its own mount namespace with a copy of the store on a tmpfs mounted there, as on another
+   host), read with ``endpoints`` only (``readPath=auto`` takes the broker's bulk Arrow stream),
+   against the local-files read of the same messages, interleaved, best of R runs.
+4. Sink: the same input (a Parquet stream of 100-byte bodies, 200 000 rows per micro-batch)
    written by the ``rmq`` sink exactly-once (default), at-least-once (``transactional=false``),
    by Spark's Parquet file sink and by Spark's Kafka sink (``value`` = body, the connector's
    default producer settings), each after a warm-up run.
@@ -205,6 +209,43 @@ def bench_read(spark, store: str, parquet: str, work: str, runs: int) -> tuple[f
     return best_ours, best_peer, best_ceiling
 
 
+def remote_broker(store: str, work: str):  # type: ignore[no-untyped-def]
+    """A broker serving a copy of ``store`` that this process and Spark cannot open: it runs in
+    its own mount namespace (``unshare --mount``) with the copy on a tmpfs mounted there, as a
+    broker on another host would be.  Returns the running :class:`BrokerProcess`."""
+    from rmq_spark.broker.testing import BrokerProcess
+
+    hidden = os.path.join(work, "hidden")
+    os.makedirs(hidden, exist_ok=True)
+    script = 'mount -t tmpfs -o size=16g tmpfs "$0" && cp -a "$1" "$0/store" && shift && exec "$@"'
+    program = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, hidden, store,
+               sys.executable, "-m", "rmq_spark.broker"]  # fmt: skip
+    return BrokerProcess(os.path.join(hidden, "store"), program=program, start_timeout_s=300,
+                         log_path=os.path.join(work, "hidden-broker.log"))  # fmt: skip
+
+
+def bench_remote_read(spark, store: str, endpoints: str, work: str, runs: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Streaming read of the same messages through the broker only (``endpoints``, files out of
+    reach: ``readPath=auto`` reads the broker's bulk Arrow stream) and from the files (``path``)."""
+
+    def read(option: str, value: str, name: str):  # type: ignore[no-untyped-def]
+        df = (
+            spark.readStream.format("rmq").option(option, value).option("topics", "Bench")
+            .option("startingOffsets", "earliest").option("maxRecordsPerPartition", "650000").load()
+        )
+        return timed_query(df.writeStream.format("noop"), os.path.join(work, "ck-" + name))
+
+    best_remote = best_files = 0.0
+    for run in range(runs + 1):  # run 0 warms up
+        s1, n1 = read("endpoints", endpoints, "remote")
+        s2, n2 = read("path", store, "files")
+        if run == 0:
+            continue
+        best_remote, best_files = max(best_remote, n1 / s1), max(best_files, n2 / s2)
+        print(f"  run {run}: endpoints only {n1:,} rows in {s1:.2f}s, files {n2:,} in {s2:.2f}s")
+    return best_remote, best_files
+
+
 def sink_input(directory: str, rows: int) -> None:
     distinct = [os.urandom(BODY_BYTES) for _ in range(64)]
     per_file = 100_000
@@ -338,7 +379,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=5_000_000)
     ap.add_argument("--sink-rows", type=int, default=400_000)
     ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--only", choices=["read", "sink"], help="run one section")
+    ap.add_argument("--only", choices=["read", "remote", "sink"], help="run one section")
     ap.add_argument("--peers", default="parquet,kafka",
                     help="comma-separated peers of the read sections: parquet, kafka (default both)")
     args = ap.parse_args()
@@ -395,6 +436,15 @@ def main() -> None:
                 print(f"  ratio rmq / parquet = {ours / peer:.2f}x (goal >= 1.0x); rmq / ceiling = {ours / ceiling:.2f}x")
                 summary.append(("streaming read", "rmq source", ours, "parquet source", peer, ">= 1.0x"))
                 summary.append(("streaming read", "rmq source", ours, "ready batches", ceiling, "(ceiling)"))
+            if args.only in (None, "read", "remote"):
+                remote = stack.enter_context(contextlib.closing(_Stopping(remote_broker(store, work))))
+                print(f"remote read (a broker whose store Spark cannot open, at {remote.broker.endpoints}) "
+                      "vs the files, streaming to the noop sink (rows/s, best run):")
+                far, near = bench_remote_read(spark, store, remote.broker.endpoints, work, args.runs)
+                print(f"  endpoints only (readPath=auto -> arrow) {far:>12,.0f} rows/s")
+                print(f"  store files (path)                      {near:>12,.0f} rows/s")
+                print(f"  ratio remote / files = {far / near:.2f}x (goal >= 0.8x)")
+                summary.append(("remote read", "rmq endpoints only", far, "rmq store files", near, ">= 0.8x"))
             if args.only in (None, "read") and kafka is not None:
                 splits = kafka_partitions(args.messages)
                 print(f"reads, rmq vs kafka (minPartitions={splits}), to the noop sink (rows/s, best run):")
@@ -421,6 +471,16 @@ def main() -> None:
             stop_broker(store)
     if summary:
         print_summary(summary)
+
+
+class _Stopping:
+    """A BrokerProcess as a closing context (stopped by pid at the end of the run)."""
+
+    def __init__(self, broker) -> None:  # type: ignore[no-untyped-def]
+        self.broker = broker
+
+    def close(self) -> None:
+        self.broker.stop()
 
 
 def pyspark_version() -> str:
