@@ -56,6 +56,14 @@ class AdminProcessor:
         doc = {"topicConfigTable": table, "dataVersion": {"counter": len(table), "timestamp": int(time.time() * 1000)}}
         return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps(doc))
 
+    def topic_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        """GET_TOPIC_CONFIG (5.x mqadmin, before topicStatus): a TopicConfigAndQueueMapping."""
+        topic = fields_of(req.ext_fields).str("topic")
+        cfg = self.store.topics.get(topic)
+        if cfg is None:
+            return req.response(ResponseCode.TOPIC_NOT_EXIST, f"No topic in this broker. topic: {topic}")
+        return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps({**cfg.to_json(), "mappingDetail": None}))
+
     def topic_stats(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         topic = fields_of(req.ext_fields).str("topic")
         cfg = self.store.topics.get(topic)

@@ -70,6 +70,19 @@ class ConsumerProcessor:
             self.clients.notify_ids_changed(group)
         return req.response(ResponseCode.SUCCESS)
 
+    def check_client_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        """CHECK_CLIENT_CONFIG: a consumer starting with an SQL92 selector asks whether the broker
+        can filter with it (and whether it parses)."""
+        from rmq_spark.errors import FilterExpressionError
+        from rmq_spark.filter import make_filter
+
+        sub = _body(req).get("subscriptionData") or {}
+        try:
+            make_filter(str(sub.get("expressionType") or "TAG"), str(sub.get("subString") or "*"))
+        except FilterExpressionError as e:
+            return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"Parse the consumer's subscription failed: {e}")
+        return req.response(ResponseCode.SUCCESS)
+
     def connection_closed(self, conn: Connection) -> None:
         for group in self.clients.connection_closed(conn):
             self.clients.notify_ids_changed(group)

@@ -124,11 +124,14 @@ class SendProcessor:
             return None, req.response(code, f"put failed: {put.status.value}")
         return put, None
 
-    def _answer(self, req: RemotingCommand, put: Any, queue_id: int) -> RemotingCommand:
+    def _answer(self, req: RemotingCommand, put: Any, queue_id: int, uniq_key: str | None = None) -> RemotingCommand:
         a = put.append
         code = _PUT_CODES[put.status]
         header = {"msgId": ",".join(a.msg_ids), "queueId": str(queue_id), "queueOffset": str(a.queue_list()[0]),
                   "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}  # fmt: skip
+        if uniq_key:
+            # a TransactionMQProducer's TransactionSendResult.transactionId is this field
+            header["transactionId"] = uniq_key
         return req.response(code, None, header)
 
     def _item(self, msg: Message) -> Any:
@@ -181,7 +184,7 @@ class SendProcessor:
         put, error = self._store(req, [self._item(msg)])
         if error is not None:
             return error
-        return self._answer(req, put, queue_id)
+        return self._answer(req, put, queue_id, props.get(L.P_UNIQ_KEY))
 
     @staticmethod
     def _queue(cfg: Any, queue_id: int) -> int:

@@ -5,8 +5,7 @@
 - ``rmq-broker``: this project's broker with its remoting server and NameServer
   (``python -m rmq_spark.broker ... --remoting-listen 127.0.0.1:0 --namesrv-listen 127.0.0.1:0``).
 
-``RMQ_INTEROP_TARGETS`` (comma-separated) picks them; the default is ``apache`` until
-rmq-broker's remoting server lands.  Every target answers the same questions: its NameServer
+``RMQ_INTEROP_TARGETS`` (comma-separated) picks them; the default is both.  Every target answers the same questions: its NameServer
 address, its cluster and broker names; topics are created with the real mqadmin on every
 broker of the cluster.
 """
@@ -31,7 +30,7 @@ __all__ = ["ApacheTarget", "RmqBrokerTarget", "Target", "cluster_info", "enabled
 
 TARGETS_ENV = "RMQ_INTEROP_TARGETS"
 ALL_TARGETS = ("apache", "rmq-broker")
-DEFAULT_TARGETS = ("apache",)
+DEFAULT_TARGETS = ("apache", "rmq-broker")
 
 
 def enabled_targets() -> list[str]:
@@ -122,6 +121,8 @@ class RmqBrokerTarget(Target):
             if m is None:
                 raise RuntimeError(f"rmq-broker's ready line names no namesrv=HOST:PORT: {self.ready_line!r}")
             self.namesrv_addr = m.group(1)
+            grpc = re.search(r"listening on (\S+:\d+)", self.ready_line)
+            self.grpc_endpoint = grpc.group(1) if grpc else ""
             clusters = cluster_info(self.namesrv_addr)
             self.cluster, self.broker_names = next(iter(clusters.items()))
         except BaseException:

@@ -1,9 +1,11 @@
 """Fixtures of the interop tests: Java programs built by Maven, run against a target server.
 
 - ``target``: one server per session and per enabled target (``RMQ_INTEROP_TARGETS``, default
-  ``apache``: a real Apache RocketMQ NameServer and two brokers from Maven Central's jars);
+  both: ``apache``, a real Apache RocketMQ NameServer and two brokers from Maven Central's jars,
+  and ``rmq-broker``);
   stopped by pid at the end of the session, also when a test failed.
 - ``apache_cluster``: the Apache RocketMQ cluster itself, for tests that stop and restart a broker.
+- ``rmq_java``: ``java`` against rmq-broker whatever the enabled targets (cross-protocol tests).
 - ``programs``: the Java programs built against a client version (``client`` parameter,
   4.9.8 unless a test parametrizes it), built once per session and only when their sources
   changed.
@@ -83,6 +85,13 @@ def _rmq_broker(tmp_path_factory: pytest.TempPathFactory):
     target = RmqBrokerTarget(tmp_path_factory.mktemp("rmq-broker"))
     yield target
     target.close()
+
+
+@pytest.fixture
+def rmq_java(programs: JavaPrograms, _rmq_broker: RmqBrokerTarget, java_home: Path) -> Java:
+    """``java`` bound to rmq-broker whatever RMQ_INTEROP_TARGETS says, for the cross-protocol
+    tests (its gRPC endpoint is ``rmq_java.target.grpc_endpoint``)."""
+    return Java(programs, _rmq_broker, java_home)
 
 
 @pytest.fixture(scope="session", params=enabled_targets())

@@ -16,6 +16,11 @@ import pytest
 from _java import CLIENT_VERSION_5X, CLIENT_VERSION_DEFAULT
 
 BOTH_CLIENTS = pytest.mark.parametrize("client", [CLIENT_VERSION_DEFAULT, CLIENT_VERSION_5X])
+# Does a delayed message, once delivered, still carry DELAY, REAL_TOPIC and REAL_QID?  Apache
+# RocketMQ 5.x keeps them (4.x clears DELAY); rmq-broker's delay and timer services remove all
+# three (services/redelivery/rewrite.py DROPPED_ON_DELIVERY: its recovery scan tells delivered
+# records from schedule records by REAL_TOPIC).  No client reads them.
+DELIVERY_PROPERTIES_KEPT = {"apache": True, "rmq-broker": False}
 
 
 def bodies(events: list[dict]) -> list[str]:
@@ -248,8 +253,13 @@ def test_consumer_retry_then_dead_letter_queue(java, names):
         assert [e["reconsumeTimes"] for e in deliveries] == [0, 1, 2]
         assert deliveries[0]["retryTopic"] is None
         for e in deliveries[1:]:
-            # stored in %RETRY%group through the delay level; the client restores the topic
-            assert e["properties"]["REAL_TOPIC"] == f"%RETRY%{group}"
+            # stored in %RETRY%group through the delay level; the client restores the topic.
+            # Apache RocketMQ 5.x leaves REAL_TOPIC on a delivered delayed message, rmq-broker's
+            # delay service removes it (as it removes DELAY; see DELIVERY_PROPERTIES_KEPT)
+            if DELIVERY_PROPERTIES_KEPT[java.target.name]:
+                assert e["properties"]["REAL_TOPIC"] == f"%RETRY%{group}"
+            else:
+                assert "REAL_TOPIC" not in e["properties"]
             assert e["retryTopic"] == e["topic"] == topic
             assert e["msgId"] == deliveries[0]["msgId"]
         # delay level 1 (1 s) between the tries
@@ -271,7 +281,7 @@ def test_seed000_delay_level_producer_and_consumer(java, names):
     got = java.run("seed000-delay-consumer", group=group, topic=topic, expect=3, timeout_s=40).events("received")
     assert bodies(got) == [f"Hello Delay {i}" for i in range(3)]
     for e in got:
-        assert e["properties"]["DELAY"] == "3"
+        assert e["properties"].get("DELAY") == ("3" if DELIVERY_PROPERTIES_KEPT[java.target.name] else None)
         waited_ms = e["receivedAt"] - e["bornTimestamp"]
         assert 10_000 - 200 <= waited_ms <= 10_000 + 4_000, e
 
@@ -323,10 +333,11 @@ def test_mqadmin_cluster_topic_and_consumer_commands(java, names):
     deadline = time.monotonic() + 30
     while True:
         progress = java.mqadmin("consumerProgress", "-g", group)
-        if (topic in progress and "Diff Total: 0" in progress) or time.monotonic() > deadline:
+        if (topic[:64] in progress and "Diff Total: 0" in progress) or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert topic in progress and "Diff Total: 0" in progress, progress
+    # consumerProgress prints the first 64 characters of a topic (rmq-broker's test topics are longer)
+    assert topic[:64] in progress and "Diff Total: 0" in progress, progress
     # 5.x's queryMsgById requires the topic (-t), 4.9's has no such option
     topic_arg = ("-t", topic) if java.programs.version.startswith("5.") else ()
     by_id = java.mqadmin("queryMsgById", "-i", sent[0]["offsetMsgId"], *topic_arg)
