@@ -69,6 +69,10 @@ def namesrv_processor(routes: RouteInfoManager) -> Processor:
         routes.unregister(f.str("brokerAddr"), f.opt("brokerName"))
         return req.response(ResponseCode.SUCCESS)
 
+    def query_data_version(conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        """QUERY_DATA_VERSION (a broker asking whether to register again): always "changed"."""
+        return req.response(ResponseCode.SUCCESS, None, {"changed": "true"}, jsonbody.dumps({"counter": 0, "timestamp": 0}))
+
     def kv_config(conn: Connection, req: RemotingCommand) -> RemotingCommand:
         return req.response(ResponseCode.QUERY_NOT_FOUND, "No config item")
 
@@ -81,6 +85,7 @@ def namesrv_processor(routes: RouteInfoManager) -> Processor:
     p.register(RequestCode.GET_TOPICS_BY_CLUSTER, topics_by_cluster)
     p.register(RequestCode.REGISTER_BROKER, register_broker)
     p.register(RequestCode.UNREGISTER_BROKER, unregister_broker)
+    p.register(322, query_data_version)  # QUERY_DATA_VERSION
     p.register(101, kv_config)  # GET_KV_CONFIG: no order-topic configs are kept
     p.register(100, put_kv)  # PUT_KV_CONFIG (mqadmin updateTopic -o true): accepted, not kept
     p.on_close.append(lambda conn: routes.connection_closed(conn.id))

@@ -4,8 +4,8 @@ Two kinds of brokers are known:
 
 - the **local** broker (the rmq-broker process this NameServer runs in): its topics are read live
   from its store, so a topic created a moment ago has a route at once.  With auto-creation on, a
-  topic it does not have yet still gets a route (the default queue count), as RocketMQ's
-  ``TBW102`` default route lets a producer send to a new topic.
+  topic no broker has yet gets a route to it (the default queue count), as RocketMQ's ``TBW102``
+  default route lets a producer send to a new topic.
 - **registered** brokers (REGISTER_BROKER from other rmq-broker or Apache RocketMQ brokers): their
   topic tables come with each registration and expire when the broker stops heartbeating
   (``heartbeatTimeoutMillis``, default 120 s) or its connection closes.
@@ -130,10 +130,13 @@ class RouteInfoManager:
         queue_datas = []
         for broker_name, topics in sources:
             qd = topics().get(topic)
-            if qd is None and self.local is not None and broker_name == self.local.broker_name:
-                qd = self.local.route_for_new(topic)
             if qd is not None:
                 queue_datas.append(qd.to_json(broker_name))
+        if not queue_datas and self.local is not None:
+            # no broker has it: the local one would create it on the first send
+            qd = self.local.route_for_new(topic)
+            if qd is not None:
+                queue_datas.append(qd.to_json(self.local.broker_name))
         if not queue_datas:
             return None
         queue_datas.sort(key=lambda q: q["brokerName"])

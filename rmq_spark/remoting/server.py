@@ -139,6 +139,7 @@ class Connection(asyncio.Protocol):
         server = self.server
         handler = server.processor.handlers.get(cmd.code)
         if handler is None:
+            log.info("remoting request code %d from %s is not supported", cmd.code, self.peer)
             self.reply(cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                          f" request type {cmd.code} not supported"))  # fmt: skip
             return

@@ -260,9 +260,19 @@ class RemotingService:
         return ok
 
     def _register_loop(self) -> None:
+        """Registers every 30 s, and within a second of a change of the topic table (a topic
+        created by mqadmin or by a first send), as a RocketMQ broker registers a new topic."""
+        last_s, last_topics = 0.0, None
         while not self._stopped.is_set():
-            self.register_once()
-            self._stopped.wait(REGISTER_INTERVAL_S)
+            topics = self._topic_table_version()
+            if topics != last_topics or time.monotonic() - last_s >= REGISTER_INTERVAL_S:
+                self.register_once()
+                last_s, last_topics = time.monotonic(), topics
+            self._stopped.wait(1.0)
+
+    def _topic_table_version(self) -> tuple[int, int]:
+        topics = self.store.topics.topics
+        return len(topics), sum(c.read_queue_nums + c.write_queue_nums * 1024 + c.perm for c in list(topics.values()))
 
     def _unregister_all(self) -> None:
         from rmq_spark.remoting.client import request

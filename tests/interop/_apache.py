@@ -179,7 +179,9 @@ class ApacheRocketMQ:
     def __init__(self, workdir: str | os.PathLike[str], *, brokers: tuple[str, ...] = ("broker-a", "broker-b"),
                  cluster: str = "InteropCluster", version: str = SERVER_VERSION_DEFAULT,
                  heap: str = "256m", namesrv_heap: str = "128m", jvm_flags: tuple[str, ...] = ("-XX:+UseSerialGC",),
-                 broker_config: dict[str, str] | None = None) -> None:
+                 broker_config: dict[str, str] | None = None, namesrv_addr: str | None = None) -> None:
+        """``namesrv_addr``: run no NameServer; the brokers register with that one (another
+        NameServer, e.g. rmq-broker's)."""
         self.workdir = Path(workdir)
         self.cluster = cluster
         self.version = version
@@ -191,8 +193,9 @@ class ApacheRocketMQ:
         self.classpath = server_classpath(version)
         self.home = self.workdir / "home"
         self.home.mkdir(parents=True, exist_ok=True)
-        self.namesrv_port = free_port()
-        self.namesrv_addr = f"127.0.0.1:{self.namesrv_port}"
+        self.own_namesrv = namesrv_addr is None
+        self.namesrv_port = free_port() if namesrv_addr is None else int(namesrv_addr.rpartition(":")[2])
+        self.namesrv_addr = namesrv_addr or f"127.0.0.1:{self.namesrv_port}"
         self.broker_ports: dict[str, int] = {}
         self.namesrv: _JavaProcess | None = None
         self.brokers: dict[str, _JavaProcess] = {}
@@ -207,11 +210,13 @@ class ApacheRocketMQ:
     def start(self) -> ApacheRocketMQ:
         """Starts the NameServer, then every broker in parallel; returns once all registered."""
         try:
-            conf = self.workdir / "namesrv.conf"
-            conf.write_text(f"listenPort={self.namesrv_port}\nbindAddress=127.0.0.1\n")
-            self.namesrv = _JavaProcess("namesrv", self._java(self.namesrv_heap, "org.apache.rocketmq.namesrv.NamesrvStartup",
-                                                              conf), self.workdir / "namesrv.log", NAMESRV_READY)
-            self.startup_s["namesrv"] = self.namesrv.wait_ready()
+            if self.own_namesrv:
+                conf = self.workdir / "namesrv.conf"
+                conf.write_text(f"listenPort={self.namesrv_port}\nbindAddress=127.0.0.1\n")
+                self.namesrv = _JavaProcess("namesrv", self._java(self.namesrv_heap,
+                                                                  "org.apache.rocketmq.namesrv.NamesrvStartup", conf),
+                                            self.workdir / "namesrv.log", NAMESRV_READY)  # fmt: skip
+                self.startup_s["namesrv"] = self.namesrv.wait_ready()
             # A broker registers once at start and then every 30 s, so it must find the NameServer up.
             for name in self.broker_names:
                 self._spawn_broker(name)
