@@ -36,7 +36,8 @@ flag (config-file key)             meaning                                  defa
                                    other remoting clients, mqadmin)
 --namesrv-listen HOST:PORT         the NameServer of this broker            127.0.0.1:9876 [*]
 --no-namesrv                       run no NameServer                        (one runs)
---no-remoting                      serve gRPC only (and no NameServer)      (remoting on)
+--no-remoting                      serve gRPC only (and no NameServer)      (remoting on;
+                                                                            off with --acl)
 --namesrv "ADDR;ADDR"              also register (REGISTER_BROKER every     (none)
                                    30 s) with these NameServers
 --cluster-name NAME                cluster name in routes                   DefaultCluster
@@ -286,6 +287,12 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
 def _remoting_options(v: dict[str, Any], opt_kw: dict[str, Any]) -> None:
     """The remoting flags: defaults 10911 / 9876, or free ports when --listen's port is 0."""
     if v.get("no-remoting"):
+        return
+    if v.get("acl"):
+        # access control covers gRPC only: a remoting port would let unsigned clients around it
+        if v.get("remoting-listen") or v.get("namesrv-listen") or v.get("namesrv"):
+            raise ConfigError("--acl applies to gRPC only: the remoting protocol cannot be served with it "
+                              "(drop --remoting-listen / --namesrv-listen / --namesrv)")
         return
     free = str(v.get("listen", DEFAULT_LISTEN)).endswith(":0")
     host = str(v.get("listen", DEFAULT_LISTEN)).rpartition(":")[0] or "127.0.0.1"
