@@ -119,7 +119,8 @@ class Broker:
 
                 self.remoting = RemotingService(self.core, sockets, broker_name=config.broker_name,
                                                 cluster=self.options.cluster_name,
-                                                namesrv_addrs=list(self.options.namesrv_addrs))  # fmt: skip
+                                                namesrv_addrs=list(self.options.namesrv_addrs),
+                                                activity=self.activity)  # fmt: skip
         except BaseException:
             if self.remoting is not None:
                 self.remoting.stop()

@@ -88,10 +88,14 @@ class Connection(asyncio.Protocol):
                 pass
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
         self.server.connections.add(self)
+        if self.server.activity is not None:
+            self.server.activity.begin()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self.server.connections.discard(self)
+        if self.server.activity is not None:
+            self.server.activity.end()
         for cb in self.server.processor.on_close:
             try:
                 cb(self)
@@ -268,7 +272,7 @@ class RemotingServer:
 
     def __init__(self, sock: socket.socket, processor: Processor, loop_thread: EventLoopThread, *,
                  executor: concurrent.futures.Executor | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 frame_max_bytes: int | None = None) -> None:  # fmt: skip
+                 frame_max_bytes: int | None = None, activity: Any = None) -> None:  # fmt: skip
         from rmq_spark.remoting.command import FRAME_MAX_BYTES
 
         self.sock = sock
@@ -279,6 +283,9 @@ class RemotingServer:
         self.idle_timeout_s = idle_timeout_s
         self.frame_max_bytes = frame_max_bytes or FRAME_MAX_BYTES
         self.connections: set[Connection] = set()
+        # an object with begin() / end(): an open connection counts as a call in progress (the
+        # broker's --idle-exit-s)
+        self.activity = activity
         self._opaque = itertools.count(1)
         self._server: asyncio.base_events.Server | None = None
         self._reaper: asyncio.TimerHandle | None = None

@@ -76,6 +76,24 @@ def test_send_modes_carry_tags_keys_and_properties(java, names, mode):
 
 
 @BOTH_CLIENTS
+def test_rocketmq_binary_header_serialization(java, names):
+    """-Drocketmq.serialize.type=ROCKETMQ: the client writes every request header in RocketMQ's
+    binary layout instead of JSON (and reads the answers, written in the request's layout)."""
+    binary = ("-Drocketmq.serialize.type=ROCKETMQ",)
+    topic, group = f"{names}_T", f"{names}_G"
+    java.create_topic(topic, queues=2)
+    sent = java.run("producer", group=f"{group}_p", topic=topic, count=6, tags="TagA,TagB", key_prefix="bin",
+                    props="color=blue", jvm_flags=binary).events("sent")
+    assert [e["status"] for e in sent] == ["SEND_OK"] * 6
+    got = java.run("seed001-push-consumer", group=group, topic=topic, tag_expr="TagA", expect=3, settle_ms=1000,
+                   jvm_flags=binary).events("received")
+    assert sorted(e["msgId"] for e in got) == sorted(e["msgId"] for e in sent if e["i"] % 2 == 0)
+    assert all(e["properties"]["color"] == "blue" and e["keys"].startswith("bin-") for e in got)
+    offsets = java.run("offsets", group=f"{group}_o", topic=topic, group_offsets=group, jvm_flags=binary).events("offsets")
+    assert sum(o["maxOffset"] for o in offsets) == 6
+
+
+@BOTH_CLIENTS
 def test_tag_selector_push_consumer(java, names):
     topic, group = f"{names}_T", f"{names}_G"
     java.create_topic(topic, queues=2)

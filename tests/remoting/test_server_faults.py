@@ -152,3 +152,20 @@ def test_another_broker_registers_with_this_namesrv_and_leaves(tmp_path, broker)
         assert [q["brokerName"] for q in route["queueDatas"]] == [cfg_name]
     info = jsonbody.loads(request(broker.namesrv_endpoint, RequestCode.GET_BROKER_CLUSTER_INFO).body)
     assert "OtherCluster" not in info["clusterAddrTable"]
+
+
+def test_an_open_remoting_connection_counts_as_activity(broker):
+    """--idle-exit-s watches the broker's activity: a remoting client holds a connection open
+    (heartbeats every 30 s) and must keep the broker up like an open gRPC stream does."""
+    s = _connect(broker.remoting_endpoint)
+    try:
+        deadline = time.monotonic() + 5
+        while broker.idle_s() != 0.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert broker.idle_s() == 0.0
+    finally:
+        s.close()
+    deadline = time.monotonic() + 5
+    while broker.idle_s() == 0.0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert broker.idle_s() > 0.0
