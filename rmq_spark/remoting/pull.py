@@ -57,29 +57,41 @@ class PullProcessor:
         self.clients = clients
         self.loop = loop_thread.loop
         self._filters: OrderedDict[tuple[str, str], TagFilter | SqlFilter] = OrderedDict()
-        # (topic, queue id) -> futures of suspended pulls (touched on the event loop only)
-        self._waiters: dict[tuple[str, int], list[asyncio.Future[None]]] = {}
-        store.add_listener(self._on_dispatch, batch=True)
+        # (topic, queue id) -> (offset, future) of suspended pulls (touched on the event loop only)
+        self._waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future[None]]]] = {}
+        self._check_scheduled = False
+        # a waker (no DispatchBatch made per put): it looks at the waiting queues' max offsets
+        store.add_listener(self._on_dispatch, batch=False)
 
     def close(self) -> None:
         self.store.remove_listener(self._on_dispatch)
 
     # --- long polling ---------------------------------------------------------------------------
-    def _on_dispatch(self, batch: Any) -> None:
-        """Store listener (any thread): wake the pulls suspended on the batch's queues."""
-        if not self._waiters:
+    def _on_dispatch(self) -> None:
+        """Store listener (any thread, after every put): when pulls are suspended, check them on
+        the loop, once however many puts come before the check runs."""
+        if not self._waiters or self._check_scheduled:
             return
-        keys = set(zip(batch.topics, np.asarray(batch.queue_ids).tolist()))
+        self._check_scheduled = True
         try:
-            self.loop.call_soon_threadsafe(self._wake, keys)
+            self.loop.call_soon_threadsafe(self._check_waiters)
         except RuntimeError:  # the loop is closed: the broker is stopping
             pass
 
-    def _wake(self, keys: set[tuple[str, int]]) -> None:
-        for key in keys:
-            for fut in self._waiters.pop(key, ()):
-                if not fut.done():
-                    fut.set_result(None)
+    def _check_waiters(self) -> None:
+        self._check_scheduled = False
+        max_offset = self.store.max_offset
+        for key in list(self._waiters):
+            hi = max_offset(*key)
+            waiting = self._waiters[key]
+            ready = [fut for offset, fut in waiting if hi > offset]
+            if ready:
+                self._waiters[key] = [(o, f) for o, f in waiting if not f.done() and hi <= o]
+                if not self._waiters[key]:
+                    del self._waiters[key]
+                for fut in ready:
+                    if not fut.done():
+                        fut.set_result(None)
 
     # --- the request ----------------------------------------------------------------------------
     def pull(self, conn: Connection, req: RemotingCommand) -> Any:
@@ -124,7 +136,7 @@ class PullProcessor:
                        max_bytes: int, message_filter: Any, suspend_ms: int) -> RemotingCommand:  # fmt: skip
         key = (topic, queue_id)
         fut: asyncio.Future[None] = self.loop.create_future()
-        self._waiters.setdefault(key, []).append(fut)
+        self._waiters.setdefault(key, []).append((offset, fut))
         # a message stored between the read and the registration woke nobody: look again
         if self.store.max_offset(topic, queue_id) > offset:
             fut.set_result(None)
@@ -135,8 +147,7 @@ class PullProcessor:
         finally:
             waiting = self._waiters.get(key)
             if waiting is not None:
-                if fut in waiting:
-                    waiting.remove(fut)
+                waiting[:] = [(o, f) for o, f in waiting if f is not fut]
                 if not waiting:
                     del self._waiters[key]
         return self._read(req, topic, queue_id, offset, max_msgs, max_bytes, message_filter)
