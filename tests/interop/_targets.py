@@ -109,7 +109,9 @@ class RmqBrokerTarget(Target):
         self.log_path = workdir / "rmq-broker.log"
         self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 -- closed in close()
         cmd = [sys.executable, "-m", "rmq_spark.broker", "--store", str(store), "--listen", "127.0.0.1:0",
-               "--remoting-listen", "127.0.0.1:0", "--namesrv-listen", "127.0.0.1:0"]
+               "--remoting-listen", "127.0.0.1:0", "--namesrv-listen", "127.0.0.1:0",
+               # check-backs within seconds, as the Apache target's transactionCheckInterval=1000
+               "--transaction-check-interval", "1", "--transaction-timeout", "1"]
         try:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL)
         except BaseException:

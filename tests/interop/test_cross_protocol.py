@@ -127,3 +127,18 @@ def test_a_groups_offsets_are_the_same_through_both_protocols(rmq_java, names):
                               metadata=_metadata(), timeout=10)  # fmt: skip
     again = rmq_java.run("offsets", group=f"{group}_o", topic=topic, group_offsets=group).events("offsets")
     assert [o["committed"] for o in again] == [1] * len(again)
+
+
+def test_java_transaction_producer_to_python_grpc_consumer(rmq_java, names):
+    """Seed 002's TransactionMQProducer over remoting (UNKNOW, then the check-back over its
+    connection: COMMIT for index % 3 == 1, ROLLBACK for 2): a gRPC consumer gets exactly the
+    committed messages, with the transaction's message id."""
+    topic, group = f"{names}_T", f"{names}_G"
+    rmq_java.create_topic(topic, queues=2)
+    result = rmq_java.run("seed002-transaction-producer", group=f"{group}_tx", topic=topic, count=6, timeout_s=60)
+    committed = {e["transactionId"] for e in result.events("local") if e["status"] == 1}
+    got = _receive(rmq_java.target.grpc_endpoint, group, topic, 2)
+    time.sleep(2)
+    got += _receive(rmq_java.target.grpc_endpoint, group, topic, 1, timeout_s=3)  # nothing more comes
+    assert sorted(m.body for m in got) == [b"hello 1", b"hello 4"]
+    assert {m.message_id for m in got} == committed
