@@ -214,7 +214,7 @@ def _decode_json(header: bytes) -> RemotingCommand:
         raise FrameError("JSON header's extFields is not an object")
     remark = doc.get("remark")
     return RemotingCommand(
-        code, {str(k): _ext_value(v) for k, v in ext.items()}, b"", opaque, flag,
+        code, {str(k): v if v.__class__ is str else _ext_value(v) for k, v in ext.items()}, b"", opaque, flag,
         remark if isinstance(remark, str) else None, version, LanguageCode.of(doc.get("language")),
         SerializeType.JSON,
     )  # fmt: skip

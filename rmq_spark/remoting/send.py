@@ -27,7 +27,7 @@ from rmq_spark.remoting.headers import Fields, HeaderError, fields_of
 from rmq_spark.remoting.server import Connection
 from rmq_spark.services.core import HOOK_KEYS
 from rmq_spark.store import layout as L
-from rmq_spark.store.message import Message, decode_properties, encode_properties, tags_code
+from rmq_spark.store.message import Message, decode_properties, encode_properties, offset_msg_id, tags_code
 from rmq_spark.store.status import PutStatus
 from rmq_spark.store.validation import check_topic_cached
 
@@ -127,7 +127,9 @@ class SendProcessor:
     def _answer(self, req: RemotingCommand, put: Any, queue_id: int, uniq_key: str | None = None) -> RemotingCommand:
         a = put.append
         code = _PUT_CODES[put.status]
-        header = {"msgId": ",".join(a.msg_ids), "queueId": str(queue_id), "queueOffset": str(a.queue_list()[0]),
+        phys = a.phys_list()
+        msg_id = offset_msg_id(a.store_host, a.store_port, phys[0]) if len(phys) == 1 else ",".join(a.msg_ids)
+        header = {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(a.queue_list()[0]),
                   "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}  # fmt: skip
         if uniq_key:
             # a TransactionMQProducer's TransactionSendResult.transactionId is this field
