@@ -23,6 +23,7 @@ flag (config-file key)             meaning                                  defa
 --idle-exit-s S                    exit after S s with no RPC and no open   0 (never)
                                    stream
 --acl FILE                         access keys, secrets and permissions     (no access control)
+                                   (gRPC and remoting: AclClientRPCHook)
 --max-delivery-attempts N          deliveries before the DLQ                17
 --min-invisible-s S                least invisible time a receive may ask   10
 --long-polling-max-s S             longest long poll of a receive           20
@@ -36,8 +37,7 @@ flag (config-file key)             meaning                                  defa
                                    other remoting clients, mqadmin)
 --namesrv-listen HOST:PORT         the NameServer of this broker            127.0.0.1:9876 [*]
 --no-namesrv                       run no NameServer                        (one runs)
---no-remoting                      serve gRPC only (and no NameServer)      (remoting on;
-                                                                            off with --acl)
+--no-remoting                      serve gRPC only (and no NameServer)      (remoting on)
 --namesrv "ADDR;ADDR"              also register (REGISTER_BROKER every     (none)
                                    30 s) with these NameServers
 --cluster-name NAME                cluster name in routes                   DefaultCluster
@@ -287,12 +287,6 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
 def _remoting_options(v: dict[str, Any], opt_kw: dict[str, Any]) -> None:
     """The remoting flags: defaults 10911 / 9876, or free ports when --listen's port is 0."""
     if v.get("no-remoting"):
-        return
-    if v.get("acl"):
-        # access control covers gRPC only: a remoting port would let unsigned clients around it
-        if v.get("remoting-listen") or v.get("namesrv-listen") or v.get("namesrv"):
-            raise ConfigError("--acl applies to gRPC only: the remoting protocol cannot be served with it "
-                              "(drop --remoting-listen / --namesrv-listen / --namesrv)")
         return
     free = str(v.get("listen", DEFAULT_LISTEN)).endswith(":0")
     host = str(v.get("listen", DEFAULT_LISTEN)).rpartition(":")[0] or "127.0.0.1"

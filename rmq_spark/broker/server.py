@@ -120,7 +120,7 @@ class Broker:
                 self.remoting = RemotingService(self.core, sockets, broker_name=config.broker_name,
                                                 cluster=self.options.cluster_name,
                                                 namesrv_addrs=list(self.options.namesrv_addrs),
-                                                activity=self.activity)  # fmt: skip
+                                                activity=self.activity, access_control=self.service.acl)  # fmt: skip
         except BaseException:
             if self.remoting is not None:
                 self.remoting.stop()

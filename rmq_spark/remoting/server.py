@@ -49,6 +49,9 @@ class Processor:
         self.handlers: dict[int, Handler] = {}
         self.blocking: set[int] = set()
         self.on_close: list[Callable[[Connection], None]] = []
+        # checked before every handler (access control): None lets the request through, an
+        # answer refuses it
+        self.before: Callable[[Connection, RemotingCommand], RemotingCommand | None] | None = None
 
     def register(self, code: int, handler: Handler, *, blocking: bool = False) -> None:
         self.handlers[int(code)] = handler
@@ -147,6 +150,12 @@ class Connection(asyncio.Protocol):
             self.reply(cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                          f" request type {cmd.code} not supported"))  # fmt: skip
             return
+        before = server.processor.before
+        if before is not None:
+            refused = before(self, cmd)
+            if refused is not None:
+                self.reply(cmd, refused)
+                return
         if cmd.code in server.processor.blocking:
             fut = self.loop.run_in_executor(server.executor, self._call, handler, cmd)
             fut.add_done_callback(lambda f: self._answer(cmd, f))

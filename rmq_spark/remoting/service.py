@@ -88,7 +88,8 @@ def advertised(host: str, port: int) -> str:
 
 class RemotingService:
     def __init__(self, core: Any, sockets: RemotingSockets, *, broker_name: str, cluster: str = DEFAULT_CLUSTER,
-                 namesrv_addrs: list[str] | None = None, activity: Any = None) -> None:  # fmt: skip
+                 namesrv_addrs: list[str] | None = None, activity: Any = None,
+                 access_control: Any = None) -> None:  # fmt: skip
         self.core = core
         self.store = core.store
         self.broker_name = broker_name
@@ -102,7 +103,12 @@ class RemotingService:
             host, port = sockets.broker.getsockname()[:2]
             self.broker_addr = advertised(host, port)
             self.pull = PullProcessor(self.store, self.clients, self.loop_thread)
-            self.broker_server = RemotingServer(sockets.broker, self._broker_processor(), self.loop_thread,
+            processor = self._broker_processor()
+            if access_control is not None:
+                from rmq_spark.remoting.acl import RemotingAcl
+
+                processor.before = RemotingAcl(access_control)
+            self.broker_server = RemotingServer(sockets.broker, processor, self.loop_thread,
                                                 activity=activity)  # fmt: skip
             self.routes = RouteInfoManager(LocalBroker(cluster, broker_name, self.broker_addr, self._local_topics,
                                                        self._route_for_new))  # fmt: skip

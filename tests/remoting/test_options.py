@@ -21,13 +21,6 @@ def test_defaults_and_free_ports_when_the_grpc_port_is_free(tmp_path):
     assert (off.remoting_listen, off.namesrv_listen) == (None, None)
 
 
-def test_acl_turns_remoting_off_and_refuses_it_when_asked(tmp_path):
-    acl = parse_args(["--store", str(tmp_path), "--acl", "acl.json"]).options
-    assert acl.remoting_listen is None and acl.namesrv_listen is None
-    with pytest.raises(ConfigError, match="gRPC only"):
-        parse_args(["--store", str(tmp_path), "--acl", "acl.json", "--remoting-listen", "127.0.0.1:0"])
-
-
 @pytest.mark.parametrize("flags", [["--remoting-listen", "nohost"], ["--namesrv-listen", "h:99999"],
                                    ["--namesrv", "a;b:c"], ["--cluster-name", " "]])
 def test_bad_remoting_flags(tmp_path, flags):
