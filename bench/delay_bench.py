@@ -28,9 +28,9 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 from bench._util import Timer, scratch_dir  # noqa: E402
-from rmq_spark.services.core import BrokerConfig  # noqa: E402
+from rmq_spark.services.config import BrokerConfig  # noqa: E402
 from rmq_spark.store.message import Message  # noqa: E402
-from rmq_spark.services.schedule.service import ScheduleService  # noqa: E402
+from rmq_spark.services.schedule.service import ScheduleService, store_rules  # noqa: E402
 from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
 from rmq_spark.services.timer.service import TimerService  # noqa: E402
 
@@ -75,7 +75,7 @@ def run_phase(
     name: str, count: int, cfg: BrokerConfig, props_for, use_timer: bool, timeout_s: float
 ) -> dict:
     with scratch_dir("delay-") as d:
-        store = MessageStore(d, cfg.store)
+        store = MessageStore(d, cfg.store, tags_code_rules=store_rules(cfg))
         svc = (TimerService if use_timer else ScheduleService)(store, cfg, store.clock)
         svc.start()
         plain = make_messages(count, [{}] * count)
@@ -167,9 +167,7 @@ def main() -> None:
         return [{"TIMER_DELIVER_MS": str(t0 + lead_ms)}] * n
 
     levels_cfg = BrokerConfig(
-        store=StoreConfig(
-            commitlog_segment_bytes=SEGMENT, delay_levels=" ".join(f"{k}s" for k in range(1, 11))
-        )
+        store=StoreConfig(commitlog_segment_bytes=SEGMENT), delay_levels=" ".join(f"{k}s" for k in range(1, 11))
     )
 
     def levels(n: int, t0: int) -> list[dict[str, str]]:

@@ -40,7 +40,7 @@ import pyarrow.compute as pc  # noqa: E402
 
 from bench._util import Timer, scratch_dir  # noqa: E402
 from rmq_spark.filter import SqlFilter, TagFilter  # noqa: E402
-from rmq_spark.store.index.indexfile import IndexService  # noqa: E402
+from rmq_spark.store.index.service import IndexService  # noqa: E402
 from rmq_spark.store.message import Message  # noqa: E402
 from rmq_spark.store.query import MessageQuery  # noqa: E402
 from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402

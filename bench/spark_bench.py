@@ -56,7 +56,8 @@ SEGMENT = 1024 * 1024 * 1024
 
 
 def fill_store(root: str, n: int) -> None:
-    from rmq_spark.services.core import BrokerConfig, BrokerCore
+    from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.core import BrokerCore
     from rmq_spark.store.store import StoreConfig
 
     distinct = [os.urandom(BODY_BYTES) for _ in range(64)]

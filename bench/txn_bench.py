@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._util import scratch_dir  # noqa: E402
-from rmq_spark.services.core import BrokerConfig  # noqa: E402
+from rmq_spark.services.config import BrokerConfig  # noqa: E402
 from rmq_spark.store.message import Message  # noqa: E402
 from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
 from rmq_spark.services.transaction.service import TransactionAction, TransactionService  # noqa: E402

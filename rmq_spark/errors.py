@@ -15,6 +15,11 @@ __all__ = [
     "CorruptStoreError",
     "StoreLockedError",
     "FilterExpressionError",
+    "IllegalTopicError",
+    "IllegalGroupError",
+    "AccessDeniedError",
+    "AuthenticationError",
+    "PermissionDeniedError",
 ]
 
 
@@ -28,6 +33,29 @@ class ConfigError(RmqError, ValueError):
 
 class MessageIllegalError(RmqError, ValueError):
     """A message breaks a rule (topic name, body size, properties size, batch rules)."""
+
+
+class IllegalTopicError(MessageIllegalError):
+    """A topic name a client may not use here: malformed, too long, a system topic, or a retry /
+    dead-letter topic given to a producer (RocketMQ's ILLEGAL_TOPIC)."""
+
+
+class IllegalGroupError(MessageIllegalError):
+    """A consumer group name that is malformed or too long (RocketMQ's ILLEGAL_CONSUMER_GROUP)."""
+
+
+class AccessDeniedError(RmqError):
+    """The broker's access control refused a request."""
+
+
+class AuthenticationError(AccessDeniedError):
+    """The request is not signed by a known account: no or malformed ``authorization`` header,
+    unknown access key, wrong signature, or a signed date outside the broker's window
+    (RocketMQ's UNAUTHORIZED)."""
+
+
+class PermissionDeniedError(AccessDeniedError):
+    """The signing account lacks the permission the request needs (RocketMQ's FORBIDDEN)."""
 
 
 class StoreError(RmqError):

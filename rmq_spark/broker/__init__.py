@@ -5,7 +5,8 @@ Modules: ``server`` (:class:`Broker`, the process), ``options`` (flags), ``servi
 ``handler`` (how each RPC is counted and answers a fault), ``producer`` (send, transactions,
 recall), ``pop`` / ``popstate`` / ``receipt`` (receive, ack, invisible time, receipt handles),
 ``revive`` (expired messages to the retry topic or the DLQ), ``telemetry`` (clients, settings,
-check-back), ``messages`` (protocol <-> store), ``auth`` (access control), ``codes`` (the one
+check-back), ``messages`` (protocol <-> store), ``auth`` (accounts, signatures, permissions), ``access``
+(the one check every call on the port passes, both services' alike), ``codes`` (the one
 status table of both gRPC services); ``connector/`` the private service the Spark data source
 uses (bulk reads, the sink; its documents in ``connector/protocol``).
 """

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from rmq_spark.store.commitlog import AppendResult
 from rmq_spark.store.message import Message
-from rmq_spark.store.record import Row
+from rmq_spark.store.encode import Row
 from rmq_spark.store.status import PutStatus
 from rmq_spark.store.store import PutResult
 

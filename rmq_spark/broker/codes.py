@@ -12,6 +12,10 @@ names the RmqError class in its ``rmq-error`` trailer, so its client re-raises t
 fault                            RocketMQ code                connector status     client sees
 ===============================  ===========================  ===================  =================
 RpcStatusError(code)             that code                    INTERNAL             as the code says
+AuthenticationError              UNAUTHORIZED                 UNAUTHENTICATED      Unauthorized
+PermissionDeniedError            FORBIDDEN                    PERMISSION_DENIED    Forbidden
+IllegalTopicError                ILLEGAL_TOPIC                INVALID_ARGUMENT     BadRequest
+IllegalGroupError                ILLEGAL_CONSUMER_GROUP       INVALID_ARGUMENT     BadRequest
 FilterExpressionError            ILLEGAL_FILTER_EXPRESSION    INVALID_ARGUMENT     BadRequest
 MessageIllegalError              BAD_REQUEST                  INVALID_ARGUMENT     BadRequest
 ConfigError                      BAD_REQUEST                  INVALID_ARGUMENT     BadRequest
@@ -38,15 +42,19 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2 as D
 
 from rmq_spark.errors import (
+    AuthenticationError,
     ConfigError,
     CorruptStoreError,
     FilterExpressionError,
+    IllegalGroupError,
+    IllegalTopicError,
     MessageIllegalError,
+    PermissionDeniedError,
     RmqError,
     StoreError,
 )
 from rmq_spark.store.status import GetStatus, PutStatus
-from rmq_spark.services.timer.service import RecallFailure
+from rmq_spark.services.timer.recall import RecallFailure
 from rmq_spark.services.transaction.service import EndTxStatus
 
 __all__ = [
@@ -133,6 +141,10 @@ class FaultCode(NamedTuple):
 _SC = grpc.StatusCode
 # order matters: the first class an exception is an instance of wins
 FAULT_CODES: tuple[FaultCode, ...] = (
+    FaultCode(AuthenticationError, Code.UNAUTHORIZED, _SC.UNAUTHENTICATED),
+    FaultCode(PermissionDeniedError, Code.FORBIDDEN, _SC.PERMISSION_DENIED),
+    FaultCode(IllegalTopicError, Code.ILLEGAL_TOPIC, _SC.INVALID_ARGUMENT),
+    FaultCode(IllegalGroupError, Code.ILLEGAL_CONSUMER_GROUP, _SC.INVALID_ARGUMENT),
     FaultCode(FilterExpressionError, Code.ILLEGAL_FILTER_EXPRESSION, _SC.INVALID_ARGUMENT),
     FaultCode(MessageIllegalError, Code.BAD_REQUEST, _SC.INVALID_ARGUMENT),
     FaultCode(ConfigError, Code.BAD_REQUEST, _SC.INVALID_ARGUMENT),

@@ -21,13 +21,12 @@ from google.protobuf import timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as D
 
 from rmq_spark.broker.codes import Code, RpcStatusError
-from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.store.message import Message, MessageExt, encode_properties, tags_code
-from rmq_spark.store.record import Row
+from rmq_spark.store.message import Message, MessageExt, tags_code
+from rmq_spark.store.properties import encode_properties
+from rmq_spark.store.encode import Row
 from rmq_spark.services.transaction.check import P_CHECK_SOURCE
-from rmq_spark.store.validation import check_group, check_topic_cached
 
 __all__ = [
     "SYSTEM_PROPERTIES",
@@ -131,19 +130,17 @@ def _has_control(text: str) -> bool:
 
 
 def checked_topic(name: str, allow_system: bool = False) -> str:
-    try:
-        check_topic_cached(name, allow_system)
-    except MessageIllegalError as e:
-        raise RpcStatusError(Code.ILLEGAL_TOPIC, str(e)) from None
-    return name
+    """``name`` if it is a legal topic to read (:func:`rmq_spark.broker.access.topic_name`)."""
+    from rmq_spark.broker.access import Use, topic_name
+
+    return topic_name(name, Use.READ, system_reads=allow_system)
 
 
 def checked_group(name: str) -> str:
-    try:
-        check_group(name)
-    except MessageIllegalError as e:
-        raise RpcStatusError(Code.ILLEGAL_CONSUMER_GROUP, str(e)) from None
-    return name
+    """``name`` if it is a legal consumer group (:func:`rmq_spark.broker.access.group_name`)."""
+    from rmq_spark.broker.access import group_name
+
+    return group_name(name)
 
 
 def timestamp_ms(ts: timestamp_pb2.Timestamp) -> int:

@@ -24,6 +24,8 @@ flag (config-file key)             meaning                                  defa
                                    stream
 --acl FILE                         access keys, secrets and permissions     (no access control)
                                    (gRPC and remoting: AclClientRPCHook)
+--acl-window-s S                   how far a signed x-mq-date-time may be   900
+                                   from the broker's clock
 --max-delivery-attempts N          deliveries before the DLQ                17
 --min-invisible-s S                least invisible time a receive may ask   10
 --long-polling-max-s S             longest long poll of a receive           20
@@ -56,7 +58,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rmq_spark.services.core import BrokerConfig
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import ConfigError
 from rmq_spark.store.store import StoreConfig
 
@@ -79,6 +81,7 @@ class BrokerOptions:
     auto_renew_invisible_ms: int = 60_000
     idle_exit_s: float = 0.0
     acl_path: str | None = None
+    acl_window_ms: int = 15 * 60 * 1000  # rmq_spark.broker.auth.DATE_WINDOW_MS
     workers: int = 128
     max_receive_batch: int = 1024
     max_pull_batch: int = 10_000
@@ -118,6 +121,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("default-queue-nums", int, "queues of an auto-created topic (default 4)"),
     ("idle-exit-s", float, "exit after this many seconds with no RPC and no open stream (default 0: never)"),
     ("acl", str, "JSON file of access keys, secrets and permissions (default: no access control)"),
+    ("acl-window-s", float, "seconds a signed request date may be away from the broker's clock (default 900)"),
     ("max-delivery-attempts", int, "deliveries of a message before it goes to the DLQ (default 17)"),
     ("min-invisible-s", float, "least invisible time a receive may ask for (default 10)"),
     ("long-polling-max-s", float, "longest long-polling time of a receive (default 20)"),
@@ -228,8 +232,6 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     store_kw: dict[str, Any] = {"auto_create_topics": not v.get("no-auto-create-topics", False)}
     if "flush" in v:
         store_kw["flush"] = v["flush"]
-    if "delay-levels" in v:
-        store_kw["delay_levels"] = v["delay-levels"]
     if "commitlog-segment-bytes" in v:
         store_kw["commitlog_segment_bytes"] = v["commitlog-segment-bytes"]
     if "default-queue-nums" in v:
@@ -240,6 +242,8 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     if v.get("truncate-corrupt"):
         store_kw["truncate_corrupt"] = True
     cfg = BrokerConfig(store=StoreConfig(**store_kw))
+    if "delay-levels" in v:
+        cfg = BrokerConfig(store=cfg.store, delay_levels=v["delay-levels"])
     if "transaction-timeout" in v:
         cfg.transaction_timeout_s = pos("transaction-timeout", v["transaction-timeout"])
     if "transaction-check-interval" in v:
@@ -262,6 +266,8 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
         opt_kw["idle_exit_s"] = max(0.0, v["idle-exit-s"])
     if "acl" in v:
         opt_kw["acl_path"] = v["acl"]
+    if "acl-window-s" in v:
+        opt_kw["acl_window_ms"] = int(pos("acl-window-s", v["acl-window-s"]) * 1000)
     if "max-delivery-attempts" in v:
         opt_kw["max_delivery_attempts"] = v["max-delivery-attempts"]
     if "min-invisible-s" in v:

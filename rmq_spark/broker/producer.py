@@ -20,7 +20,6 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.compute as pc
@@ -36,11 +35,12 @@ from rmq_spark.services.core import HOOK_KEYS
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.store.message import Message, MessageExt, java_string_hash
-from rmq_spark.store.record import Row
+from rmq_spark.store.hashing import java_string_hash
+from rmq_spark.store.message import Message, MessageExt
+from rmq_spark.store.encode import Row
 from rmq_spark.store.status import PutStatus
-from rmq_spark.services.timer.service import RecallError
-from rmq_spark.services.transaction.service import TransactionAction
+from rmq_spark.services.timer.recall import RecallError
+from rmq_spark.services.transaction.states import HalfRef, TransactionAction
 from rmq_spark.services.transaction.check import CHECK_GROUP
 
 __all__ = ["ProducerPath", "HalfRef"]
@@ -56,16 +56,6 @@ _ONE_SENT = S.SendMessageResponse(status=codes.ok(), entries=[S.SendResultEntry(
 def _put_failed(status: PutStatus) -> S.SendMessageResponse:
     """The answer to a send whose write the store refused (or did not make durable in time)."""
     return S.SendMessageResponse(status=codes.status(codes.put_code(status), f"put failed: {status.value}"))
-
-
-@dataclass(frozen=True)
-class HalfRef:
-    """Where a half message is: what EndTransaction needs."""
-
-    commitlog_offset: int
-    queue_offset: int
-    producer_group: str
-    topic: str
 
 
 class ProducerPath:
@@ -210,7 +200,7 @@ class ProducerPath:
             if o.type == MessageType.TRANSACTION:
                 if phys is None:
                     phys = written.phys_offsets()
-                self._remember(o.message_id, HalfRef(phys[i], qoff, o.topic.topic_name, o.topic.topic_name))
+                self._remember(o.message_id, HalfRef(phys[i], qoff, producer_group=o.topic.topic_name, topic=o.topic.topic_name))
             entries.add(status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff)
 
     # --- transactions -----------------------------------------------------------------------------
@@ -224,7 +214,7 @@ class ProducerPath:
     def _remember_checked(self, transaction_id: str, half: MessageExt) -> None:
         topic = half.topic if half.topic != L.TRANS_HALF_TOPIC else half.properties.get(L.P_REAL_TOPIC, "")
         group = half.properties.get(L.P_PGROUP, topic)
-        self._remember(transaction_id, HalfRef(half.commitlog_offset, half.queue_offset, group, topic))
+        self._remember(transaction_id, HalfRef(half.commitlog_offset, half.queue_offset, producer_group=group, topic=topic))
 
     def _find_half(self, transaction_id: str, message_id: str) -> HalfRef | None:
         with self._lock:
@@ -251,7 +241,7 @@ class ProducerPath:
                 i = hits[-1]
                 props = dict(b.column("properties")[i].as_py() or [])
                 found = HalfRef(b.column("commitLogOffset")[i].as_py(), b.column("queueOffset")[i].as_py(),
-                                props.get(L.P_PGROUP, ""), props.get(L.P_REAL_TOPIC, ""))
+                                producer_group=props.get(L.P_PGROUP, ""), topic=props.get(L.P_REAL_TOPIC, ""))
         return found
 
     def end_transaction(self, request: S.EndTransactionRequest) -> D.Status:

@@ -7,6 +7,8 @@
 :class:`rmq_spark.errors.StoreLockedError`), starts the services and serves on ``listen``
 (``127.0.0.1`` unless told otherwise; port 0 picks a free port, ``.endpoints`` says which).  It
 also mounts the Spark connector's private service (``rmq_spark.broker.connector``) when installed.
+Every call on the port, to either service, passes the one access seam
+(:class:`rmq_spark.broker.access.AccessInterceptor`): ``--acl`` applies to both alike.
 :meth:`stop` ends streams, stops the server, flushes and marks the store cleanly shut down.
 """
 
@@ -20,10 +22,13 @@ from typing import Any
 import grpc
 from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer_to_server
 
+from rmq_spark.broker.access import AccessInterceptor
+from rmq_spark.broker.auth import AccessControl
 from rmq_spark.broker.options import BrokerOptions, split_listen
 from rmq_spark.broker.handler import Activity
 from rmq_spark.broker.service import MessagingService
-from rmq_spark.services.core import BrokerConfig, BrokerCore
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.core import BrokerCore
 from rmq_spark.errors import RmqError
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 
@@ -94,14 +99,22 @@ class Broker:
         self._stopped = False
         self._stop_lock = threading.Lock()
         try:
+            acl = None
+            if self.options.acl_path:
+                acl = AccessControl.load(self.options.acl_path, clock, self.options.acl_window_ms)
             self.service = MessagingService(self.core, self.options, (host, port))
             self.activity = self.service.activity
+            internal = self.internal_handler = _internal_handler(self.core)
+            services = [self.service.access()]
+            if internal is not None:
+                services.append(internal.connector.access())
+            self.access = AccessInterceptor(acl, services)  # every call on the port passes it
             self._server = grpc.server(
                 futures.ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="rmq-grpc"),
                 options=SERVER_OPTIONS,
+                interceptors=(self.access,),
             )
             add_MessagingServiceServicer_to_server(self.service, self._server)
-            internal = self.internal_handler = _internal_handler(self.core)
             if internal is not None:
                 self._server.add_generic_rpc_handlers((_Counted(internal, self.activity),))
             try:
@@ -115,12 +128,12 @@ class Broker:
             self.service.start()
             self._server.start()
             if sockets is not None:
-                from rmq_spark.remoting.service import RemotingService
+                from rmq_spark.broker.remoting import RemotingService
 
                 self.remoting = RemotingService(self.core, sockets, broker_name=config.broker_name,
                                                 cluster=self.options.cluster_name,
                                                 namesrv_addrs=list(self.options.namesrv_addrs),
-                                                activity=self.activity, access_control=self.service.acl)  # fmt: skip
+                                                activity=self.activity, access_control=acl)  # fmt: skip
         except BaseException:
             if self.remoting is not None:
                 self.remoting.stop()
@@ -135,7 +148,7 @@ class Broker:
         opts = self.options
         if not opts.remoting_listen:
             return None
-        from rmq_spark.remoting.service import RemotingSockets
+        from rmq_spark.broker.remoting import RemotingSockets
 
         try:
             sockets = RemotingSockets.bind(opts.remoting_listen, opts.namesrv_listen)

@@ -1,7 +1,9 @@
 """``apache.rocketmq.v2.MessagingService`` over a :class:`rmq_spark.services.core.BrokerCore`.
 
-Every handler validates its request, checks access when an ACL is loaded, does its work and
-answers with a RocketMQ status; nothing escapes as a gRPC error (:mod:`rmq_spark.broker.handler`
+Every call first passes the broker's access seam (:mod:`rmq_spark.broker.access`): it is
+authenticated when an ACL is loaded, the topics and groups it names are validated and authorized
+by the method's rule in :data:`ACCESS_RULES`.  Then the handler validates the rest of its request,
+does its work and answers with a RocketMQ status; nothing escapes as a gRPC error (:mod:`rmq_spark.broker.handler`
 wraps each one: a fault becomes a status through :mod:`rmq_spark.broker.codes`).  Sending and
 transactions: :mod:`rmq_spark.broker.producer`; receive/ack: :mod:`rmq_spark.broker.pop`; clients
 and Telemetry: :mod:`rmq_spark.broker.telemetry`.
@@ -25,10 +27,11 @@ from rocketmq.grpc_protocol import service_pb2 as S
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer
 
 from rmq_spark.broker import codes
-from rmq_spark.broker.auth import AccessControl, Perm
+from rmq_spark.broker.access import AUTHENTICATED, Need, ServiceAccess, Use, group_name, topic_name
+from rmq_spark.broker.auth import Perm
 from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.broker.handler import Activity, now_response, streaming, unary
-from rmq_spark.broker.messages import checked_group, checked_topic, timestamp_ms, to_proto
+from rmq_spark.broker.messages import timestamp_ms, to_proto
 from rmq_spark.broker.options import BrokerOptions
 from rmq_spark.broker.pop import WAIT_SLICE_S, PopConfig, PopService
 from rmq_spark.broker.producer import ProducerPath
@@ -38,12 +41,15 @@ from rmq_spark.store.config import TopicConfig
 from rmq_spark.filter import make_filter
 from rmq_spark.store.status import GetStatus
 
-__all__ = ["MessagingService"]
+__all__ = ["MessagingService", "ACCESS_RULES", "SERVICE"]
+
+SERVICE = "apache.rocketmq.v2.MessagingService"
 
 CLIENT_ID = "x-mq-client-id"
 ALL_TYPES = (D.MessageType.NORMAL, D.MessageType.FIFO, D.MessageType.DELAY, D.MessageType.TRANSACTION)
 _TYPE_OF = {"NORMAL": D.MessageType.NORMAL, "FIFO": D.MessageType.FIFO, "DELAY": D.MessageType.DELAY,
             "TRANSACTION": D.MessageType.TRANSACTION}
+_BROKER_MANAGED = ("%RETRY%", "%DLQ%")  # retry and dead-letter topics: never created by a client
 PULL_MAX_BYTES = 16 * 1024 * 1024
 _DEADLINE_MARGIN_S = 0.3  # answer a long poll this long before the client's deadline
 
@@ -64,7 +70,6 @@ class MessagingService(MessagingServiceServicer):
         self.broker_name = core.config.broker_name
         self.activity = Activity()
         self.set_endpoint(*endpoint)
-        self.acl = AccessControl.load(options.acl_path) if options.acl_path else None
         self.clients = ClientRegistry()
         self.pop = PopService(
             self.store,
@@ -78,7 +83,7 @@ class MessagingService(MessagingServiceServicer):
         self.policy = SettingsPolicy(
             max_body_size=self.store.config.body_max_bytes,
             max_delivery_attempts=options.max_delivery_attempts,
-            retry_backoff_ms=list(self.store.config.delay_levels_ms),
+            retry_backoff_ms=list(core.config.delay_levels_ms),
             long_polling_timeout_ms=options.long_polling_max_ms,
         )
         self.producer = ProducerPath(core, self.clients)
@@ -111,31 +116,29 @@ class MessagingService(MessagingServiceServicer):
 
     # --- common checks ----------------------------------------------------------------------------
     def _meta(self, context: grpc.ServicerContext) -> dict[str, str]:
-        """The request's headers (text ones str, ``-bin`` ones bytes); without access control only
-        the client id is read, so only it is taken (searched from the end, where the official
-        clients put it: the headers are the gRPC threads' fresh objects, each one costly to touch)."""
-        headers = context.invocation_metadata() or ()
-        if self.acl is not None:
-            meta = dict(headers)
-            if not meta.get(CLIENT_ID):
-                raise RpcStatusError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
-            return meta
-        for key, value in reversed(headers):  # the last one wins, as in a dict
+        """The request's client id header (searched from the end, where the official clients put
+        it: the headers are the gRPC threads' fresh objects, each one costly to touch).  Access was
+        checked before the handler ran (:mod:`rmq_spark.broker.access`)."""
+        for key, value in reversed(context.invocation_metadata() or ()):  # the last one wins, as in a dict
             if key == CLIENT_ID:
                 if value:
                     return {CLIENT_ID: value}
                 break
         raise RpcStatusError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
 
-    def _allow(self, meta: dict[str, str], *, topic: str | None = None, need: Perm = Perm.DENY,
-               group: str | None = None) -> None:
-        if self.acl is not None:
-            account = self.acl.authenticate(meta)
-            self.acl.authorize(account, topic=topic, need=need, group=group)
+    def access(self) -> ServiceAccess:
+        """This service's side of the access seam: its rules, and a refusal answered as a status."""
+        return ServiceAccess(SERVICE, ACCESS_RULES, self._refusal)
+
+    def _refusal(self, method: str, exc: BaseException, _context: grpc.ServicerContext) -> list[Any]:
+        out = [_RESPONSES[method](status=codes.status_of(exc))]
+        if method == "ReceiveMessage":  # a receive always ends with the broker's clock
+            out.append(now_response(self))
+        return out
 
     def _topic(self, name: str, create: bool = False) -> TopicConfig:
         cfg = self.store.topics.get(name)
-        if cfg is None and create:
+        if cfg is None and create and not name.startswith(_BROKER_MANAGED):  # the broker creates those
             try:
                 cfg = self.store.topics.get_or_create(name)
             except ConfigError:
@@ -147,7 +150,7 @@ class MessagingService(MessagingServiceServicer):
         return cfg
 
     def _queue_of(self, mq: D.MessageQueue) -> tuple[TopicConfig, int]:
-        cfg = self._topic(checked_topic(mq.topic.name))
+        cfg = self._topic(topic_name(mq.topic.name, Use.READ))
         if not 0 <= mq.id < max(cfg.read_queue_nums, cfg.write_queue_nums):
             raise RpcStatusError(Code.BAD_REQUEST, f"queue {mq.id} does not exist in topic {cfg.topic_name!r}")
         return cfg, mq.id
@@ -193,9 +196,8 @@ class MessagingService(MessagingServiceServicer):
     # --- route and clients ----------------------------------------------------------------------------
     @unary(S.QueryRouteResponse)
     def QueryRoute(self, request: S.QueryRouteRequest, context: grpc.ServicerContext) -> S.QueryRouteResponse:
-        meta = self._meta(context)
-        name = checked_topic(request.topic.name)
-        self._allow(meta, topic=name)
+        self._meta(context)
+        name = topic_name(request.topic.name, Use.ROUTE)
         cfg = self._topic(name, create=True)
         eps = self._endpoints(request.endpoints)
         n = max(cfg.read_queue_nums, cfg.write_queue_nums)
@@ -205,8 +207,7 @@ class MessagingService(MessagingServiceServicer):
     @unary(S.HeartbeatResponse)
     def Heartbeat(self, request: S.HeartbeatRequest, context: grpc.ServicerContext) -> S.HeartbeatResponse:
         meta = self._meta(context)
-        group = checked_group(request.group.name) if request.HasField("group") and request.group.name else None
-        self._allow(meta, group=group)
+        group = group_name(request.group.name) if request.HasField("group") and request.group.name else None
         self.clients.touch(meta[CLIENT_ID], request.client_type, group)
         return S.HeartbeatResponse(status=codes.ok())
 
@@ -215,7 +216,6 @@ class MessagingService(MessagingServiceServicer):
         try:
             try:
                 meta = self._meta(context)
-                self._allow(meta)
             except Exception as exc:
                 yield S.TelemetryCommand(status=codes.status_of(exc))
                 return
@@ -227,9 +227,7 @@ class MessagingService(MessagingServiceServicer):
     @unary(S.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request: S.NotifyClientTerminationRequest,
                                 context: grpc.ServicerContext) -> S.NotifyClientTerminationResponse:
-        meta = self._meta(context)
-        self._allow(meta)
-        cid = meta[CLIENT_ID]
+        cid = self._meta(context)[CLIENT_ID]
         self.pop.release_client(cid)
         self.clients.remove(cid)  # its Telemetry stream ends when the client closes its channel
         return S.NotifyClientTerminationResponse(status=codes.ok())
@@ -241,7 +239,7 @@ class MessagingService(MessagingServiceServicer):
         messages = request.messages
         if len(messages) == 1:  # the usual request
             pm = messages[0]
-            cfg = self._send_topic(pm.topic.name, meta)
+            cfg = self._send_topic(pm.topic.name)
             return self.producer.send_one(pm, cfg, meta[CLIENT_ID], lambda: _peer_host(context))
         messages = list(messages)  # the messages' wrappers made once
         if not messages:
@@ -252,15 +250,14 @@ class MessagingService(MessagingServiceServicer):
             given = pm.topic.name
             if given != name:  # the messages of a request usually share a topic: check it once
                 name = given
-                cfg = self._send_topic(given, meta)
+                cfg = self._send_topic(given)
             topics.append(cfg)
         return self.producer.send(messages, topics, meta[CLIENT_ID], lambda: _peer_host(context))
 
-    def _send_topic(self, given: str, meta: dict[str, str]) -> TopicConfig:
+    def _send_topic(self, given: str) -> TopicConfig:
         """The config of a topic a client sends to: a legal name it may publish to, created on
         first use (when allowed), with a writable queue."""
-        name = checked_topic(given)
-        self._allow(meta, topic=name, need=Perm.PUB)
+        name = topic_name(given, Use.WRITE)
         cfg = self._topic(name, create=True)
         if not cfg.writable:
             raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} has no writable queue")
@@ -268,25 +265,22 @@ class MessagingService(MessagingServiceServicer):
 
     @unary(S.EndTransactionResponse)
     def EndTransaction(self, request: S.EndTransactionRequest, context: grpc.ServicerContext) -> S.EndTransactionResponse:
-        meta = self._meta(context)
-        name = checked_topic(request.topic.name)
-        self._allow(meta, topic=name, need=Perm.PUB)
+        self._meta(context)
+        topic_name(request.topic.name, Use.WRITE)
         return S.EndTransactionResponse(status=self.producer.end_transaction(request))
 
     @unary(S.RecallMessageResponse)
     def RecallMessage(self, request: S.RecallMessageRequest, context: grpc.ServicerContext) -> S.RecallMessageResponse:
-        meta = self._meta(context)
-        name = checked_topic(request.topic.name)
-        self._allow(meta, topic=name, need=Perm.PUB)
+        self._meta(context)
+        name = topic_name(request.topic.name, Use.WRITE)
         return self.producer.recall(self._topic(name), request.recall_handle)
 
     # --- pop consumption ---------------------------------------------------------------------------------
     @unary(S.QueryAssignmentResponse)
     def QueryAssignment(self, request: S.QueryAssignmentRequest, context: grpc.ServicerContext) -> S.QueryAssignmentResponse:
         meta = self._meta(context)
-        group = checked_group(request.group.name)
-        name = checked_topic(request.topic.name)
-        self._allow(meta, topic=name, need=Perm.SUB, group=group)
+        group = group_name(request.group.name)
+        name = topic_name(request.topic.name, Use.READ)
         cfg = self._topic(name)
         if not cfg.readable or cfg.read_queue_nums <= 0:
             raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} has no readable queue")
@@ -297,9 +291,8 @@ class MessagingService(MessagingServiceServicer):
     @streaming(S.ReceiveMessageResponse, with_timestamp=True)
     def ReceiveMessage(self, request: S.ReceiveMessageRequest, context: grpc.ServicerContext) -> Iterator[S.ReceiveMessageResponse]:
         meta = self._meta(context)
-        group = checked_group(request.group.name)
-        name = checked_topic(request.message_queue.topic.name)
-        self._allow(meta, topic=name, need=Perm.SUB, group=group)
+        group = group_name(request.group.name)
+        name = topic_name(request.message_queue.topic.name, Use.READ)
         cfg = self._topic(name)
         if not cfg.readable:
             raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} is not readable")
@@ -341,10 +334,9 @@ class MessagingService(MessagingServiceServicer):
 
     @unary(S.AckMessageResponse)
     def AckMessage(self, request: S.AckMessageRequest, context: grpc.ServicerContext) -> S.AckMessageResponse:
-        meta = self._meta(context)
-        group = checked_group(request.group.name)
-        name = checked_topic(request.topic.name)
-        self._allow(meta, topic=name, need=Perm.SUB, group=group)
+        self._meta(context)
+        group = group_name(request.group.name)
+        name = topic_name(request.topic.name, Use.READ)
         if not request.entries:
             raise RpcStatusError(Code.BAD_REQUEST, "an AckMessage request needs at least one entry")
         results = []
@@ -359,10 +351,9 @@ class MessagingService(MessagingServiceServicer):
     @unary(S.ChangeInvisibleDurationResponse)
     def ChangeInvisibleDuration(self, request: S.ChangeInvisibleDurationRequest,
                                 context: grpc.ServicerContext) -> S.ChangeInvisibleDurationResponse:
-        meta = self._meta(context)
-        group = checked_group(request.group.name)
-        name = checked_topic(request.topic.name)
-        self._allow(meta, topic=name, need=Perm.SUB, group=group)
+        self._meta(context)
+        group = group_name(request.group.name)
+        name = topic_name(request.topic.name, Use.READ)
         ms = request.invisible_duration.ToMilliseconds()
         self._check_invisible(ms, 0)
         outcome, handle = self.pop.change_invisible(group, name, request.receipt_handle, ms)
@@ -373,20 +364,19 @@ class MessagingService(MessagingServiceServicer):
     @unary(S.ForwardMessageToDeadLetterQueueResponse)
     def ForwardMessageToDeadLetterQueue(self, request: S.ForwardMessageToDeadLetterQueueRequest,
                                         context: grpc.ServicerContext) -> S.ForwardMessageToDeadLetterQueueResponse:
-        meta = self._meta(context)
-        group = checked_group(request.group.name)
-        name = checked_topic(request.topic.name)
-        self._allow(meta, topic=name, need=Perm.SUB, group=group)
+        self._meta(context)
+        group = group_name(request.group.name)
+        name = topic_name(request.topic.name, Use.READ)
         code, text = codes.ack_code(self.pop.forward_to_dlq(group, name, request.receipt_handle))
         return S.ForwardMessageToDeadLetterQueueResponse(status=codes.status(code, text))
 
     # --- offset-based consumption ----------------------------------------------------------------------
     @streaming(S.PullMessageResponse, with_timestamp=False)
     def PullMessage(self, request: S.PullMessageRequest, context: grpc.ServicerContext) -> Iterator[S.PullMessageResponse]:
-        meta = self._meta(context)
-        group = checked_group(request.group.name) if request.group.name else None
+        self._meta(context)
+        if request.group.name:
+            group_name(request.group.name)  # a malformed group name is refused, as everywhere
         cfg, qid = self._queue_of(request.message_queue)
-        self._allow(meta, topic=cfg.topic_name, need=Perm.SUB, group=group)
         offset = request.offset
         if offset < 0:
             raise RpcStatusError(Code.ILLEGAL_OFFSET, f"offset {offset} is negative")
@@ -426,10 +416,9 @@ class MessagingService(MessagingServiceServicer):
 
     @unary(S.UpdateOffsetResponse)
     def UpdateOffset(self, request: S.UpdateOffsetRequest, context: grpc.ServicerContext) -> S.UpdateOffsetResponse:
-        meta = self._meta(context)
-        group = checked_group(request.group.name)
+        self._meta(context)
+        group = group_name(request.group.name)
         cfg, qid = self._queue_of(request.message_queue)
-        self._allow(meta, topic=cfg.topic_name, need=Perm.SUB, group=group)
         lo, hi = self.store.min_offset(cfg.topic_name, qid), self.store.max_offset(cfg.topic_name, qid)
         if not lo <= request.offset <= hi:
             raise RpcStatusError(Code.ILLEGAL_OFFSET, f"offset {request.offset} is outside [{lo}, {hi}] of {cfg.topic_name}/{qid}")
@@ -439,10 +428,9 @@ class MessagingService(MessagingServiceServicer):
 
     @unary(S.GetOffsetResponse)
     def GetOffset(self, request: S.GetOffsetRequest, context: grpc.ServicerContext) -> S.GetOffsetResponse:
-        meta = self._meta(context)
-        group = checked_group(request.group.name)
+        self._meta(context)
+        group = group_name(request.group.name)
         cfg, qid = self._queue_of(request.message_queue)
-        self._allow(meta, topic=cfg.topic_name, need=Perm.SUB, group=group)
         offset = self.store.offsets.query(group, cfg.topic_name, qid)
         if offset < 0:
             raise RpcStatusError(Code.OFFSET_NOT_FOUND, f"group {group!r} has no offset for {cfg.topic_name}/{qid}")
@@ -450,9 +438,8 @@ class MessagingService(MessagingServiceServicer):
 
     @unary(S.QueryOffsetResponse)
     def QueryOffset(self, request: S.QueryOffsetRequest, context: grpc.ServicerContext) -> S.QueryOffsetResponse:
-        meta = self._meta(context)
+        self._meta(context)
         cfg, qid = self._queue_of(request.message_queue)
-        self._allow(meta, topic=cfg.topic_name, need=Perm.SUB)
         policy = request.query_offset_policy
         topic = cfg.topic_name
         if policy == D.QueryOffsetPolicy.BEGINNING:
@@ -471,3 +458,49 @@ class MessagingService(MessagingServiceServicer):
     def SyncLiteSubscription(self, request: Any, context: grpc.ServicerContext) -> S.SyncLiteSubscriptionResponse:
         self._meta(context)
         raise RpcStatusError(Code.NOT_IMPLEMENTED, "lite topics are not supported by this broker")
+
+
+# --- access: what each method needs (read by rmq_spark.broker.access before the handler runs) ------
+_DESCRIPTOR = S.DESCRIPTOR.services_by_name["MessagingService"]
+_RESPONSES = {m.name: getattr(S, m.output_type.name) for m in _DESCRIPTOR.methods}
+
+
+def _sub(topic: str, group: str | None) -> Need:
+    """Consuming ``topic`` (SUB), in ``group`` (SUB) when one is named."""
+    groups = (group_name(group),) if group is not None else ()
+    return Need(topics=((topic_name(topic, Use.READ), Perm.SUB),), groups=groups)
+
+
+def _pub(topic: str) -> Need:
+    return Need(topics=((topic_name(topic, Use.WRITE), Perm.PUB),))
+
+
+def _group_if_named(request: Any) -> Need:
+    named = request.HasField("group") and request.group.name
+    return Need(groups=(group_name(request.group.name),)) if named else AUTHENTICATED
+
+
+def _send_need(request: S.SendMessageRequest) -> Need:
+    names = dict.fromkeys(m.topic.name for m in request.messages)  # a request usually has one topic
+    return Need(topics=tuple((topic_name(n, Use.WRITE), Perm.PUB) for n in names))
+
+
+ACCESS_RULES: dict[str, Any] = {
+    "QueryRoute": lambda r: Need(topics=((topic_name(r.topic.name, Use.ROUTE), Perm.DENY),)),
+    "Heartbeat": _group_if_named,
+    "SendMessage": _send_need,
+    "QueryAssignment": lambda r: _sub(r.topic.name, r.group.name),
+    "ReceiveMessage": lambda r: _sub(r.message_queue.topic.name, r.group.name),
+    "AckMessage": lambda r: _sub(r.topic.name, r.group.name),
+    "ForwardMessageToDeadLetterQueue": lambda r: _sub(r.topic.name, r.group.name),
+    "PullMessage": lambda r: _sub(r.message_queue.topic.name, r.group.name or None),
+    "UpdateOffset": lambda r: _sub(r.message_queue.topic.name, r.group.name),
+    "GetOffset": lambda r: _sub(r.message_queue.topic.name, r.group.name),
+    "QueryOffset": lambda r: _sub(r.message_queue.topic.name, None),
+    "EndTransaction": lambda r: _pub(r.topic.name),
+    "Telemetry": None,  # a request stream: any signed account (the settings name no resource)
+    "NotifyClientTermination": _group_if_named,
+    "ChangeInvisibleDuration": lambda r: _sub(r.topic.name, r.group.name),
+    "RecallMessage": lambda r: _pub(r.topic.name),
+    "SyncLiteSubscription": lambda r: AUTHENTICATED,  # not implemented: answers NOT_IMPLEMENTED
+}

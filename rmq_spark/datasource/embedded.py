@@ -72,11 +72,16 @@ def _write_record(path: str, rec: BrokerRecord) -> None:
     os.replace(tmp, os.path.join(path, ENDPOINT_FILE))
 
 
-def _answers(endpoint: str, root: str) -> bool:
-    """Does a broker for store ``root`` answer at ``endpoint``?"""
-    client = InternalClient(endpoint, timeout_s=5.0)
+def _answers(endpoint: str, root: str, credentials: dict[str, str | None] | None = None) -> bool:
+    """Does a broker for store ``root`` answer at ``endpoint``?  A broker with an ACL tells its
+    store path to admin accounts only: for others the broker named in the record file must be
+    the process running on ``root``."""
+    client = InternalClient(endpoint, timeout_s=5.0, **(credentials or {}))
     try:
         info = client.info()
+        if not info.get("store_root"):
+            rec = read_record(root)
+            return rec is not None and rec.endpoint == endpoint and pid_alive(rec.pid) and _is_broker(rec.pid, root)
         return os.path.realpath(info.get("store_root", "")) == os.path.realpath(root)
     except (BrokerUnavailableError, StoreError):
         return False
@@ -84,19 +89,25 @@ def _answers(endpoint: str, root: str) -> bool:
         client.close()
 
 
-def ensure_broker(path: str, flags: tuple[tuple[str, str], ...] = (), idle_exit_s: float = 30.0) -> str:
-    """The endpoint of a live broker on store ``path``, starting one if needed."""
+def ensure_broker(
+    path: str,
+    flags: tuple[tuple[str, str], ...] = (),
+    idle_exit_s: float = 30.0,
+    credentials: dict[str, str | None] | None = None,
+) -> str:
+    """The endpoint of a live broker on store ``path``, starting one if needed (``credentials``:
+    how to sign the calls that check it answers)."""
     root = os.path.realpath(path)
     with _known_lock:
         ep = _known.get(root)
-    if ep is not None and _answers(ep, root):
+    if ep is not None and _answers(ep, root, credentials):
         return ep
     os.makedirs(root, exist_ok=True)
     fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         rec = read_record(root)
-        if rec is not None and _answers(rec.endpoint, root):
+        if rec is not None and _answers(rec.endpoint, root, credentials):
             ep = rec.endpoint
         else:
             ep = _start(root, flags, idle_exit_s).endpoint
@@ -196,11 +207,12 @@ def endpoint_of(connection) -> str:  # type: ignore[no-untyped-def]
     """The broker endpoint for a :class:`rmq_spark.datasource.options.Connection`."""
     if connection.endpoints:
         return str(connection.endpoints).split(",")[0].strip()
-    return ensure_broker(connection.path, connection.broker_flags, connection.idle_exit_s)
+    return ensure_broker(connection.path, connection.broker_flags, connection.idle_exit_s, connection.credentials)
 
 
 def client_for(connection) -> InternalClient:  # type: ignore[no-untyped-def]
-    return InternalClient(endpoint_of(connection))
+    """A client of the connection's broker, signing its calls with the connection's keys."""
+    return InternalClient(endpoint_of(connection), **connection.credentials)
 
 
 T = TypeVar("T")

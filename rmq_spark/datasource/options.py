@@ -39,7 +39,7 @@ class ReadPath(Enum):
     ARROW = "arrow"  # the broker's bulk read, shipped as Arrow IPC over the private service
 
 
-CONNECTION = ("endpoints", "path", "embeddedIdleExitS")
+CONNECTION = ("endpoints", "path", "embeddedIdleExitS", "accessKey", "secretKey")
 SOURCE_COMMON = (
     "topics", "topicPattern", "assign", "startingOffsets", "startingTimestamp", "failOnDataLoss",
     "tags", "sql", "avroSchema", "readPath", "maxRecordsPerPartition",
@@ -82,6 +82,13 @@ class Connection:
     path: str | None = None
     broker_flags: tuple[tuple[str, str], ...] = ()
     idle_exit_s: float = DEFAULT_IDLE_EXIT_S
+    access_key: str | None = None  # with secret_key: every call to the broker is signed (its --acl)
+    secret_key: str | None = field(default=None, repr=False)
+
+    @property
+    def credentials(self) -> dict[str, str | None]:
+        """``access_key`` / ``secret_key`` keyword arguments of the broker clients."""
+        return {"access_key": self.access_key, "secret_key": self.secret_key}
 
 
 @dataclass(frozen=True)
@@ -266,7 +273,12 @@ def _parse_connection(o: dict[str, str], flags: tuple[tuple[str, str], ...]) -> 
             idle = -1.0
         if idle <= 0:
             raise ConfigError(f"option 'embeddedIdleExitS' must be a positive number, not {o['embeddedIdleExitS']!r}")
-    return Connection(endpoints, path, flags, idle)
+    access_key = o.get("accessKey") or None
+    secret_key = o.get("secretKey") or None
+    if (access_key is None) != (secret_key is None):
+        given, missing = ("accessKey", "secretKey") if access_key is not None else ("secretKey", "accessKey")
+        raise ConfigError(f"option {given!r} needs option {missing!r}: the broker checks both")
+    return Connection(endpoints, path, flags, idle, access_key, secret_key)
 
 
 def _parse_subscription(o: dict[str, str]) -> Subscription:

@@ -86,8 +86,9 @@ class Planner:
         info = self._info
         return ReadContext(
             connection=o.connection,
-            store_root=os.path.realpath(o.connection.path) if o.connection.path else info.get("store_root"),
-            store_host=info.get("host"),
+            # a broker with an ACL tells these to admin accounts only (empty otherwise)
+            store_root=os.path.realpath(o.connection.path) if o.connection.path else (info.get("store_root") or None),
+            store_host=info.get("host") or None,
             read_path=o.read_path,
             tags=o.tags,
             sql=o.sql,

@@ -45,6 +45,8 @@ class RmqDataSource(DataSource):
                                               demand and exits when idle
     ``embeddedIdleExitS``        all          idle seconds before the embedded broker exits (30)
     ``broker.<flag>``            all          a flag of the embedded broker, e.g. ``broker.delay-levels``
+    ``accessKey``/``secretKey``  all          credentials of a broker with ``--acl``: every call to it
+                                              is signed with them (both or neither)
     ``topics``                   reads        comma list of topics  (exactly one of these three)
     ``topicPattern``             reads        regular expression matched against whole topic names
     ``assign``                   reads        JSON ``{"topic": [0, 1]}``

@@ -62,7 +62,7 @@ from rmq_spark.filter.sql import SqlFilter
 from rmq_spark.filter.sql_compile import Node as Node
 from rmq_spark.filter.sql_compile import Plan as Plan
 from rmq_spark.filter.tag import SUB_ALL, TagFilter
-from rmq_spark.store.message import java_string_hash
+from rmq_spark.store.hashing import java_string_hash
 
 __all__ = [
     "EXPRESSION_TYPE_SQL92",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -40,6 +41,10 @@ class SqlFilter:
             return _eval(self.tree, properties or {}) is True
         except _JavaError:
             return False
+
+    def matches_message(self, message: Any) -> bool:
+        """:meth:`matches` on a stored message's properties (the store's filter seam)."""
+        return self.matches(message.properties)
 
     def mask(self, properties: pa.Array | pa.ChunkedArray) -> pa.BooleanArray:
         """:meth:`matches` for every row of a ``map<string, string>`` column (a null map is an

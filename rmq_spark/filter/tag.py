@@ -9,13 +9,14 @@ the tag string, because hash codes collide.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_spark.filter._common import _JAVA_TRIM_CHARS, _concat_masks, _int32
-from rmq_spark.store.message import java_string_hash
+from rmq_spark.store.hashing import java_string_hash
 
 SUB_ALL = "*"
 
@@ -45,6 +46,11 @@ class TagFilter:
     def matches(self, tag: str | None) -> bool:
         """Exact re-check on a message's tag string; an untagged message only matches ``*``."""
         return self.match_all or (tag is not None and tag in self.tags)
+
+    def matches_message(self, message: Any) -> bool:
+        """:meth:`matches` on a stored message's tag (the store's filter seam: it checks
+        :meth:`matches_code` on the ConsumeQueue first, then this on the record)."""
+        return self.match_all or message.tags in self.tags
 
     def mask_codes(self, tags_codes: np.ndarray) -> np.ndarray:
         """:meth:`matches_code` over an integer array; returns a bool array."""

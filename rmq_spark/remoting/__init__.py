@@ -13,10 +13,10 @@ Layout:
   send-back to retry / DLQ), ``pull`` (pulls with long polling and filters), ``consumer``
   (heartbeats, consumer lists, offsets, queue locks), ``transaction`` (END_TRANSACTION and the
   check-back over the producer's connection), ``lookup`` (offsets by position and time, messages
-  by id and key), ``admin`` (what mqadmin asks), ``clients`` (the client registry).
-- ``service`` — :class:`RemotingService`, the wiring the broker process starts.
-
-The NameServer is :mod:`rmq_spark.namesrv`.
+  by id and key), ``admin`` (what mqadmin asks), ``clients`` (the client registry), ``acl``
+  (RocketMQ's plain ACL over the broker's accounts).
+The NameServer is :mod:`rmq_spark.namesrv` (the layer above this one); the broker wires both
+beside gRPC in :mod:`rmq_spark.broker.remoting`.
 """
 
 from rmq_spark.remoting.codes import RequestCode, ResponseCode

@@ -27,7 +27,8 @@ from rmq_spark.remoting.headers import Fields, HeaderError, fields_of
 from rmq_spark.remoting.server import Connection
 from rmq_spark.services.core import HOOK_KEYS
 from rmq_spark.store import layout as L
-from rmq_spark.store.message import Message, decode_properties, encode_properties, offset_msg_id, tags_code
+from rmq_spark.store.message import Message, offset_msg_id, tags_code
+from rmq_spark.store.properties import decode_properties, encode_properties
 from rmq_spark.store.status import PutStatus
 from rmq_spark.store.validation import check_topic_cached
 

@@ -19,10 +19,11 @@ from rmq_spark.remoting.codes import RequestCode, ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.headers import fields_of
 from rmq_spark.remoting.server import Connection
-from rmq_spark.services.transaction.service import EndTxStatus, TransactionAction
+from rmq_spark.services.transaction.states import EndTxStatus, TransactionAction
 from rmq_spark.store import layout as L
-from rmq_spark.store.message import MessageExt, encode_properties, host_bytes
-from rmq_spark.store.record import V4_SYS_FLAG_MASK, encode_one, place_one
+from rmq_spark.store.encode import V4_SYS_FLAG_MASK, encode_v4_record, place_v4_record
+from rmq_spark.store.message import MessageExt, host_bytes
+from rmq_spark.store.properties import encode_properties
 
 __all__ = ["CompositeChecker", "RemotingTransactionChecker", "end_transaction_handler", "record_bytes"]
 
@@ -49,13 +50,13 @@ def record_bytes(m: MessageExt, store_port: int) -> bytes:
     """``m`` encoded as a CommitLog record (``MessageDecoder.encode``): what a check-back's body
     and a VIEW_MESSAGE_BY_ID answer carry when the stored record itself cannot be sent."""
     props = encode_properties({k: v for k, v in m.properties.items() if k != "__CRC32#"})
-    buf = encode_one(m.topic, m.queue_id, m.body, props, m.flag, m.sys_flag & V4_SYS_FLAG_MASK,
+    buf = encode_v4_record(m.topic, m.queue_id, m.body, props, m.flag, m.sys_flag & V4_SYS_FLAG_MASK,
                      m.born_timestamp_ms, host_bytes(m.born_host), m.born_port, m.reconsume_times,
                      m.prepared_transaction_offset, host_bytes(m.store_host), m.store_port or store_port,
                      False)  # fmt: skip
     if buf is None:
         raise ValueError("IPv6 hosts are not supported in check-back bodies")
-    place_one(buf, m.queue_offset, m.commitlog_offset, m.store_timestamp_ms, False)
+    place_v4_record(buf, m.queue_offset, m.commitlog_offset, m.store_timestamp_ms, False)
     return bytes(buf)
 
 

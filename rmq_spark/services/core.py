@@ -7,45 +7,30 @@ message to ``rmq_sys_wheel_timer``, a transactional one to the half topic) and s
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.services.transaction.halves import message_of
 from rmq_spark.store.message import Message
-from rmq_spark.store.record import SMALL_BATCH, Row
-from rmq_spark.services.redelivery.rewrite import DELIVERY_REQUEST_KEYS
-from rmq_spark.store.store import MessageStore, PutResult, StoreConfig
+from rmq_spark.store.encode import Row
+from rmq_spark.store.encoded import SMALL_BATCH
+from rmq_spark.services.redelivery.records import DELIVERY_REQUEST_KEYS
+from rmq_spark.services.schedule.service import ScheduleService, store_rules
+from rmq_spark.services.timer.service import TimerService
+from rmq_spark.services.transaction.service import TransactionService
+from rmq_spark.store.index.service import IndexService
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.store.store import MessageStore, PutResult
 
-# (attribute, module, class): services built in this order, each ``Cls(store, config, clock)``.
-# Transactions come first: a transactional message that also asks for a delay is stored as a half
-# as it is, and the delay and timer hooks run on its real message when it is committed.
-SERVICES: tuple[tuple[str, str, str], ...] = (
-    ("transactions", "rmq_spark.services.transaction.service", "TransactionService"),
-    ("schedule", "rmq_spark.services.schedule.service", "ScheduleService"),
-    ("timer", "rmq_spark.services.timer.service", "TimerService"),
-)
-INDEX = ("rmq_spark.store.index.indexfile", "IndexService")
+# the services, built in this order, each ``Cls(store, config, clock)``.  Transactions come first:
+# a transactional message that also asks for a delay is stored as a half as it is, and the delay
+# and timer hooks run on its real message when it is committed.
+SERVICES = (("transactions", TransactionService), ("schedule", ScheduleService), ("timer", TimerService))
 # the properties without which every service's put hook returns its message unchanged: TRAN_MSG
 # for transactions, the delay and timer requests (and their services' own markers) for the others
 HOOK_KEYS = frozenset((L.P_TRAN_MSG, *DELIVERY_REQUEST_KEYS))
-
-
-@dataclass
-class BrokerConfig:
-    """Everything a broker needs; the store's part is ``store``."""
-
-    store: StoreConfig = field(default_factory=StoreConfig)
-    transaction_timeout_s: float = 6.0
-    transaction_check_interval_s: float = 30.0
-    transaction_check_max: int = 15
-    timer_max_delay_s: int = 3 * 24 * 3600
-    timer_precision_ms: int = 100
-    broker_name: str = "rmq-spark-broker"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class BrokerCore:
@@ -58,24 +43,22 @@ class BrokerCore:
     ) -> None:
         self.config = config or BrokerConfig()
         self.clock = clock
-        dispatchers = []
-        index_cls = _optional(*INDEX)
-        if index_cls is not None:
-            dispatchers.append(index_cls)
         self.store = MessageStore(
-            root, self.config.store, clock=clock, dispatchers=dispatchers, start_services=start_services
+            root,
+            self.config.store,
+            clock=clock,
+            dispatchers=[IndexService],
+            start_services=start_services,
+            tags_code_rules=store_rules(self.config),
         )
-        self.index = next((d for d in self.store.dispatchers if index_cls and isinstance(d, index_cls)), None)
+        self.index = next(d for d in self.store.dispatchers if isinstance(d, IndexService))
         self.services: list[Any] = []
-        for attr, module, name in SERVICES:
-            cls = _optional(module, name)
-            svc = cls(self.store, self.config, clock) if cls is not None else None
+        for attr, cls in SERVICES:
+            svc = cls(self.store, self.config, clock)
             setattr(self, attr, svc)
-            if svc is not None:
-                self.services.append(svc)
-        if self.transactions is not None:
-            self.transactions.real_message_hook = self._delivery_hooks
-            self.transactions.hook_only_on = DELIVERY_REQUEST_KEYS
+            self.services.append(svc)
+        self.transactions.real_message_hook = self._delivery_hooks
+        self.transactions.hook_only_on = DELIVERY_REQUEST_KEYS
         if start_services:
             for svc in self.services:
                 svc.start()
@@ -85,10 +68,9 @@ class BrokerCore:
         time applies to the real message written when it is committed (``_delivery_hooks``)."""
         if HOOK_KEYS.isdisjoint(msg.properties):
             return msg  # a plain message: no hook acts on it
-        if self.transactions is not None:
-            half = self.transactions.transform(msg)
-            if half is not msg:
-                return half
+        half = self.transactions.transform(msg)
+        if half is not msg:
+            return half
         return self._delivery_hooks(msg)
 
     def _delivery_hooks(self, msg: Message) -> Message:
@@ -126,13 +108,3 @@ class BrokerCore:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def _optional(module: str, name: str) -> Any:
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name == module:
-            return None
-        raise
-    return getattr(mod, name)

@@ -7,7 +7,7 @@ records (magic, length, CRC), truncates a torn tail and reports corruption with 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import numpy as np
 
@@ -16,15 +16,14 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import Column, DispatchBatch, as_list, group_by_queue
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import MessageExt, offset_msg_ids
+from rmq_spark.store.encode import place_v4_record
+from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.record import (
-    POS_STORE_TIMESTAMP_V4,
-    SMALL_BATCH,
-    RecordCheck,
-    EncodedBatch,
+    store_timestamp_at,
     blank_record,
     check_record,
     decode_record,
-    place_one,
+    RecordCheck,
 )
 
 import struct
@@ -93,6 +92,7 @@ class CommitLog:
         store_port: int,
         now_ms: Callable[[], int],
         tags_code_for: Callable[[str, dict[str, str], int], int | None] | None = None,
+        tags_code_topics: Collection[str] = (),
     ) -> None:
         self.mfq = MappedFileQueue(directory, segment_bytes, writable=True)
         self.segment_bytes = segment_bytes
@@ -102,7 +102,8 @@ class CommitLog:
         self.put_lock = threading.RLock()
         # next queue offset per (topic, queueId)
         self.queue_table: dict[tuple[str, int], int] = {}
-        self._tags_code_for = tags_code_for
+        self._tags_code_for = tags_code_for  # the store's tagsCode rules, for tags_code_topics
+        self._tags_code_topics = tags_code_topics
         self.last_store_timestamp_ms = 0
 
     # --- append -------------------------------------------------------------------------------------
@@ -204,12 +205,12 @@ class CommitLog:
         if now < self.last_store_timestamp_ms:
             now = self.last_store_timestamp_ms
         self.last_store_timestamp_ms = now
-        batch.finalize_few(phys, qoffs, now)
+        batch.finalize_lists(phys, qoffs, now)
         mf.write(batch.buf)
         return self._results(batch, phys, qoffs, now, base, base + total, len(phys))
 
     def append_one(self, buf: bytearray, topic: str, queue_id: int, sys_flag: int, prop_crc: bool) -> tuple[int, int, int] | None:
-        """Append one :func:`~rmq_spark.store.record.encode_one` record at the end of the current
+        """Append one :func:`~rmq_spark.store.record.encode_v4_record` record at the end of the current
         segment (caller holds ``put_lock``): its (physical offset, queue offset, store time), or
         None, nothing changed, when it does not fit there (:meth:`append` rolls the segment)."""
         files = self.mfq.files
@@ -232,7 +233,7 @@ class CommitLog:
         if now < self.last_store_timestamp_ms:
             now = self.last_store_timestamp_ms
         self.last_store_timestamp_ms = now
-        place_one(buf, qoff, phys, now, prop_crc)
+        place_v4_record(buf, qoff, phys, now, prop_crc)
         mf.write(buf)
         return phys, qoff, now
 
@@ -240,7 +241,7 @@ class CommitLog:
         self, batch: EncodedBatch, phys, qoffs, now: int, base: int, end: int, n: int
     ) -> tuple[AppendResult, DispatchBatch]:
         tags = batch._tags_codes  # noqa: SLF001 - a list for a small batch
-        if self._tags_code_for is not None and L.SCHEDULE_TOPIC in batch.topics:
+        if self._tags_code_for is not None and any(t in batch.topics for t in self._tags_code_topics):
             tags = list(as_list(tags))
             for i, (t, p) in enumerate(zip(batch.topics, batch.properties)):
                 code = self._tags_code_for(t, p, now)
@@ -298,10 +299,7 @@ class CommitLog:
         mf = self.mfq.find(offset)
         if mf is None:
             return -1
-        pos = offset - mf.from_offset
-        sys_flag = _INT.unpack_from(mf.mm, pos + 36)[0]
-        p = pos + POS_STORE_TIMESTAMP_V4 + (12 if sys_flag & L.FLAG_BORNHOST_V6 else 0)
-        return _TS.unpack_from(mf.mm, p)[0]
+        return store_timestamp_at(mf.mm, offset - mf.from_offset)
 
     # --- recovery -------------------------------------------------------------------------------------
     def recover(

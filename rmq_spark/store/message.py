@@ -14,20 +14,18 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rmq_spark.store import layout as L
+from rmq_spark.store.hashing import java_string_hash
 
 __all__ = [
     "Message",
     "MessageExt",
     "java_string_hash",
     "tags_code",
-    "encode_properties",
-    "decode_properties",
     "offset_msg_id",
     "decode_offset_msg_id",
     "UniqIdGenerator",
@@ -36,14 +34,6 @@ __all__ = [
 ]
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-
-
-def java_string_hash(s: str) -> int:
-    """Java ``String.hashCode()`` (over UTF-16 code units), as a signed 32-bit int."""
-    h = 0
-    for unit in np.frombuffer(s.encode("utf-16-le", "surrogatepass"), dtype="<u2").tolist():
-        h = (31 * h + unit) & 0xFFFFFFFF
-    return h - 0x100000000 if h & 0x80000000 else h
 
 
 _TAGS_CODE_CACHE: dict[str, int] = {}
@@ -59,33 +49,6 @@ def tags_code(tags: str | None) -> int:
         if len(_TAGS_CODE_CACHE) < 65536:
             _TAGS_CODE_CACHE[tags] = code
     return code
-
-
-def encode_properties(props: Mapping[str, str | None]) -> bytes:
-    """``key \\x01 value \\x02`` for each entry with a value, UTF-8, trailing separator kept."""
-    if not props:
-        return b""
-    parts = []
-    for k, v in props.items():
-        if v is None or k.startswith(L.TRANSIENT_PREFIX):
-            continue
-        parts.append(f"{k}\x01{v}\x02")
-    return "".join(parts).encode("utf-8")
-
-
-def decode_properties(data: bytes | str) -> dict[str, str]:
-    """RocketMQ's ``string2messageProperties``: segments split on \\x02; a segment needs a
-    non-empty key and a non-empty value around its first \\x01, otherwise it is dropped."""
-    text = data.decode("utf-8", errors="replace") if isinstance(data, (bytes, bytearray)) else data
-    out: dict[str, str] = {}
-    if not text:
-        return out
-    for seg in text.split(L.PROPERTY_SEPARATOR):
-        i = seg.find(L.NAME_VALUE_SEPARATOR)
-        if 0 < i < len(seg) - 1:
-            out[seg[:i]] = seg[i + 1 :]
-    out.pop("__CRC32#", None)  # the record CRC is part of the record, not a user property
-    return out
 
 
 @functools.lru_cache(maxsize=256)

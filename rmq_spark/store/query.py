@@ -22,9 +22,9 @@ import enum
 
 from rmq_spark.errors import RmqError, StoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.index.indexfile import IndexService
+from rmq_spark.store.index.service import IndexService
 from rmq_spark.store.message import MessageExt, decode_offset_msg_id
-from rmq_spark.store.record import RecordCheck, check_record, decode_record
+from rmq_spark.store.record import check_record, decode_record, RecordCheck
 
 __all__ = ["Boundary", "MessageIdError", "MessageQuery", "MAX_TIME_MS"]
 

@@ -33,8 +33,9 @@ from rmq_spark.store.consumequeue import CQ_UNIT, ConsumeQueue
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import offset_msg_ids
 from rmq_spark.store import record as R
+from rmq_spark.store.properties import ParsedProperties, UniformProperties
+from rmq_spark.store.views import _at, _fixed_strings, _gather, _views
 
-_CRC_PREFIX, _CRC_BYTES = R.PROP_CRC_PREFIX, R.PROP_CRC_BYTES
 
 TS = pa.timestamp("us", tz="UTC")
 MESSAGE_SCHEMA = pa.schema(
@@ -63,56 +64,6 @@ def empty_batch(columns: Sequence[str] | None = None) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in fields], schema=pa.schema(fields))
 
 
-def _at(buf: np.ndarray, dtype: str) -> np.ndarray:
-    """``buf`` seen as overlapping items of ``dtype`` starting at every byte: ``_at(buf, ">i4")[p]``
-    is the big-endian int at byte ``p``, so one fancy index gathers a field of many records."""
-    size = np.dtype(dtype).itemsize
-    return np.ndarray(shape=(max(len(buf) - size + 1, 0),), dtype=dtype, buffer=buf, strides=(1,))
-
-
-def _gather(buf: np.ndarray, pos: np.ndarray, width: int, dtype: str) -> np.ndarray:
-    assert np.dtype(dtype).itemsize == width
-    return _at(buf, dtype)[pos]
-
-
-# byte masks of the three inline words for a length of 0..12; 13 stands for "longer": keep all
-def _inline_mask(length: int, word: int) -> int:
-    keep = max(0, min(4, length - 4 * word))
-    return (1 << (8 * keep)) - 1
-
-
-_INLINE_MASKS = np.array(
-    [[_inline_mask(k, j) for j in range(3)] for k in range(13)] + [[0xFFFFFFFF] * 3], dtype="<u4"
-)
-
-
-def _views(buf: np.ndarray, start: np.ndarray, length: np.ndarray, buffer_index: int) -> np.ndarray:
-    """Arrow binary_view structs (16 bytes each) for byte ranges of ``buf``: ``length``, then up
-    to 12 inline bytes, or a 4-byte prefix, the buffer index and the offset.  Worked on as
-    little-endian 32-bit words; returns an (n, 4) uint32 array."""
-    n = len(start)
-    out = np.empty((n, 4), dtype="<u4")
-    if n == 0:
-        return out
-    length = length.astype(np.int64)
-    if int(length.min()) > 12:  # no inline data: the prefix is all that is read
-        out[:, 0] = length
-        out[:, 1] = _at(buf, "<u4")[start]
-        out[:, 2] = buffer_index
-        out[:, 3] = start
-        return out
-    if int(start.max()) > len(buf) - 12:  # the 12-byte reads below must stay inside the buffer
-        buf = np.concatenate([buf, np.zeros(12, dtype=np.uint8)])
-    # 12 bytes from each start: the inline content, or the prefix
-    words = _at(buf, "V12")[start].view("<u4").reshape(n, 3)
-    words &= _INLINE_MASKS[np.minimum(length, 13)]
-    short = length <= 12
-    out[:, 0] = length
-    out[:, 1] = words[:, 0]
-    out[:, 2] = np.where(short, words[:, 1], np.uint32(buffer_index))
-    out[:, 3] = np.where(short, words[:, 2], start.astype("<u4"))
-    return out
-
 
 # header fields read by the source: record byte position with IPv4 hosts, type, and how many of
 # the two hosts (BORNHOST, STOREHOST: +12 bytes each when IPv6) come before the field
@@ -120,8 +71,8 @@ _FIELDS = {
     "sys_flag": (R.POS_SYS_FLAG, ">i4", 0),
     "born_ts": (R.POS_BORN_TIMESTAMP, ">i8", 0),
     "store_ts": (R.POS_STORE_TIMESTAMP_V4, ">i8", 1),
-    "reconsume": (R.POS_STORE_TIMESTAMP_V4 + 16, ">i4", 2),
-    "body_len": (R.POS_STORE_TIMESTAMP_V4 + 28, ">i4", 2),
+    "reconsume": (R.POS_RECONSUME_TIMES_V4, ">i4", 2),
+    "body_len": (R.POS_BODY_LEN_V4, ">i4", 2),
 }
 # ... all within one span from SYSFLAG to BODYLEN, gathered as ONE item per record
 _HEAD_AT = R.POS_SYS_FLAG
@@ -166,244 +117,6 @@ class _Headers:
             out[v6] = _gather(self._buf, self._pos[v6] + at + self._shift(v6, hosts_before), np.dtype(dtype).itemsize, dtype)
         return out
 
-
-def _owner(pos: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """For sorted byte positions, the index of the record ``[starts[i], ends[i])`` holding each
-    (-1 when none).  Records are disjoint and in buffer order, so record ``i`` holds exactly
-    ``pos[first[i]:last[i]]``: two searches of ``n`` records instead of one per position."""
-    m = len(pos)
-    first = np.searchsorted(pos, starts, side="left")
-    last = np.searchsorted(pos, ends, side="left")
-    counts = last - first
-    if int(counts.sum()) == m:  # every position belongs to a record
-        return np.repeat(np.arange(len(starts), dtype=np.int64), counts)
-    owner = np.full(m, -1, dtype=np.int64)
-    has = counts > 0
-    delta = np.bincount(first[has], minlength=m + 1) - np.bincount(last[has], minlength=m + 1)
-    owner[np.cumsum(delta[:-1]) > 0] = np.repeat(np.arange(len(starts), dtype=np.int64), counts)
-    return owner
-
-
-class ParsedProperties:
-    """RocketMQ property strings (``k\\x01v\\x02...``) parsed for a whole column at once.
-
-    The string bytes stay in one Arrow buffer; separators are found with numpy, and keys and
-    values become ``binary_view`` arrays pointing into that buffer.  A segment counts only with
-    a non-empty key and a non-empty value (``string2messageProperties``); the record CRC
-    (``__CRC32#``, the last 20 bytes when present) is not a property."""
-
-    def __init__(self, props: pa.Array) -> None:
-        props = props.cast(pa.binary())
-        self.n = n = len(props)
-        bufs = props.buffers()
-        offs = np.frombuffer(bufs[1], dtype=np.int32)[props.offset : props.offset + n + 1].astype(np.int64)
-        self._data_buf = bufs[2] if bufs[2] is not None else pa.py_buffer(b"")
-        data = np.frombuffer(self._data_buf, dtype=np.uint8)
-        starts, ends = offs[:-1], offs[1:].copy()
-        # drop the trailing record CRC property
-        crc_prefix = np.frombuffer(_CRC_PREFIX, dtype=np.uint8)
-        cand = np.flatnonzero(ends - starts >= _CRC_BYTES)
-        if len(cand):
-            head = data[(ends[cand] - _CRC_BYTES)[:, None] + np.arange(len(crc_prefix))]
-            ends[cand[(head == crc_prefix).all(axis=1)]] -= _CRC_BYTES
-        # segment ends: every \x02 inside a record, plus the record end when it lacks one
-        twos = np.flatnonzero(data == 2)
-        rec_of = _owner(twos, starts, ends)
-        keep = rec_of >= 0
-        if not keep.all():
-            twos, rec_of = twos[keep], rec_of[keep]
-        nonempty = ends > starts
-        last_byte = np.zeros(n, dtype=np.uint8)
-        last_byte[nonempty] = data[ends[nonempty] - 1]
-        open_end = np.flatnonzero(nonempty & (last_byte != 2))
-        if len(open_end):  # records whose last segment has no trailing separator
-            seg_end = np.concatenate([twos, ends[open_end]])
-            seg_rec = np.concatenate([rec_of, open_end])
-            order = np.argsort(seg_end, kind="stable")  # the buffer holds records in order
-            seg_end, seg_rec = seg_end[order], seg_rec[order]
-        else:
-            seg_end, seg_rec = twos, rec_of
-        seg_start = np.empty_like(seg_end)
-        if len(seg_end):
-            seg_start[0] = starts[seg_rec[0]]
-            same = seg_rec[1:] == seg_rec[:-1]
-            seg_start[1:] = np.where(same, seg_end[:-1] + 1, starts[seg_rec[1:]])
-        ones = np.flatnonzero(data == 1)
-        if len(ones) == len(seg_start) and (
-            len(ones) == 0 or ((ones >= seg_start) & (ones < seg_end)).all()
-        ):
-            sep = ones  # the usual case: exactly one \x01 in each segment
-        else:
-            i = np.searchsorted(ones, seg_start)
-            sep = np.where(i < len(ones), ones[np.minimum(i, max(len(ones) - 1, 0))] if len(ones) else 0, -1)
-        ok = (sep > seg_start) & (sep < seg_end - 1)
-        self.rec = seg_rec[ok]
-        self.k_start, self.k_len = seg_start[ok], sep[ok] - seg_start[ok]
-        self.v_start, self.v_len = sep[ok] + 1, seg_end[ok] - sep[ok] - 1
-        self._data = data
-        self._key_heads: np.ndarray | None = None
-
-    def _heads(self) -> np.ndarray:
-        """First 8 bytes of every key (zero-masked past its length) as one integer: a single
-        gather for all keys, so each :meth:`lookup` compares integers instead of bytes."""
-        if self._key_heads is None:
-            data = self._data
-            if len(self.k_start) and int(self.k_start.max()) > len(data) - 8:
-                data = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
-            heads = _at(data, "<u8")[self.k_start]
-            short = self.k_len < 8
-            if short.any():
-                bits = (np.minimum(self.k_len[short], 8) * 8).astype(np.uint64)
-                heads[short] &= (np.uint64(1) << bits) - np.uint64(1)
-            self._key_heads = heads
-        return self._key_heads
-
-    def _strings(self, start: np.ndarray, length: np.ndarray, validity: np.ndarray | None = None) -> pa.Array:
-        m = len(start)
-        views = _views(self._data, start, length, 0)
-        vbuf = None
-        if validity is not None and not validity.all():
-            vbuf = pa.py_buffer(np.packbits(validity, bitorder="little").tobytes())
-        arr = pa.Array.from_buffers(pa.binary_view(), m, [vbuf, pa.py_buffer(views.tobytes()), self._data_buf])
-        return _binary_as_string(arr.cast(pa.binary()))
-
-    def map_array(self) -> pa.MapArray:
-        counts = np.bincount(self.rec, minlength=self.n)
-        offsets = np.zeros(self.n + 1, dtype=np.int32)
-        np.cumsum(counts, out=offsets[1:])
-        return pa.MapArray.from_arrays(
-            pa.array(offsets), self._strings(self.k_start, self.k_len), self._strings(self.v_start, self.v_len)
-        )
-
-    def lookup(self, key: str) -> pa.Array:
-        """The value of ``key`` in each record (the last one if repeated), null when absent."""
-        kb = np.frombuffer(key.encode("utf-8"), dtype=np.uint8)
-        head = int.from_bytes(kb[:8].tobytes(), "little")
-        cand = np.flatnonzero((self._heads() == np.uint64(head)) & (self.k_len == len(kb)))
-        if len(cand) and len(kb) > 8:  # the rest of a long key, on the candidates only
-            rest = kb[8:]
-            eq = (self._data[(self.k_start[cand] + 8)[:, None] + np.arange(len(rest))] == rest).all(axis=1)
-            cand = cand[eq]
-        if len(cand) == 0:  # common for TIMER_OUT_MS, __transactionId__: no views to build
-            return pa.nulls(self.n, pa.string())
-        start = np.zeros(self.n, dtype=np.int64)
-        length = np.zeros(self.n, dtype=np.int64)
-        present = np.zeros(self.n, dtype=bool)
-        start[self.rec[cand]] = self.v_start[cand]  # later duplicates overwrite, as a HashMap put
-        length[self.rec[cand]] = self.v_len[cand]
-        present[self.rec[cand]] = True
-        return self._strings(start, length, present)
-
-
-def _binary_as_string(arr: pa.Array) -> pa.Array:
-    """A ``binary`` array re-typed as ``string`` without the UTF-8 scan of a cast: the property
-    bytes were encoded from ``str`` by the store, so they are UTF-8 by construction."""
-    return pa.Array.from_buffers(pa.string(), len(arr), arr.buffers(), arr.null_count, arr.offset)
-
-
-def _fixed_strings(block: np.ndarray, typ: pa.DataType = pa.string()) -> pa.Array:
-    """Rows of an (n, w) uint8 matrix as an Arrow string/binary array: one copy, no per-row work."""
-    n, w = block.shape
-    data = np.ascontiguousarray(block)
-    offsets = np.arange(0, (n + 1) * w, w, dtype=np.int32) if w else np.zeros(n + 1, dtype=np.int32)
-    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-
-
-def _tiled_offsets(n: int, lengths: list[int]) -> np.ndarray:
-    """Offsets of ``n`` rows that each hold strings of ``lengths``, back to back."""
-    per_row, k = int(sum(lengths)), len(lengths)
-    cum = np.cumsum([0, *lengths[:-1]]).astype(np.int32)
-    out = np.empty(n * k + 1, dtype=np.int32)
-    np.add((np.arange(n, dtype=np.int32) * np.int32(per_row))[:, None], cum[None, :], out=out[:-1].reshape(n, k))
-    out[-1] = n * per_row
-    return out
-
-
-class UniformProperties:
-    """Properties of records that all share one layout, as a batch put writes them: the same
-    length, the same separators and keys at the same bytes, only value bytes differ (and hold no
-    separator).  Each value is then a column slice of the (n, L) byte matrix: no parsing per
-    record.  Same results as :class:`ParsedProperties` (empty keys or values skipped, the record
-    CRC dropped, the last of repeated keys wins in :meth:`lookup`)."""
-
-    def __init__(self, mat: np.ndarray, segments: list[tuple[str, bytes, int, int]]) -> None:
-        self.n = len(mat)
-        self._mat = mat
-        self._segments = segments  # (key, key bytes, value start, value end) in string order
-
-    @classmethod
-    def of(cls, mat: np.ndarray) -> "UniformProperties | None":
-        """The layout of row 0, if every row follows it (else None: parse them one by one)."""
-        n, width = mat.shape
-        if n == 0 or width == 0:
-            return None
-        row = mat[0]
-        raw = row.tobytes()
-        end = width
-        const = (row == 1) | (row == 2)  # bytes every row must repeat: separators, keys, CRC key
-        if width >= _CRC_BYTES and raw[width - _CRC_BYTES : width - _CRC_BYTES + len(_CRC_PREFIX)] == _CRC_PREFIX:
-            end = width - _CRC_BYTES
-            const[end : end + len(_CRC_PREFIX)] = True
-        segments = []
-        s = 0
-        while s < end:
-            e = raw.find(b"\x02", s, end)
-            e = end if e < 0 else e
-            sep = raw.find(b"\x01", s, e)
-            if s < sep < e - 1:
-                const[s:sep] = True
-                segments.append((raw[s:sep].decode("utf-8", "surrogateescape"), raw[s:sep], sep + 1, e))
-            s = e + 1
-        # every row equals row 0 on the constant bytes (whole-matrix passes: contiguous, SIMD) ...
-        diff = np.bitwise_xor(mat, row)
-        diff &= np.where(const, np.uint8(0xFF), np.uint8(0))
-        if diff.any():
-            return None
-        del diff
-        # ... so they hold row 0's separators there, and no other \x01/\x02 may exist: when row 0
-        # has no byte <= 2 outside them, one count of such bytes over all rows tells
-        low = int(np.count_nonzero(row <= 2))
-        if low == int(np.count_nonzero(const & (row <= 2))):
-            return cls(mat, segments) if np.count_nonzero(mat <= 2) == n * low else None
-        seps = int(np.count_nonzero(row == 1)), int(np.count_nonzero(row == 2))
-        if np.count_nonzero(mat == 1) != n * seps[0] or np.count_nonzero(mat == 2) != n * seps[1]:
-            return None
-        return cls(mat, segments)
-
-    def _values(self, i: int) -> np.ndarray:
-        _, _, vs, ve = self._segments[i]
-        return self._mat[:, vs:ve]
-
-    def lookup(self, key: str) -> pa.Array:
-        for i in range(len(self._segments) - 1, -1, -1):
-            if self._segments[i][0] == key:
-                return _fixed_strings(self._values(i))
-        return pa.nulls(self.n, pa.string())
-
-    def map_array(self) -> pa.MapArray:
-        n, segs = self.n, self._segments
-        k = len(segs)
-        offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32) if k else np.zeros(n + 1, dtype=np.int32))
-        if k == 0:
-            empty = pa.array([], pa.string())
-            return pa.MapArray.from_arrays(offsets, empty, empty)
-        key_bytes = b"".join(kb for _, kb, _, _ in segs)
-        keys = pa.Array.from_buffers(
-            pa.string(), n * k,
-            [None, pa.py_buffer(_tiled_offsets(n, [len(kb) for _, kb, _, _ in segs])),
-             pa.py_buffer(np.tile(np.frombuffer(key_bytes, np.uint8), n))],
-        )
-        vals = np.concatenate([self._values(i) for i in range(k)], axis=1) if k > 1 else np.ascontiguousarray(self._values(0))
-        items = pa.Array.from_buffers(
-            pa.string(), n * k,
-            [None, pa.py_buffer(_tiled_offsets(n, [ve - vs for _, _, vs, ve in segs])), pa.py_buffer(vals)],
-        )
-        return pa.MapArray.from_arrays(offsets, keys, items)
-
-
-def parse_properties(props: pa.Array) -> pa.MapArray:
-    """RocketMQ property strings to ``map<string,string>`` (see :class:`ParsedProperties`)."""
-    return ParsedProperties(props).map_array()
 
 
 @dataclass
@@ -649,15 +362,10 @@ class StoreReader:
         if cq is None:
             return 0
         self.commitlog.refresh()
-        from rmq_spark.store.commitlog import _TS, _INT
 
         def store_time(offset: int) -> int:
             mf = self.commitlog.find(offset)
-            if mf is None:
-                return -1
-            pos = offset - mf.from_offset
-            sf = _INT.unpack_from(mf.mm, pos + 36)[0]
-            return _TS.unpack_from(mf.mm, pos + 56 + (12 if sf & L.FLAG_BORNHOST_V6 else 0))[0]
+            return -1 if mf is None else R.store_timestamp_at(mf.mm, offset - mf.from_offset)
 
         return cq.offset_by_time(timestamp_ms, store_time)
 
@@ -745,4 +453,4 @@ def _detect_segment_bytes(directory: str) -> int | None:
     return None
 
 
-__all__: Sequence[str] = ["MESSAGE_SCHEMA", "StoreReader", "read_queue_arrow", "read_units_arrow", "chunk_bounds", "empty_batch", "parse_properties", "CQ_UNIT"]
+__all__: Sequence[str] = ["MESSAGE_SCHEMA", "StoreReader", "read_queue_arrow", "read_units_arrow", "chunk_bounds", "empty_batch", "CQ_UNIT"]

@@ -3,6 +3,10 @@ recovery, checkpoint, topic config and consumer offsets.
 
 One process writes a store directory at a time (an exclusive ``lock`` file); readers in other
 processes use :class:`rmq_spark.store.reader.StoreReader`.
+
+Why this module is long: :class:`MessageStore` owns the put lock, the publish order and the
+durable offset, and its put, recovery and read paths all take or publish under them; what holds
+no such state has its own module (commitlog, consumequeue, dispatch, flush, encode, reader, query).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,52 +29,23 @@ from rmq_spark.store.config import TopicConfigManager
 from rmq_spark.store.consumequeue import ConsumeQueue
 from rmq_spark.store.dispatch import ConsumeQueueDispatcher, DispatchBatch, Dispatcher
 from rmq_spark.store.flush import AsyncFlushService, GroupCommitService
-from rmq_spark.store.message import (
-    Message,
-    MessageExt,
-    encode_properties,
-    host_bytes,
-    new_uniq_ids,
-    new_uniq_ids_array,
-    split_ids,
-    tags_code,
-)
+from rmq_spark.store.message import Message, MessageExt, host_bytes, new_uniq_ids, new_uniq_ids_array, split_ids, tags_code
+from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.offsets import ConsumerOffsetManager
-from rmq_spark.store.record import (
-    PROP_CRC_BYTES,
-    PROP_CRC_PLACEHOLDER,
-    SMALL_BATCH,
+from rmq_spark.store.encode import (
     V4_SYS_FLAG_MASK,
-    EncodedBatch,
-    Row,
-    encode_batch,
-    encode_few,
+    encode_columns,
+    encode_lists,
     encode_messages,
-    encode_one,
+    encode_v4_record,
+    Row,
 )
+from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
+from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER
 from rmq_spark.store.status import GetStatus, PutStatus
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
 
 log = logging.getLogger("rmq_spark.store")
-
-DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_delay_levels(text: str) -> list[int]:
-    """``"1s 5s 1m"`` -> delays in ms, level 1 first."""
-    out = []
-    for tok in text.split():
-        for unit in ("ms", "s", "m", "h", "d"):
-            if tok.endswith(unit) and tok[: -len(unit)].isdigit():
-                out.append(int(tok[: -len(unit)]) * _UNITS_MS[unit])
-                break
-        else:
-            raise ConfigError(f"delay level {tok!r} is not a number followed by ms, s, m, h or d")
-    if not out:
-        raise ConfigError("delay levels are empty")
-    return out
-
 
 @dataclass
 class StoreConfig:
@@ -90,7 +65,6 @@ class StoreConfig:
     # a CRC of the whole record in the __CRC32# property (RocketMQ's enabledAppendPropCRC): lets
     # recovery detect a torn record anywhere, not only in its body
     append_prop_crc: bool = True
-    delay_levels: str = DEFAULT_DELAY_LEVELS
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,7 +74,6 @@ class StoreConfig:
             raise ConfigError("commitlog_segment_bytes must be at least 4096")
         if self.cq_segment_units < 1:
             raise ConfigError("cq_segment_units must be positive")
-        self.delay_levels_ms = parse_delay_levels(self.delay_levels)
 
 
 @dataclass
@@ -123,6 +96,13 @@ class GetResult:
     max_offset: int
 
 
+# A topic whose ConsumeQueue units carry, as tagsCode, a number computed from the record's
+# properties and store time instead of the hash of its TAGS (RocketMQ's schedule topic stores the
+# delivery time there): ``rule(properties, store_timestamp_ms) -> tagsCode or None``.  The services
+# above the store give theirs to :class:`MessageStore`; recovery and re-dispatch apply them too.
+TagsCodeRule = Callable[[dict[str, str], int], "int | None"]
+
+
 class MessageStore:
     """Open (recovering if needed) the store at ``root``; a context manager."""
 
@@ -133,10 +113,12 @@ class MessageStore:
         clock: Clock = SYSTEM_CLOCK,
         dispatchers: Iterable[Callable[[MessageStore], Dispatcher]] = (),
         start_services: bool = True,
+        tags_code_rules: Mapping[str, TagsCodeRule] | None = None,
     ) -> None:
         self.root = os.path.abspath(root)
         self.config = config or StoreConfig()
         self.clock = clock
+        self.tags_code_rules: dict[str, TagsCodeRule] = dict(tags_code_rules or {})
         os.makedirs(self.root, exist_ok=True)
         self._lock_fd = _lock_directory(self.root)
         self._closed = False
@@ -162,6 +144,7 @@ class MessageStore:
             store_port=cfg.store_port,
             now_ms=self.clock.now_ms,
             tags_code_for=self._special_tags_code,
+            tags_code_topics=self.tags_code_rules.keys(),
         )
         self.publish_lock = threading.RLock()
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
@@ -338,16 +321,9 @@ class MessageStore:
             assert self.commitlog.max_offset == end
 
     def _special_tags_code(self, topic: str, props: dict[str, str], store_ts: int) -> int | None:
-        """Schedule-topic messages carry their delivery time as tagsCode."""
-        if topic == L.SCHEDULE_TOPIC and L.P_DELAY in props:
-            try:
-                level = int(props[L.P_DELAY])
-            except ValueError:
-                return store_ts + 1000
-            levels = self.config.delay_levels_ms
-            level = min(max(level, 1), len(levels))
-            return store_ts + levels[level - 1]
-        return None
+        """The tagsCode a topic's rule gives a record (None: the hash of its TAGS)."""
+        rule = self.tags_code_rules.get(topic)
+        return None if rule is None else rule(props, store_ts)
 
     # --- put ------------------------------------------------------------------------------------------
     def put_message(self, msg: Message) -> PutResult:
@@ -374,7 +350,7 @@ class MessageStore:
             batch = encode_messages(msgs, props_enc, now, self._store_host, cfg.store_port, cfg.append_prop_crc)
         else:
             topics = [m.topic for m in msgs]
-            batch = encode_batch(
+            batch = encode_columns(
                 topics[0] if topics.count(topics[0]) == len(topics) else topics,
                 [m.queue_id for m in msgs],
                 [m.body if m.body.__class__ is bytes else bytes(m.body) for m in msgs],
@@ -405,23 +381,23 @@ class MessageStore:
                 cfg = self.config
                 return PutResult(PutStatus.PUT_OK, AppendResult(phys, size, [phys], [qoff], now, self._store_host, cfg.store_port),
                                  [row[3].get(L.P_UNIQ_KEY)])  # fmt: skip
-        batch = self.encode_rows_few(rows)
+        batch = self.encode_rows(rows)
         return self._put_encoded(batch, batch.uniq_keys)
 
     def try_put_row(self, row: Row) -> tuple[int, int, int, int] | None:
         """:meth:`put_rows` of one record, with asynchronous flush, encoded, appended and handed to
         the dispatchers without batch objects: its (CommitLog offset, size, queue offset, store
         time).  None, nothing written, where :meth:`put_rows` must take it: sync flush, an IPv6
-        host, a delay-level record, oversized properties, a segment to roll."""
+        host, a topic with a tagsCode rule, oversized properties, a segment to roll."""
         if not self._one_by_one:
             return None
         topic, qid, body, props, pb, tags, flag, sf, born_ms, born_host, born_port, rts, prep = row
         cfg = self.config
         prop_crc = cfg.append_prop_crc
-        if topic == L.SCHEDULE_TOPIC or len(pb) + PROP_CRC_BYTES > L.PROPERTY_MAX_BYTES:
+        if topic in self.tags_code_rules or len(pb) + PROP_CRC_BYTES > L.PROPERTY_MAX_BYTES:
             return None
         sf &= V4_SYS_FLAG_MASK
-        buf = encode_one(topic, qid, body, pb, flag, sf, born_ms, host_bytes(born_host), born_port, rts, prep,
+        buf = encode_v4_record(topic, qid, body, pb, flag, sf, born_ms, host_bytes(born_host), born_port, rts, prep,
                          self._store_host, cfg.store_port, prop_crc)  # fmt: skip
         if buf is None:
             return None
@@ -452,7 +428,7 @@ class MessageStore:
                     listener(batch)
         return phys, size, qoff, now
 
-    def encode_rows_few(self, rows: Sequence[Row]) -> EncodedBatch:
+    def encode_rows(self, rows: Sequence[Row]) -> EncodedBatch:
         """The records of :meth:`put_rows`, encoded one by one (at most ``SMALL_BATCH`` of them)."""
         if not rows:
             raise StoreError("put_rows needs at least one row")
@@ -463,7 +439,7 @@ class MessageStore:
         if max(map(len, encs)) + reserve > L.PROPERTY_MAX_BYTES:
             for e in encs:
                 check_properties_size(e + bytes(reserve))
-        return encode_few(*cols, self._store_host, cfg.store_port, cfg.append_prop_crc)
+        return encode_lists(*cols, self._store_host, cfg.store_port, cfg.append_prop_crc)
 
     def _check_messages(self, msgs: Sequence[Message], allow_system: bool) -> None:
         """Topic names, bodies and queue ids (before anything is changed or written)."""
@@ -508,7 +484,7 @@ class MessageStore:
         check_properties_size(prefix + bytes(33) + self._crc_reserve)
         if n <= SMALL_BATCH:  # record by record (numpy's per-call cost dominates at this size)
             uniq = new_uniq_ids(n)
-            batch = encode_batch(
+            batch = encode_columns(
                 topic,
                 queue_id,
                 bodies,
@@ -528,7 +504,7 @@ class MessageStore:
         props2d[:, len(prefix) : len(prefix) + 32] = uniq2d
         props2d[:, -1] = 2
         uniq = split_ids(uniq2d)
-        batch = encode_batch(
+        batch = encode_columns(
             topic,
             queue_id,
             bodies,
@@ -544,8 +520,8 @@ class MessageStore:
         return self._put_encoded(batch, uniq)
 
     def put_encoded(self, batch: EncodedBatch) -> PutResult:
-        """Append an already encoded batch as one write (services that re-write stored records:
-        delay and timer delivery). ``batch.uniq_keys`` are its messages' unique ids."""
+        """Append an already encoded batch as one write (for services that re-write stored
+        records). ``batch.uniq_keys`` are its messages' unique ids."""
         return self._put_encoded(batch, list(batch.uniq_keys))
 
     def _put_encoded(self, batch: EncodedBatch, uniq_keys: list[str]) -> PutResult:
@@ -676,9 +652,10 @@ class MessageStore:
         message_filter: object | None = None,
     ) -> GetResult:
         """Messages of (topic, queue) from ``offset``: at most ``max_msgs`` messages or
-        ``max_bytes`` bytes.  ``message_filter`` is a TagFilter (checked on the ConsumeQueue's
-        tagsCode, then on the tag string) or an SqlFilter (checked on the properties), or any
-        object with ``matches_code(tagsCode)`` and/or ``matches_message(MessageExt)``."""
+        ``max_bytes`` bytes.  ``message_filter`` is any object with ``matches_code(tagsCode)``
+        (checked on the ConsumeQueue unit first) and/or ``matches_message(MessageExt)`` (then on
+        the record), and ``match_all`` when it lets everything through (the filters of
+        :mod:`rmq_spark.filter` are such objects)."""
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
@@ -694,17 +671,10 @@ class MessageStore:
         out: list[MessageExt] = []
         nbytes = 0
         next_offset = offset
-        from rmq_spark.filter import SqlFilter, TagFilter
-
         match_code = getattr(message_filter, "matches_code", None)
         match_msg = getattr(message_filter, "matches_message", None)
-        if isinstance(message_filter, TagFilter):
-            if message_filter.match_all:
-                match_code = None
-            else:
-                match_msg = lambda m: message_filter.matches(m.tags)  # noqa: E731 - re-check the string
-        elif isinstance(message_filter, SqlFilter):
-            match_msg = lambda m: message_filter.matches(m.properties)  # noqa: E731
+        if getattr(message_filter, "match_all", False):
+            match_code = match_msg = None
         while next_offset < hi and len(out) < max_msgs and nbytes < max_bytes:
             units = cq.units(next_offset, min(hi, next_offset + max(max_msgs * 4, 64)))
             if len(units) == 0:

@@ -10,10 +10,14 @@ import pytest
 from rmq_spark.broker import codes
 from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.errors import (
+    AuthenticationError,
     ConfigError,
     CorruptStoreError,
     FilterExpressionError,
+    IllegalGroupError,
+    IllegalTopicError,
     MessageIllegalError,
+    PermissionDeniedError,
     RmqError,
     StoreError,
 )
@@ -24,6 +28,10 @@ SC = grpc.StatusCode
 @pytest.mark.parametrize(
     ("exc", "code", "grpc_status", "trailer"),
     [
+        (AuthenticationError("not signed"), Code.UNAUTHORIZED, SC.UNAUTHENTICATED, "AuthenticationError"),
+        (PermissionDeniedError("may not"), Code.FORBIDDEN, SC.PERMISSION_DENIED, "PermissionDeniedError"),
+        (IllegalTopicError("../x"), Code.ILLEGAL_TOPIC, SC.INVALID_ARGUMENT, "IllegalTopicError"),
+        (IllegalGroupError("../x"), Code.ILLEGAL_CONSUMER_GROUP, SC.INVALID_ARGUMENT, "IllegalGroupError"),
         (FilterExpressionError("bad tag"), Code.ILLEGAL_FILTER_EXPRESSION, SC.INVALID_ARGUMENT, "FilterExpressionError"),
         (MessageIllegalError("too big"), Code.BAD_REQUEST, SC.INVALID_ARGUMENT, "MessageIllegalError"),
         (ConfigError("unknown option"), Code.BAD_REQUEST, SC.INVALID_ARGUMENT, "ConfigError"),

@@ -117,7 +117,7 @@ def test_config_file_json_and_key_value_flags_win(tmp_path):
     j.write_text(json.dumps({"flush": "sync", "delay_levels": "1s 2s", "transaction-timeout": 2,
                              "no-auto-create-topics": True, "max-delivery-attempts": 4, "acl": "x.json"}))
     a = parse_args(["--store", str(tmp_path / "s"), "--config", str(j), "--delay-levels", "3s"])
-    assert a.config.store.flush == "sync" and a.config.store.delay_levels_ms == [3000]
+    assert a.config.store.flush == "sync" and a.config.delay_levels_ms == [3000]
     assert a.config.transaction_timeout_s == 2.0 and a.config.store.auto_create_topics is False
     assert a.options.max_delivery_attempts == 4 and a.options.acl_path == "x.json"
     assert a.options.listen == "127.0.0.1:8081"

@@ -18,7 +18,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from rmq_spark.broker import Broker, BrokerOptions
 from rmq_spark.broker.testing import metadata
-from rmq_spark.services.core import BrokerConfig
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message
 from rmq_spark.store.store import StoreConfig
@@ -113,7 +113,8 @@ def test_route_echoes_the_requested_endpoints(stub):
         (send_request("FifoOnly"), C.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         (send_request(message_type=D.MessageType.DELAY, deliver_ms=int(time.time() * 1000) + 10 * 86_400_000),
          C.ILLEGAL_DELIVERY_TIME),
-        (send_request("%DLQ%x"), C.OK),
+        (send_request("%DLQ%x"), C.ILLEGAL_TOPIC),  # the broker writes retry and dead-letter topics
+        (send_request("%RETRY%x"), C.ILLEGAL_TOPIC),
         (send_request("RMQ_SYS_TRANS_HALF_TOPIC"), C.ILLEGAL_TOPIC),
         (send_request(body=b"not gzip", body_encoding=D.Encoding.GZIP), C.MESSAGE_CORRUPTED),
         (send_request(body=gzip.compress(b"zipped"), body_encoding=D.Encoding.GZIP), C.OK),

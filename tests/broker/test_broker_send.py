@@ -14,7 +14,8 @@ from rocketmq.grpc_protocol import service_pb2 as S
 
 from rmq_spark.broker.producer import ProducerPath
 from rmq_spark.broker.telemetry import ClientRegistry
-from rmq_spark.services.core import BrokerConfig, BrokerCore
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.core import BrokerCore
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.store import MessageStore, StoreConfig

@@ -17,7 +17,7 @@ from rmq_spark.broker.connector.client import CHANNEL_OPTIONS, BrokerUnavailable
 from rmq_spark.broker.connector.server import make_internal_handler
 from rmq_spark.broker.connector.sink import ATTEMPT_IDLE_MS, P_SINK_KEY, sink_key
 from rmq_spark.broker.connector.sinklog import SinkCommitLog
-from rmq_spark.broker.connector.ledger import Resolution
+from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 
@@ -143,20 +143,20 @@ def test_resolver_decides_orphans_by_the_same_attempt(broker):
     c = broker.client
     offs = half(c, rows("T", 2), "q", 7, "winner")
     c.commit_batch("q", 7, "winner", [offs])
-    assert sink.resolve({P_SINK_KEY: sink_key("q", 7, "winner")}) is Resolution.COMMIT
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 7, "winner")}) is TransactionAction.COMMIT
     # a dead attempt of the same batch (its driver was killed before commit): never committed
-    assert sink.resolve({P_SINK_KEY: sink_key("q", 7, "loser")}) is Resolution.ROLLBACK
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 7, "loser")}) is TransactionAction.ROLLBACK
     # a live attempt still writing a long batch: ask again later
     half(c, rows("T", 1), "q", 8, "writing")
-    assert sink.resolve({P_SINK_KEY: sink_key("q", 8, "writing")}) is Resolution.UNKNOWN
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 8, "writing")}) is TransactionAction.UNKNOWN
     # ... until it has been silent too long: rolled back, and it cannot commit after that
     sink._last_send_ms["writing"] -= ATTEMPT_IDLE_MS + 1
-    assert sink.resolve({P_SINK_KEY: sink_key("q", 8, "writing")}) is Resolution.ROLLBACK
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 8, "writing")}) is TransactionAction.ROLLBACK
     with pytest.raises(StoreError, match="rolled back before its commit"):
         c.commit_batch("q", 8, "writing", [])
     # an attempt this broker never saw (it restarted since): rolled back
-    assert sink.resolve({P_SINK_KEY: sink_key("q", 9, "unknown")}) is Resolution.ROLLBACK
-    assert sink.resolve({}) is Resolution.ROLLBACK
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 9, "unknown")}) is TransactionAction.ROLLBACK
+    assert sink.resolve({}) is TransactionAction.ROLLBACK
 
 
 def test_check_back_decides_orphans_by_the_commit_record_of_the_same_attempt(store_dir):

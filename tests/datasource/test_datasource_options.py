@@ -183,3 +183,18 @@ def test_resolve_cap_and_not_before():
     assert O.cap({"t": {"0": 9, "1": 4}}, {"t": {"0": 5}}) == {"t": {"0": 5, "1": 4}}
     assert O.not_before({"t": {"0": 3}}, {"t": {"0": 5, "1": 1}}) == {"t": {"0": 5, "1": 1}}
     assert O.total_rows({"t": {"0": 5}}, {"t": {"0": 9, "1": 4}}) == 8
+
+
+def test_credentials_options():
+    """accessKey / secretKey: every read and write signs its calls to the broker with them."""
+    for opts in (stream(accessKey="app", SECRETKEY="s3cret"),
+                 batch(accesskey="app", secretKey="s3cret"),
+                 parse_sink_options({"path": "/tmp/x", "topic": "Out", "accessKey": "app", "secretKey": "s3cret"}, True),
+                 parse_sink_options({"path": "/tmp/x", "topic": "Out", "accessKey": "app", "secretKey": "s3cret"}, False)):
+        assert opts.connection.credentials == {"access_key": "app", "secret_key": "s3cret"}
+        assert "s3cret" not in repr(opts)  # never in a plan, a log or an error
+    assert stream().connection.credentials == {"access_key": None, "secret_key": None}
+    with pytest.raises(ConfigError, match="option 'accessKey' needs option 'secretKey'"):
+        stream(accessKey="app")
+    with pytest.raises(ConfigError, match="option 'secretKey' needs option 'accessKey'"):
+        parse_sink_options({"path": "/tmp/x", "topic": "Out", "secretKey": "s"}, streaming=False)

@@ -19,8 +19,8 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from rmq_spark.services.core import BrokerConfig  # noqa: E402
-from rmq_spark.services.schedule.service import ScheduleService  # noqa: E402
+from rmq_spark.services.config import BrokerConfig  # noqa: E402
+from rmq_spark.services.schedule.service import ScheduleService, store_rules  # noqa: E402
 from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
 from rmq_spark.services.timer.service import TimerService  # noqa: E402
 
@@ -96,8 +96,8 @@ def broker_config(conf: dict) -> BrokerConfig:
         store=StoreConfig(
             commitlog_segment_bytes=conf["segment_bytes"],
             cq_segment_units=conf.get("cq_segment_units", 10_000),
-            delay_levels=conf["delay_levels"],
-        )
+        ),
+        delay_levels=conf["delay_levels"],
     )
 
 
@@ -158,7 +158,7 @@ def run_and_kill(
 def main() -> None:
     root, conf = sys.argv[1], json.loads(sys.argv[2])
     cfg = broker_config(conf)
-    store = MessageStore(root, cfg.store)
+    store = MessageStore(root, cfg.store, tags_code_rules=store_rules(cfg))
     services = [
         cls(
             store,

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from rmq_spark.services.core import BrokerConfig  # noqa: E402
+from rmq_spark.services.config import BrokerConfig  # noqa: E402
 from rmq_spark.store.clock import Clock, SystemClock  # noqa: E402
 from rmq_spark.store.message import Message  # noqa: E402
 from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402

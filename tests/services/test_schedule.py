@@ -16,12 +16,12 @@ from _delay_worker import (
     run_and_kill,
 )
 
-from rmq_spark.services.core import BrokerConfig
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message, tags_code
-from rmq_spark.services.schedule.service import P_DELAY_SOURCE, ScheduleService
+from rmq_spark.services.schedule.service import P_DELAY_SOURCE, ScheduleService, store_rules
 from rmq_spark.store.store import MessageStore, StoreConfig
 
 T0 = 1_700_000_000_000
@@ -31,11 +31,10 @@ def open_service(
     root: str, clock: FakeClock, levels: str = "1s 5s 10s", batch: int = 1024, **store_kw
 ):
     cfg = BrokerConfig(
-        store=StoreConfig(
-            commitlog_segment_bytes=1 << 20, cq_segment_units=1000, delay_levels=levels, **store_kw
-        )
+        store=StoreConfig(commitlog_segment_bytes=1 << 20, cq_segment_units=1000, **store_kw),
+        delay_levels=levels,
     )
-    store = MessageStore(root, cfg.store, clock=clock, start_services=False)
+    store = MessageStore(root, cfg.store, clock=clock, start_services=False, tags_code_rules=store_rules(cfg))
     return store, ScheduleService(store, cfg, clock, batch_max_msgs=batch)
 
 
@@ -354,10 +353,8 @@ def test_random_crashes_deliver_every_message_exactly_once(tmp_path, seed):
 
 # --- threads and real processes -------------------------------------------------------------------
 def test_service_thread_delivers_on_the_real_clock(store_dir):
-    cfg = BrokerConfig(
-        store=StoreConfig(commitlog_segment_bytes=1 << 20, delay_levels="100ms 300ms")
-    )
-    store = MessageStore(store_dir, cfg.store)
+    cfg = BrokerConfig(store=StoreConfig(commitlog_segment_bytes=1 << 20), delay_levels="100ms 300ms")
+    store = MessageStore(store_dir, cfg.store, tags_code_rules=store_rules(cfg))
     svc = ScheduleService(store, cfg, store.clock)
     svc.start()
     try:
@@ -384,7 +381,7 @@ def test_sigkilled_broker_delivers_exactly_once(tmp_path):
         "checkpoint_interval_ms": 100,
     }
     cfg = broker_config(conf)
-    store = MessageStore(root, cfg.store)
+    store = MessageStore(root, cfg.store, tags_code_rules=store_rules(cfg))
     svc = ScheduleService(store, cfg, store.clock)
     sent = []
     for k in range(4):
@@ -399,7 +396,7 @@ def test_sigkilled_broker_delivers_exactly_once(tmp_path):
     targets = sorted(rng.sample(range(100, len(sent) - 100), 3))
     seen = run_and_kill(root, conf, "Orders", targets)
     assert all(s >= t for s, t in zip(seen, targets))  # each kill landed while delivering
-    store = MessageStore(root, cfg.store)
+    store = MessageStore(root, cfg.store, tags_code_rules=store_rules(cfg))
     svc = ScheduleService(store, cfg, store.clock)
     last_due = max(
         int(store.consume_queue(L.SCHEDULE_TOPIC, q).units(0, 10**6)["tags_code"].max())
@@ -433,7 +430,7 @@ def test_gather_runs_concatenates_the_runs():
     reused per-thread index that is larger than needed, and a gather bigger than it included."""
     import numpy as np
 
-    from rmq_spark.services.redelivery.rewrite import gather_runs
+    from rmq_spark.services.redelivery.patch import gather_runs
 
     rng = np.random.default_rng(5)
     for size in [3000, 5, 40_000, 200, 1]:  # shrinking after growing reuses a longer index

@@ -19,23 +19,15 @@ from _delay_worker import (
     run_and_kill,
 )
 
-from rmq_spark.services.core import BrokerConfig
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message, tags_code
 from rmq_spark.store.store import MessageStore, StoreConfig
-from rmq_spark.services.timer.service import (
-    ENTRY,
-    P_TIMER_SOURCE,
-    TIMER_CHECK_FILE,
-    RecallError,
-    RecallFailure,
-    TimerService,
-    TimerWheel,
-    build_recall_handle,
-    parse_recall_handle,
-)
+from rmq_spark.services.timer.recall import RecallError, RecallFailure, build_recall_handle, parse_recall_handle
+from rmq_spark.services.timer.service import P_TIMER_SOURCE, TIMER_CHECK_FILE, TimerService
+from rmq_spark.services.timer.wheel import ENTRY, TimerWheel
 
 T0 = 1_700_000_000_000
 

@@ -17,16 +17,17 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
-from rmq_spark.services.core import BrokerConfig, BrokerCore
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.core import BrokerCore
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock, SystemClock
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt
 from rmq_spark.store.store import MessageStore, StoreConfig
-from rmq_spark.store.index.indexfile import IndexService
+from rmq_spark.store.index.service import IndexService
 from rmq_spark.store.query import MessageQuery
-from rmq_spark.services.redelivery.rewrite import DELIVERY_REQUEST_KEYS
+from rmq_spark.services.redelivery.records import DELIVERY_REQUEST_KEYS
 from rmq_spark.services.transaction.service import EndTxStatus, HalfRef, TransactionService, TxnState
 from rmq_spark.services.transaction.service import TransactionAction as A
 from rmq_spark.services.transaction.check import (
@@ -557,22 +558,6 @@ def test_a_group_with_a_delayed_half_is_committed_through_the_hooks(store_dir):
         assert core.store.max_offset(L.SCHEDULE_TOPIC, 1) == 1
     finally:
         core.shutdown()
-
-
-def test_fast_property_encoding_equals_the_store_one():
-    from rmq_spark.store.message import encode_properties
-    from rmq_spark.services.transaction.halves import encode_props as _encode_props
-
-    cases = [
-        {},
-        {"a": "1", "KEYS": "k1 k2", "u": "\u00e9\u4e2d"},
-        {"a": None, "b": "2"},  # None is dropped
-        {"n": 5, "b": "x"},  # a non-string value is str()-ed
-        {L.TRANSIENT_PREFIX + "x": "1", "b": "2"},  # a transient key is not stored
-        {"b": "v" + L.TRANSIENT_PREFIX},  # ... but a value may contain the prefix
-    ]
-    for props in cases:
-        assert _encode_props(props) == encode_properties(props)  # type: ignore[arg-type]
 
 
 def test_prepare_validates_like_put_messages(env):

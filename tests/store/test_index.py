@@ -18,17 +18,10 @@ from hypothesis import strategies as st
 from rmq_spark.errors import ConfigError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
-from rmq_spark.store.index.indexfile import (
-    ENTRY_STRUCT,
-    HEADER,
-    IndexFile,
-    HOLD_RECORDS,
-    IndexService,
-    index_hash,
-    index_hashes,
-    java_string_hashes,
-)
-from rmq_spark.store.message import Message, java_string_hash
+from rmq_spark.store.hashing import java_string_hash, java_string_hashes
+from rmq_spark.store.index.indexfile import ENTRY_STRUCT, HEADER, IndexFile, index_hash, index_hashes
+from rmq_spark.store.index.service import HOLD_RECORDS, IndexService
+from rmq_spark.store.message import Message
 from rmq_spark.store.store import MessageStore, StoreConfig
 
 HDR = 40

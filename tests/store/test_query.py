@@ -9,7 +9,7 @@ import pytest
 
 from rmq_spark.errors import StoreError
 from rmq_spark.store.clock import FakeClock
-from rmq_spark.store.index.indexfile import IndexService
+from rmq_spark.store.index.service import IndexService
 from rmq_spark.store.message import Message, decode_offset_msg_id
 from rmq_spark.store.query import Boundary, MessageIdError, MessageQuery
 from rmq_spark.store.store import MessageStore, StoreConfig

@@ -13,7 +13,8 @@ import pytest
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message, tags_code
-from rmq_spark.store.reader import SOURCE_SCHEMA, StoreReader, parse_properties
+from rmq_spark.store.properties import parse_properties
+from rmq_spark.store.reader import SOURCE_SCHEMA, StoreReader
 from rmq_spark.store.store import MessageStore, StoreConfig
 
 
@@ -150,7 +151,7 @@ def test_parse_properties_follows_rocketmq_rules():
 
 
 def test_property_lookup_tells_apart_keys_sharing_a_prefix():
-    from rmq_spark.store.reader import ParsedProperties
+    from rmq_spark.store.properties import ParsedProperties
 
     rows = [
         b"UNIQ_KEY\x01u1\x02UNIQ_KEYS\x01no\x02KEY\x01x\x02",
@@ -167,7 +168,7 @@ def test_property_lookup_tells_apart_keys_sharing_a_prefix():
 
 
 def _both_parsers(rows: list[bytes]):
-    from rmq_spark.store.reader import ParsedProperties, UniformProperties
+    from rmq_spark.store.properties import ParsedProperties, UniformProperties
 
     width = len(rows[0])
     mat = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), width)

@@ -398,8 +398,8 @@ def test_one_row_puts_write_the_bytes_batch_puts_write(tmp_path, monkeypatch, cr
     ConsumeQueues and the index it leaves are byte for byte those of the batch path, across
     segment rolls, IPv6 hosts, transaction records and keys."""
     from rmq_spark.store.commitlog import CommitLog
-    from rmq_spark.store.index.indexfile import IndexService
-    from rmq_spark.store.message import encode_properties
+    from rmq_spark.store.index.service import IndexService
+    from rmq_spark.store.properties import encode_properties
 
     fast = [0]
     real = CommitLog.append_one
@@ -450,7 +450,7 @@ def test_one_row_puts_write_the_bytes_batch_puts_write(tmp_path, monkeypatch, cr
 @pytest.mark.parametrize("crc", [False, True])
 def test_put_rows_writes_the_records_put_messages_writes(store_dir, crc):
     """The broker's and the transactions' put of checked rows stores what put_messages stores."""
-    from rmq_spark.store.message import encode_properties
+    from rmq_spark.store.properties import encode_properties
 
     props = {"TAGS": "tg", "KEYS": "k1 k2", "user": "v", L.P_UNIQ_KEY: "7F0000010000000000000000000000AA"}
     msgs = [Message("Rows", b"body-%d" % i, dict(props), queue_id=1, flag=3, born_timestamp_ms=1234,

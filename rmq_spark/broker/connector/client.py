@@ -1,7 +1,9 @@
 """Client of the private connector service (``rmq_spark.internal.Connector``).
 
 Picklable: the gRPC channel is opened lazily and dropped when the client is pickled, so a client
-can sit in a Spark reader, writer or InputPartition.  Faults come back as the RmqError classes
+can sit in a Spark reader, writer or InputPartition.  Given an access key and secret, every call is
+signed as the RocketMQ clients sign theirs (a broker with ``--acl`` checks the connector's calls as
+it checks RocketMQ's).  Faults come back as the RmqError classes
 the server raised (named in the ``rmq-error`` trailer); an unreachable broker is
 :class:`BrokerUnavailableError`.
 """
@@ -15,6 +17,7 @@ import grpc
 import pyarrow as pa
 
 from rmq_spark import errors as E
+from rmq_spark.broker.auth import signed_headers
 from rmq_spark.broker.connector import codec
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.codec import Frame
@@ -59,18 +62,29 @@ def _raise_from(endpoint: str, method: str, err: grpc.RpcError) -> None:
 
 
 class InternalClient:
-    def __init__(self, endpoint: str, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, endpoint: str, timeout_s: float = 120.0, access_key: str | None = None, secret_key: str | None = None
+    ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.access_key = access_key
+        self._secret_key = secret_key
         self._channel: grpc.Channel | None = None
         self._stubs: dict[str, Any] = {}
 
+    def _metadata(self) -> list[tuple[str, str]] | None:
+        """The signature headers of one call (a fresh date each time), or none without a key."""
+        if not self.access_key:
+            return None
+        return signed_headers(self.access_key, self._secret_key or "")
+
     # --- pickling and lifecycle ---------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"endpoint": self.endpoint, "timeout_s": self.timeout_s}
+        return {"endpoint": self.endpoint, "timeout_s": self.timeout_s, "access_key": self.access_key,
+                "secret_key": self._secret_key}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["endpoint"], state["timeout_s"])  # type: ignore[misc]
+        self.__init__(state["endpoint"], state["timeout_s"], state.get("access_key"), state.get("secret_key"))  # type: ignore[misc]
 
     def close(self) -> None:
         if self._channel is not None:
@@ -98,7 +112,7 @@ class InternalClient:
         """One unary call; the answer as its JSON object (the documents' shape, for callers)."""
         assert method.response is not None
         try:
-            data = self._stub(method)(request, timeout=timeout_s or self.timeout_s)
+            data = self._stub(method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata())
         except grpc.RpcError as err:
             _raise_from(self.endpoint, method.name, err)
             raise  # unreachable
@@ -130,7 +144,7 @@ class InternalClient:
     ) -> Iterator[pa.RecordBatch]:
         req = P.ReadArrowRequest(topic=topic, queue_id=queue_id, start=start, end=end, tags=tags, sql=sql)
         try:
-            for chunk in self._stub(P.READ_ARROW)(req.encode(), timeout=self.timeout_s):
+            for chunk in self._stub(P.READ_ARROW)(req.encode(), timeout=self.timeout_s, metadata=self._metadata()):
                 yield codec.load_batch(chunk)
         except grpc.RpcError as err:
             _raise_from(self.endpoint, P.READ_ARROW.name, err)

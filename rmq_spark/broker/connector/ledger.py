@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from rmq_spark.errors import StoreError
+from rmq_spark.errors import PermissionDeniedError, StoreError
+from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store.message import Message
 from rmq_spark.store.store import PutResult
 
@@ -27,14 +28,6 @@ MAX_GROUP_HALVES = 3_000_000
 class Outcome(enum.Enum):
     COMMITTED = "COMMITTED"
     ALREADY_COMMITTED = "ALREADY_COMMITTED"
-
-
-class Resolution(enum.Enum):
-    """A resolver's answer (the transaction service reads it by name)."""
-
-    COMMIT = "COMMIT"
-    ROLLBACK = "ROLLBACK"
-    UNKNOWN = "UNKNOWN"
 
 
 class HalfLedger:
@@ -63,22 +56,36 @@ class HalfLedger:
         built column-wise)."""
         return self._svc.prepare_bodies(topic, queue_id, bodies, properties, producer_group)
 
-    def register_resolver(self, prefix: str, fn: Callable[[dict[str, str]], Resolution]) -> None:
+    def register_resolver(self, prefix: str, fn: Callable[[dict[str, str]], TransactionAction]) -> None:
         self._svc.register_resolver(prefix, lambda half: fn(dict(half.properties)))
 
-    def commit_group(self, offsets: Sequence[int]) -> None:
+    def check_own(self, offsets: Sequence[int], expect: Mapping[str, str]) -> None:
+        """PermissionDeniedError unless every half at ``offsets`` carries the ``expect`` properties."""
+        foreign = self._svc.foreign_halves(offsets, expect)
+        if foreign:
+            raise PermissionDeniedError(
+                f"{len(foreign)} of {len(offsets)} half messages (first at CommitLog offset {foreign[0]}) are not "
+                "halves of this sink attempt; nothing was ended"
+            )
+
+    def commit_group(self, offsets: Sequence[int], expect: Mapping[str, str] | None = None) -> None:
+        """Commit the halves at ``offsets``, each of which must carry the ``expect`` properties
+        (else PermissionDeniedError, nothing committed)."""
         if len(offsets) > MAX_GROUP_HALVES:
             log.warning(
                 "a sink batch of %d messages is committed in groups of %d: readers may see it in parts",
                 len(offsets), MAX_GROUP_HALVES,
             )
         for i in range(0, len(offsets), MAX_GROUP_HALVES):
-            r = self._svc.commit_group(offsets[i : i + MAX_GROUP_HALVES])
+            r = self._svc.commit_group(offsets[i : i + MAX_GROUP_HALVES], expect)
+            _refuse_foreign(r, len(offsets))
             if not r.ok and r.status.value != "ALREADY_COMMITTED":
                 raise StoreError(f"committing {len(offsets)} half messages failed: {r.status.value} {_first(r)}")
 
-    def rollback(self, offsets: Sequence[int]) -> None:
-        r = self._svc.rollback_group(list(offsets))
+    def rollback(self, offsets: Sequence[int], expect: Mapping[str, str] | None = None) -> None:
+        """Roll back the halves at ``offsets`` (each carrying the ``expect`` properties)."""
+        r = self._svc.rollback_group(list(offsets), expect)
+        _refuse_foreign(r, len(offsets))
         if r.ok:
             return
         # ended already, or EXPIRED: older than the store keeps transactions, which the check discards
@@ -86,6 +93,16 @@ class HalfLedger:
         bad = {o: s.value for o, s in r.rejected.items() if s.value not in moot}
         if bad:
             raise StoreError(f"rolling back {len(offsets)} half messages failed: {r.status.value} {_first(r)}")
+
+
+def _refuse_foreign(result, n: int) -> None:  # type: ignore[no-untyped-def]
+    """Halves named by offset that are not the caller's: refused, nothing was ended."""
+    foreign = [o for o, s in result.rejected.items() if s.value == "PRODUCER_GROUP_MISMATCH"]
+    if foreign:
+        raise PermissionDeniedError(
+            f"{len(foreign)} of {n} half messages (first at CommitLog offset {foreign[0]}) are not "
+            "halves of this sink attempt; nothing was ended"
+        )
 
 
 def _chain(hooks: list[Callable[[Message], Message]], msg: Message) -> Message:
@@ -101,4 +118,4 @@ def _first(result) -> str:  # type: ignore[no-untyped-def]
     return f"(first: offset {off} {status.value})"
 
 
-__all__ = ["HalfLedger", "MAX_GROUP_HALVES", "Outcome", "Resolution"]
+__all__ = ["HalfLedger", "MAX_GROUP_HALVES", "Outcome"]

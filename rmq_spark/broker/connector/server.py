@@ -5,6 +5,14 @@
 ``MessagingService``.  The methods and their documents are defined in
 :mod:`rmq_spark.broker.connector.protocol`; a fault becomes a gRPC status (and the ``rmq-error``
 trailer) through the broker's one status table, :func:`rmq_spark.broker.codes.connector_fault`.
+
+Access: every call passes the broker's access seam (:mod:`rmq_spark.broker.access`) with the rule
+:data:`ACCESS_RULES` gives its method, as the RocketMQ service's calls do: reads need SUB on their
+topics (system topics: admin accounts only), ``Send`` PUB on every row's topic (never a system,
+retry or dead-letter topic), the consumer offset calls SUB on the group and its topics.  ``Info``
+and ``Ping`` tell the store path, host and pid to admin accounts only; ``Topics`` lists the topics
+the caller has a permission on.  ``CommitBatch`` / ``AbortBatch`` end only the sink's halves of
+the attempt they name (sent by a ``Send`` that needed PUB on their topics).
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import grpc
 
 from rmq_spark import errors as E
 from rmq_spark.broker import codes
+from rmq_spark.broker.access import AUTHENTICATED, Need, ServiceAccess, Use, caller, group_name, topic_name
+from rmq_spark.broker.auth import Perm
 from rmq_spark.broker.connector import codec
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.sink import SinkService
@@ -41,24 +51,31 @@ class ConnectorService:
         self.sink = SinkService(core)
 
     # --- metadata -----------------------------------------------------------------------------------------
+    def access(self) -> ServiceAccess:
+        """This service's side of the access seam: a refusal aborts with the fault's gRPC status."""
+        return ServiceAccess(P.SERVICE, ACCESS_RULES, _refuse, _decode)
+
     def ping(self, _req: P.Empty) -> P.PingResponse:
-        return P.PingResponse(pid=os.getpid())
+        return P.PingResponse(pid=os.getpid() if caller().admin else 0)
 
     def info(self, _req: P.Empty) -> P.InfoResponse:
+        """The store path, host and pid are told to admin accounts only (empty / 0 otherwise)."""
         cfg = self.store.config
+        admin = caller().admin
         return P.InfoResponse(
             version=1,
-            store_root=self.store.root,
-            host=socket.gethostname(),
-            pid=os.getpid(),
+            store_root=self.store.root if admin else "",
+            host=socket.gethostname() if admin else "",
+            pid=os.getpid() if admin else 0,
             broker_name=getattr(self.core.config, "broker_name", ""),
-            delay_levels_ms=list(getattr(cfg, "delay_levels_ms", [])),
+            delay_levels_ms=list(self.core.config.delay_levels_ms),
             commitlog_segment_bytes=cfg.commitlog_segment_bytes,
             cq_segment_units=cfg.cq_segment_units,
             transactions=self.sink.transactions_available,
         )
 
     def topics(self, _req: P.Empty) -> P.TopicsResponse:
+        """Producer-visible topics the caller has a permission on."""
         out: dict[str, int] = {}
         for name, cfg in list(self.store.topics.topics.items()):
             if not _user_topic(name):
@@ -67,7 +84,8 @@ class ConnectorService:
         for t, q in self.store.queue_keys():
             if _user_topic(t):
                 out[t] = max(out.get(t, 0), q + 1)
-        return P.TopicsResponse(topics=dict(sorted(out.items())))
+        who = caller()
+        return P.TopicsResponse(topics={t: n for t, n in sorted(out.items()) if who.may(t)})
 
     def offsets(self, req: P.OffsetsRequest) -> P.OffsetsResponse:
         topics = [str(t) for t in req.topics]
@@ -108,16 +126,13 @@ class ConnectorService:
 
     # --- consumer offsets ------------------------------------------------------------------------------------
     def commit_offsets(self, req: P.CommitOffsetsRequest) -> P.Empty:
-        from rmq_spark.store.validation import check_group
-
-        group = str(req.group)
-        check_group(group)
-        offsets = {t: {int(q): int(o) for q, o in qs.items()} for t, qs in req.offsets.items()}
+        group = group_name(req.group)
+        offsets = {topic_name(t, Use.READ): {int(q): int(o) for q, o in qs.items()} for t, qs in req.offsets.items()}
         self.store.offsets.commit_many(group, offsets, persist=True)
         return P.Empty()
 
     def query_offsets(self, req: P.QueryOffsetsRequest) -> P.QueryOffsetsResponse:
-        group = str(req.group)
+        group = group_name(req.group)
         out = {}
         for t in req.topics:
             out[t] = {str(q): o for q, o in sorted(self.store.offsets.query_topic(group, t).items())}
@@ -175,6 +190,63 @@ def _stream(method: P.Method, fn: Callable[[Any], Iterator[bytes]]) -> grpc.RpcM
     return grpc.unary_stream_rpc_method_handler(handler, request_deserializer=codec.identity, response_serializer=codec.identity)
 
 
+# --- access: what each method needs (read by rmq_spark.broker.access before the handler runs) -------
+_BY_NAME = {m.name: m for m in P.METHODS}
+
+
+def _decode(method: str, request: bytes) -> Any:
+    """What the rules read: the request document (a Send: its header and its rows)."""
+    m = _BY_NAME[method]
+    if m.frame:
+        frame = codec.load_frame(request)
+        return m.request.from_json(frame.header), frame.table
+    return m.request.decode(request)
+
+
+def _refuse(_method: str, exc: BaseException, context: grpc.ServicerContext) -> list[Any]:
+    _abort(context, exc)
+    raise AssertionError("unreachable: abort raises")
+
+
+def _read(topics: Any) -> Need:
+    """Reading ``topics`` (SUB); system topics pass the name check, authorization keeps them
+    for admin accounts."""
+    return Need(topics=tuple((topic_name(t, Use.READ, system_reads=True), Perm.SUB) for t in dict.fromkeys(topics)))
+
+
+def _offsets_need(group: Any, topics: Any) -> Need:
+    return Need(
+        topics=tuple((topic_name(t, Use.READ), Perm.SUB) for t in dict.fromkeys(topics)),
+        groups=(group_name(group),),
+    )
+
+
+def _send_need(request: tuple[P.SendHeader, Any]) -> Need:
+    import pyarrow.compute as pc
+
+    _header, table = request
+    if table is None or table.num_rows == 0 or "topic" not in table.column_names:
+        return AUTHENTICATED  # nothing to store (no topic: the handler names the fault)
+    names = [t for t in pc.unique(table.column("topic")).to_pylist() if t is not None]
+    return Need(topics=tuple((topic_name(t, Use.WRITE), Perm.PUB) for t in names))
+
+
+ACCESS_RULES: dict[str, Any] = {
+    P.PING.name: lambda r: AUTHENTICATED,  # the pid to admin accounts only
+    P.INFO.name: lambda r: AUTHENTICATED,  # store path, host and pid to admin accounts only
+    P.TOPICS.name: lambda r: AUTHENTICATED,  # the topics the caller may use
+    P.OFFSETS.name: lambda r: _read(r.topics),
+    P.OFFSETS_FOR_TIMES.name: lambda r: _read(r.queues),
+    P.READ_ARROW.name: lambda r: _read([r.topic]),
+    P.SEND.name: _send_need,
+    P.COMMIT_BATCH.name: lambda r: AUTHENTICATED,  # the halves of the named attempt only
+    P.ABORT_BATCH.name: lambda r: AUTHENTICATED,
+    P.COMMIT_OFFSETS.name: lambda r: _offsets_need(r.group, r.offsets),
+    P.QUERY_OFFSETS.name: lambda r: _offsets_need(r.group, r.topics),
+    P.SINK_STATUS.name: lambda r: AUTHENTICATED,
+}
+
+
 def make_internal_handler(core) -> grpc.GenericRpcHandler:  # type: ignore[no-untyped-def]
     """The generic handler the broker adds with ``server.add_generic_rpc_handlers((h,))``."""
     svc = ConnectorService(core)
@@ -193,6 +265,7 @@ def make_internal_handler(core) -> grpc.GenericRpcHandler:  # type: ignore[no-un
         P.SINK_STATUS: svc.sink_status,
     }
     assert set(served) == set(P.METHODS), "every method of the protocol is served"
+    assert set(ACCESS_RULES) == {m.name for m in P.METHODS}, "every method of the protocol has an access rule"
     methods = {m.name: (_stream(m, fn) if m.response is None else _unary(m, fn)) for m, fn in served.items()}
     handler = grpc.method_handlers_generic_handler(P.SERVICE, methods)
     handler.connector = svc  # type: ignore[attr-defined]  # tests reach the service through it

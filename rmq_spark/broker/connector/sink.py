@@ -37,11 +37,12 @@ import pyarrow.compute as pc
 from rmq_spark.errors import MessageIllegalError, StoreError
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.sinklog import SinkCommitLog
-from rmq_spark.broker.connector.ledger import HalfLedger, Outcome, Resolution
+from rmq_spark.broker.connector.ledger import HalfLedger, Outcome
+from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store import layout as L
-from rmq_spark.filter import java_string_hash
+from rmq_spark.store.hashing import java_string_hash
 from rmq_spark.store.message import Message
-from rmq_spark.store.validation import check_topic
+from rmq_spark.broker.access import Use, topic_name
 
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
 P_SINK_KEY = "__RMQ_SPARK_SINK"  # <queryId>|<batchId>|<attempt> on every half of the sink
@@ -109,7 +110,7 @@ class SinkService:
         if body.null_count:
             raise MessageIllegalError("a row has a null body")
         for t in pc.unique(topics).to_pylist():
-            check_topic(t)
+            topic_name(t, Use.WRITE)
         qids = self._queues(table)
         plain = self._plain(table)
         if mode == "normal" and plain:
@@ -247,49 +248,61 @@ class SinkService:
         return out
 
     # --- commit / abort --------------------------------------------------------------------------------------
+    @staticmethod
+    def _own(query_id: str, batch_id: int, attempt: str) -> dict[str, str]:
+        """What every half of one attempt carries: a request names its halves by offset, so only
+        halves with these are ended (never another attempt's, or a transaction of a client)."""
+        return {L.P_PGROUP: SINK_PRODUCER_GROUP, P_SINK_KEY: sink_key(query_id, batch_id, attempt)}
+
     def commit_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> P.CommitBatchResponse:
         halves = decode_offsets(offsets)
+        own = self._own(query_id, batch_id, attempt)
         with self._lock:
             committed = self.commits.lookup(query_id, batch_id)
             if committed is not None:
                 if halves and committed != attempt:
-                    self._halves().rollback(halves)
+                    self._halves().rollback(halves, own)
                 return P.CommitBatchResponse(outcome=Outcome.ALREADY_COMMITTED.value, attempt=committed)
             if self.commits.aborted(attempt):
                 raise StoreError(
                     f"sink attempt {attempt} of batch {batch_id} was rolled back before its commit; "
                     "restart the query to replay the batch"
                 )
+            if halves:
+                self._halves().check_own(halves, own)  # before the commit record: a refusal changes nothing
             self.commits.record(query_id, batch_id, attempt, self.core.clock.now_ms())
             if halves:
-                self._halves().commit_group(halves)
+                self._halves().commit_group(halves, own)
             self._last_send_ms.pop(attempt, None)
         return P.CommitBatchResponse(outcome=Outcome.COMMITTED.value, attempt=attempt)
 
     def abort_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> P.AbortBatchResponse:
         halves = decode_offsets(offsets)
+        own = self._own(query_id, batch_id, attempt)
         with self._lock:
             if self.commits.lookup(query_id, batch_id) == attempt:
                 raise StoreError(f"sink attempt {attempt} of batch {batch_id} is committed; it cannot be aborted")
+            if halves:
+                self._halves().check_own(halves, own)
             self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())
             self._last_send_ms.pop(attempt, None)
             if halves:
-                self._halves().rollback(halves)
+                self._halves().rollback(halves, own)
         return P.AbortBatchResponse(rolled_back=len(halves))
 
-    def resolve(self, properties: dict[str, str]) -> Resolution:
+    def resolve(self, properties: dict[str, str]) -> TransactionAction:
         """The check-back's answer for an orphaned half of the sink."""
         parsed = parse_sink_key(properties.get(P_SINK_KEY, ""))
         if parsed is None:
-            return Resolution.ROLLBACK
+            return TransactionAction.ROLLBACK
         query_id, batch_id, attempt = parsed
         with self._lock:
             committed = self.commits.lookup(query_id, batch_id)
             if committed == attempt:
-                return Resolution.COMMIT
+                return TransactionAction.COMMIT
             last = self._last_send_ms.get(attempt)
             if committed is None and last is not None and self.core.clock.now_ms() - last < ATTEMPT_IDLE_MS:
-                return Resolution.UNKNOWN
+                return TransactionAction.UNKNOWN
             self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())
             self._last_send_ms.pop(attempt, None)
-            return Resolution.ROLLBACK
+            return TransactionAction.ROLLBACK

@@ -15,7 +15,7 @@ def read_arrow(p: QueueRange) -> Iterator[Any]:
     """The rows of ``p`` from the broker, as Arrow record batches."""
     from rmq_spark.broker.connector.client import InternalClient
 
-    client = InternalClient(broker_endpoint(p.ctx))
+    client = InternalClient(broker_endpoint(p.ctx), **p.ctx.connection.credentials)
     try:
         _, mins = client.offsets([p.topic])
         first = int(mins.get(p.topic, {}).get(str(p.queue_id), 0))

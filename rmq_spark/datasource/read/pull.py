@@ -23,14 +23,20 @@ PULL_BATCH = 1024
 _CLIENT_ID = f"rmq-spark-pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _metadata() -> tuple[tuple[str, str], ...]:
-    return (
+def _metadata(access_key: str | None = None, secret_key: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The headers of one call, as the official Python client sends them (signed with a key)."""
+    md = (
         ("x-mq-language", "PYTHON"),
         ("x-mq-protocol", "GRPC_V2"),
         ("x-mq-client-version", "5.1.2"),
         ("x-mq-client-id", _CLIENT_ID),
         ("x-mq-request-id", uuid.uuid4().hex),
     )
+    if not access_key:
+        return md
+    from rmq_spark.broker.auth import signed_headers
+
+    return md + tuple(signed_headers(access_key, secret_key or ""))
 
 
 def _ts_us(ts: Any) -> int:
@@ -62,7 +68,7 @@ def read_pull(p: QueueRange) -> Iterator[Any]:
     try:
         first = stub.QueryOffset(
             S.QueryOffsetRequest(message_queue=mq, query_offset_policy=D.QueryOffsetPolicy.BEGINNING),
-            metadata=_metadata(), timeout=60,
+            metadata=_metadata(**ctx.connection.credentials), timeout=60,
         )
         if first.status.code != D.Code.OK:
             raise StoreError(f"QueryOffset {p.topic}/{p.queue_id} at {endpoint}: {first.status.message}")
@@ -75,7 +81,7 @@ def read_pull(p: QueueRange) -> Iterator[Any]:
                 batch_size=min(PULL_BATCH, p.end - offset), filter_expression=fexpr,
             )
             req.long_polling_timeout.FromMilliseconds(0)
-            for resp in stub.PullMessage(req, metadata=_metadata(), timeout=120):
+            for resp in stub.PullMessage(req, metadata=_metadata(**ctx.connection.credentials), timeout=120):
                 kind = resp.WhichOneof("content")
                 if kind == "status" and resp.status.code not in (D.Code.OK, D.Code.MESSAGE_NOT_FOUND):
                     raise StoreError(f"PullMessage {p.topic}/{p.queue_id}@{offset} at {endpoint}: {resp.status.message}")

@@ -45,26 +45,24 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
 from rmq_spark.store.jsonfile import read_json
 from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
-from rmq_spark.services.redelivery.rewrite import (
+from rmq_spark.services.redelivery.patch import PATCH_MIN_MSGS, patch_redelivery
+from rmq_spark.services.redelivery.records import (
     DELIVERY_DROP,
     DELIVERY_KEYS,
     DROPPED_ON_DELIVERY,
-    PATCH_MIN_MSGS,
     StoredRecords,
-    encode_redelivered,
-    patch_redelivery,
     read_records,
-    resolve_queue,
-    scan_sources,
 )
+from rmq_spark.services.redelivery.recovery import scan_sources
+from rmq_spark.services.redelivery.rewrite import encode_redelivered, resolve_queue
 from rmq_spark.store.message import Message
-from rmq_spark.store.record import EncodedBatch
+from rmq_spark.store.encoded import EncodedBatch
 
 if TYPE_CHECKING:
-    from rmq_spark.services.core import BrokerConfig
-    from rmq_spark.store.store import MessageStore
+    from rmq_spark.services.config import BrokerConfig
+    from rmq_spark.store.store import MessageStore, TagsCodeRule
 
-__all__ = ["P_DELAY_SOURCE", "ScheduleService", "ScheduleStats"]
+__all__ = ["P_DELAY_SOURCE", "ScheduleService", "ScheduleStats", "delivery_time_rule", "store_rules"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +84,29 @@ class ScheduleStats:
     patched: int = 0  # delivered through the byte-patching path (the rest: decoded, encoded)
     busy_s: float = 0.0  # CPU time (this thread) of rounds that delivered something
     per_level: dict[int, int] = field(default_factory=dict)
+
+
+def delivery_time_rule(levels_ms: list[int]) -> TagsCodeRule:
+    """The schedule topic's tagsCode rule for the store: a record's delivery time, its store time
+    plus the delay of its ``DELAY`` level (clamped to the levels; 1 s when not a number), as
+    RocketMQ's ``CommitLog.checkMessageAndReturnSize`` computes it."""
+
+    def rule(props: dict[str, str], store_ts: int) -> int | None:
+        raw = props.get(L.P_DELAY)
+        if raw is None:
+            return None
+        try:
+            level = int(raw)
+        except ValueError:
+            return store_ts + 1000
+        return store_ts + levels_ms[min(max(level, 1), len(levels_ms)) - 1]
+
+    return rule
+
+
+def store_rules(config: BrokerConfig) -> dict[str, TagsCodeRule]:
+    """The tagsCode rules to open the store with (``MessageStore(..., tags_code_rules=...)``)."""
+    return {L.SCHEDULE_TOPIC: delivery_time_rule(config.delay_levels_ms)}
 
 
 class ScheduleService(DeliveryLifecycle):
@@ -111,7 +132,9 @@ class ScheduleService(DeliveryLifecycle):
         self.store = store
         self.config = config
         self.clock = clock
-        self.levels_ms: list[int] = list(config.store.delay_levels_ms)
+        self.levels_ms: list[int] = list(config.delay_levels_ms)
+        if L.SCHEDULE_TOPIC not in store.tags_code_rules:
+            raise ValueError("the store must be opened with the schedule topic's tagsCode rule (store_rules)")
         self.batch_max_msgs = batch_max_msgs
         self.patch_min_msgs = PATCH_MIN_MSGS
         self.wait_max_ms = max(10, int(config.timer_precision_ms))

@@ -34,14 +34,14 @@ survives a restart, or raises :class:`RecallError` when nothing is pending for t
 
 Restart: read the records of ``[W, max)``, keep those at or above M or due after T, drop those
 whose ``TIMER_SOURCE`` appears in the CommitLog from D on (:func:`scan_sources`).
+
+Why this module is long: the put hook, recall, restart and the delivery round all read and move
+one state (the wheel, the pending deletes and the checkpoint W/M/T/D) under one lock; the recall
+handles and the wheel itself are in :mod:`.recall` and :mod:`.wheel`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import enum
-import heapq
 import logging
 import os
 import threading
@@ -60,21 +60,28 @@ from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThr
 from rmq_spark.store.jsonfile import read_json
 from rmq_spark.store.message import Message, new_uniq_id, tags_code
 from rmq_spark.store.reader import read_units_arrow
-from rmq_spark.store.record import EncodedBatch
-from rmq_spark.services.redelivery.rewrite import (
+from rmq_spark.store.encoded import EncodedBatch
+from rmq_spark.services.redelivery.patch import PATCH_MIN_MSGS, patch_redelivery
+from rmq_spark.services.redelivery.records import (
     DELIVERY_DROP,
     DELIVERY_KEYS,
     DROPPED_ON_DELIVERY,
-    PATCH_MIN_MSGS,
-    encode_redelivered,
-    patch_redelivery,
     read_records,
-    resolve_queue,
-    scan_sources,
 )
+from rmq_spark.services.redelivery.recovery import scan_sources
+from rmq_spark.services.redelivery.rewrite import encode_redelivered, resolve_queue
+
+from rmq_spark.services.timer.recall import (
+    RecallError,
+    RecallFailure,
+    RecallHandle,
+    build_recall_handle,
+    parse_recall_handle,
+)
+from rmq_spark.services.timer.wheel import ENTRY, KIND_DELETE, KIND_MESSAGE, TimerWheel
 
 if TYPE_CHECKING:
-    from rmq_spark.services.core import BrokerConfig
+    from rmq_spark.services.config import BrokerConfig
     from rmq_spark.store.store import MessageStore
 
 __all__ = [
@@ -95,162 +102,13 @@ P_TIMER_SOURCE = "TIMER_SOURCE"  # CommitLog offset of the timer record a messag
 TIMER_CHECK_FILE = "timercheck.json"
 RECALL_TAG = "_RECALL_TAG_"
 RECALL_TAG_CODE = tags_code(RECALL_TAG)
-HANDLE_VERSION = "v1"
 _READ_UNITS = 65536
 _UNCONSUMABLE = (L.TRANSACTION_PREPARED_TYPE, L.TRANSACTION_ROLLBACK_TYPE)
 _TIMER_PROPS = (L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS, L.P_TIMER_DELIVER_MS)
 
-# one pending timer record in memory
-ENTRY = np.dtype(
-    [("deliver_ms", "<i8"), ("offset", "<i8"), ("phys", "<i8"), ("size", "<i4"), ("kind", "<i1")]
-)
-KIND_MESSAGE = 0
-KIND_DELETE = 1  # a recall's delete record
 _KEYS = DELIVERY_KEYS + (P_TIMER_SOURCE,)
 _DROP = DELIVERY_DROP + (P_TIMER_SOURCE,)
 _EXTRA = f"{P_TIMER_SOURCE}\x01%d\x02".encode()
-
-
-# --- recall handles -------------------------------------------------------------------------------
-class RecallFailure(enum.Enum):
-    INVALID_HANDLE = "INVALID_HANDLE"
-    TOPIC_MISMATCH = "TOPIC_MISMATCH"
-    BROKER_MISMATCH = "BROKER_MISMATCH"
-    TIMESTAMP_INVALID = "TIMESTAMP_INVALID"  # already due (so delivered) or too far ahead
-    NOT_FOUND = "NOT_FOUND"  # nothing pending under this handle: delivered, recalled or never sent
-
-
-class RecallError(RmqError, ValueError):
-    """A recall that cannot be done; ``reason`` says why."""
-
-    def __init__(self, reason: RecallFailure, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class RecallHandle:
-    topic: str
-    broker_name: str
-    timestamp_ms: int  # TIMER_OUT_MS + 1 of the message
-    message_id: str  # its UNIQ_KEY
-
-
-def build_recall_handle(topic: str, broker_name: str, timestamp_ms: int, message_id: str) -> str:
-    """``RecallMessageHandle.HandleV1.buildHandle``: URL-safe Base64 (padded) of the five fields."""
-    raw = " ".join((HANDLE_VERSION, topic, broker_name, str(timestamp_ms), message_id))
-    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii")
-
-
-def parse_recall_handle(handle: str) -> RecallHandle:
-    """Decode a handle (padded or not); :class:`RecallError` INVALID_HANDLE when it is not one."""
-    if not handle or not isinstance(handle, str):
-        raise RecallError(RecallFailure.INVALID_HANDLE, "recall handle is empty")
-    try:
-        text = handle.strip()
-        raw = base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True).decode(
-            "utf-8"
-        )
-    except (binascii.Error, ValueError):
-        raise RecallError(
-            RecallFailure.INVALID_HANDLE, "recall handle is not URL-safe Base64"
-        ) from None
-    items = raw.split(" ")
-    if len(items) < 5 or items[0] != HANDLE_VERSION:
-        raise RecallError(
-            RecallFailure.INVALID_HANDLE, f"recall handle is not a {HANDLE_VERSION} handle"
-        )
-    if not items[3].lstrip("-").isdigit():
-        raise RecallError(
-            RecallFailure.INVALID_HANDLE, f"recall handle timestamp {items[3]!r} is not a number"
-        )
-    return RecallHandle(items[1], items[2], int(items[3]), items[4])
-
-
-# --- the wheel ------------------------------------------------------------------------------------
-class TimerWheel:
-    """Pending entries (``ENTRY`` arrays) bucketed by ``deliver_ms // slot_ms``; a heap of slot
-    numbers orders the buckets.  Adding and popping work on whole arrays."""
-
-    def __init__(self, slot_ms: int) -> None:
-        self.slot_ms = max(1, int(slot_ms))
-        self._slots: dict[int, list[np.ndarray]] = {}
-        self._heap: list[int] = []
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    def add(self, entries: np.ndarray) -> None:
-        n = len(entries)
-        if n == 0:
-            return
-        slots = entries["deliver_ms"] // self.slot_ms
-        if (slots == slots[0]).all():
-            groups = [(int(slots[0]), entries)]
-        else:
-            order = np.argsort(slots, kind="stable")
-            s = slots[order]
-            cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
-            groups = [
-                (int(s[a]), entries[order[a:b]]) for a, b in zip(np.r_[0, cuts], np.r_[cuts, n])
-            ]
-        for sid, arr in groups:
-            bucket = self._slots.get(sid)
-            if bucket is None:
-                self._slots[sid] = [arr]
-                heapq.heappush(self._heap, sid)
-            else:
-                bucket.append(arr)
-        self._count += n
-
-    def _bucket(self, sid: int) -> np.ndarray:
-        bucket = self._slots[sid]
-        if len(bucket) > 1:
-            bucket[:] = [np.concatenate(bucket)]
-        return bucket[0]
-
-    def next_ms(self) -> int | None:
-        if not self._heap:
-            return None
-        return int(self._bucket(self._heap[0])["deliver_ms"].min())
-
-    def pop_due(self, now_ms: int) -> np.ndarray:
-        """Every entry due at ``now_ms``, ordered by (deliver_ms, queue offset)."""
-        out = []
-        limit = now_ms // self.slot_ms
-        while self._heap and self._heap[0] <= limit:
-            sid = self._heap[0]
-            arr = self._bucket(sid)
-            if sid < limit:
-                due = np.ones(len(arr), dtype=bool)
-            else:
-                due = arr["deliver_ms"] <= now_ms
-            if due.all():
-                out.append(arr)
-                heapq.heappop(self._heap)
-                del self._slots[sid]
-                continue
-            out.append(arr[due])
-            self._slots[sid] = [arr[~due]]
-            break
-        if not out:
-            return np.zeros(0, ENTRY)
-        due_all = np.concatenate(out) if len(out) > 1 else out[0]
-        self._count -= len(due_all)
-        return due_all[np.lexsort((due_all["offset"], due_all["deliver_ms"]))]
-
-    def find(self, deliver_ms: int) -> np.ndarray:
-        sid = deliver_ms // self.slot_ms
-        if sid not in self._slots:
-            return np.zeros(0, ENTRY)
-        arr = self._bucket(sid)
-        return arr[arr["deliver_ms"] == deliver_ms]
-
-    def min_offset(self) -> int | None:
-        if not self._slots:
-            return None
-        return min(int(self._bucket(sid)["offset"].min()) for sid in self._slots)
 
 
 # --- the service ----------------------------------------------------------------------------------

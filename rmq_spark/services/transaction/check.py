@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -38,12 +38,14 @@ import pyarrow.compute as pc
 
 from rmq_spark.errors import RmqError
 from rmq_spark.store import layout as L
+from rmq_spark.services.transaction.halves import Half, half_of
+from rmq_spark.services.transaction.states import EndTxStatus, GroupResult, TransactionAction, as_action
 from rmq_spark.store.message import Message, MessageExt
 
 if TYPE_CHECKING:
     from rmq_spark.store.consumequeue import ConsumeQueue
     from rmq_spark.store.store import MessageStore
-    from rmq_spark.services.transaction.service import TransactionService, TxnState
+    from rmq_spark.store.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,25 @@ MAX_PROCESS_TIME_S = 60.0  # per queue per round (MAX_PROCESS_TIME_LIMIT)
 P_CHECK_SOURCE = "TRAN_CHECK_SOURCE"  # half queue offset a check copy came from
 P_OP_ACTION = "TRAN_OP_ACTION"  # on op messages: COMMIT | ROLLBACK (see transaction.py)
 P_OP_GROUP = "TRAN_OP_GROUP"  # on a commit's op message: the real messages after it
+
+
+class TransactionService(Protocol):
+    """What the check needs of the transaction service that runs it."""
+
+    store: MessageStore
+    clock: Clock
+    checker: TransactionChecker | None
+    check_max: int
+    timeout_ms: int
+    file_reserved_ms: int
+    needs_source_scan: bool
+
+    stopping: bool
+
+    def is_resolved(self, half: MessageExt) -> bool: ...
+    def resolver_for(self, group: str) -> Any: ...
+    def end_halves(self, halves: list[Half], action: TransactionAction) -> GroupResult: ...
+    def real_message(self, half: Half) -> Message: ...
 
 
 class TransactionChecker(Protocol):
@@ -379,20 +400,18 @@ def half_at(store: MessageStore, cq: ConsumeQueue, queue_offset: int) -> Message
 def ask(svc: TransactionService, half: MessageExt, queue_offset: int) -> bool:
     """Ask about ``half``: True when a resolver ended it now; otherwise it is put back (the copy
     carries the raised check count) and the checker is asked about the copy."""
-    from rmq_spark.services.transaction import service as T
-
     group = half.properties.get(L.P_PGROUP, "")
     fn = svc.resolver_for(group)
     if fn is not None:
         try:
-            act = T.as_action(fn(half))
+            act = as_action(fn(half))
         except Exception:  # a resolver's fault must not stop the check
             log.exception("transaction resolver for %r failed", group)
-            act = T.TransactionAction.UNKNOWN
-        h = T.half_of(half) if act is not T.TransactionAction.UNKNOWN else None
+            act = TransactionAction.UNKNOWN
+        h = half_of(half) if act is not TransactionAction.UNKNOWN else None
         if h is not None:
             try:
-                if svc.end_halves([h], act).status is not T.EndTxStatus.IN_PROGRESS:
+                if svc.end_halves([h], act).status is not EndTxStatus.IN_PROGRESS:
                     return True
             except RmqError:  # e.g. its real topic cannot take it now: counted, asked again
                 log.exception("transaction %s could not be ended as %s", h.txn_id, act.value)
@@ -435,99 +454,3 @@ def discard(svc: TransactionService, half: MessageExt, queue_offset: int) -> Non
     svc.store.put_messages(
         [check_copy(half, L.TRANS_CHECK_MAX_TIME_TOPIC, queue_offset)], allow_system=True
     )
-
-
-# --- the resolved set, on start ----------------------------------------------------------------------------
-def load_resolved(svc: TransactionService) -> dict[str, TxnState]:
-    """Transaction id -> how it ended, from the whole op queue (an op names half offsets; the half
-    names the transaction).  If the last op opened a commit append that a crash cut short, the
-    missing real messages are written now: the op holds the decision."""
-    from rmq_spark.services.transaction.service import TxnState
-
-    store = svc.store
-    lo, hi = store.min_offset(L.TRANS_OP_HALF_TOPIC, 0), store.max_offset(L.TRANS_OP_HALF_TOPIC, 0)
-    kinds = (TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.RESOLVED)
-    halves, codes, last = [], [], None
-    for start in range(lo, hi, 8192):
-        b = store.read_arrow(
-            L.TRANS_OP_HALF_TOPIC,
-            0,
-            start,
-            min(hi, start + 8192),
-            columns=["tags", "body", "properties", "commitLogOffset"],
-        )
-        if b.num_rows == 0:
-            continue
-        props = b.column("properties")
-        acts = pc.map_lookup(props, pa.scalar(P_OP_ACTION), "last")
-        code = np.full(b.num_rows, 2, dtype=np.int8)
-        code[np.asarray(pc.fill_null(pc.equal(acts, "COMMIT"), False))] = 0
-        code[np.asarray(pc.fill_null(pc.equal(acts, "ROLLBACK"), False))] = 1
-        is_op = np.asarray(pc.fill_null(pc.equal(b.column("tags"), REMOVE_TAG), False))
-        offs, rows = op_half_offsets(b.column("body"))
-        keep = is_op[rows]
-        halves.append(offs[keep])
-        codes.append(code[rows[keep]])
-        n = b.num_rows - 1
-        group = pc.map_lookup(props.slice(n, 1), pa.scalar(P_OP_GROUP), "last")[0].as_py()
-        reals = int(group) if code[n] == 0 and group and group.isdigit() else 0
-        last = (int(b.column("commitLogOffset")[n].as_py()), reals, offs[rows == n])
-    if not halves:
-        return {}
-    out: dict[str, TxnState] = {}
-    for txn, code in zip(_txn_ids(store, np.concatenate(halves)), np.concatenate(codes).tolist()):
-        if txn is not None and txn not in out:
-            out[txn] = kinds[code]
-    if last is not None and last[1] > 0:
-        _complete_torn_commit(svc, *last)
-    return out
-
-
-def _txn_ids(store: MessageStore, half_offsets: np.ndarray) -> list[str | None]:
-    """Transaction ids of the halves at ``half_offsets`` (None where gone)."""
-    uniq = np.unique(half_offsets)
-    found: dict[int, str] = {}
-    lo = max(int(uniq[0]), store.min_offset(L.TRANS_HALF_TOPIC, 0)) if len(uniq) else 0
-    hi = min(int(uniq[-1]) + 1, store.max_offset(L.TRANS_HALF_TOPIC, 0)) if len(uniq) else 0
-    for start in range(lo, hi, 65536):
-        want = uniq[(uniq >= start) & (uniq < start + 65536)]
-        if len(want) == 0:
-            continue
-        b = store.read_arrow(
-            L.TRANS_HALF_TOPIC, 0, int(want[0]), int(want[-1]) + 1, columns=["queueOffset", "msgId"]
-        )
-        q = b.column("queueOffset").to_numpy()
-        sel = np.flatnonzero(np.isin(q, want))
-        found.update(zip(q[sel].tolist(), b.column("msgId").take(pa.array(sel)).to_pylist()))
-    return [found.get(q) for q in half_offsets.tolist()]
-
-
-def _complete_torn_commit(
-    svc: TransactionService, op_phys: int, reals: int, half_offsets: np.ndarray
-) -> None:
-    """The ``reals`` records after the op at ``op_phys`` belong to its append: write the real
-    messages that are not among them."""
-    from rmq_spark.services.transaction.service import half_of
-
-    store = svc.store
-    op = store.look_message_by_offset(op_phys)
-    cq = store.consume_queue(L.TRANS_HALF_TOPIC, 0)
-    if op is None or cq is None:
-        return
-    present: set[int] = set()
-    for rec in store.commitlog.iter_records(op_phys + op.store_size):
-        if len(present) == reals or rec.transaction_type != L.TRANSACTION_COMMIT_TYPE:
-            break
-        present.add(rec.prepared_transaction_offset)
-    if len(present) == reals:
-        return
-    halves = [half_at(store, cq, int(q)) for q in half_offsets.tolist()]
-    missing = [half_of(h) for h in halves if h is not None and h.commitlog_offset not in present]
-    msgs = [svc.real_message(h) for h in missing if h is not None]
-    if msgs:
-        log.warning(
-            "completing a commit cut by a crash: %d of %d real messages were missing",
-            len(msgs),
-            reals,
-        )
-        store.put_messages(msgs, allow_system=True)

@@ -16,18 +16,13 @@ import numpy as np
 
 from rmq_spark.errors import MessageIllegalError, StoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.message import (
-    Message,
-    MessageExt,
-    encode_properties,
-    host_bytes,
-    new_uniq_ids,
-    new_uniq_ids_array,
-    split_ids,
-    tags_code,
-)
-from rmq_spark.store.record import HEADER_V4, PROP_CRC_BYTES, EncodedBatch, Row, concat_encoded, encode_batch
-from rmq_spark.services.redelivery.rewrite import ParsedRecords, parse_records, record_sizes
+from rmq_spark.store.message import Message, MessageExt, host_bytes, new_uniq_ids, new_uniq_ids_array, split_ids, tags_code
+from rmq_spark.store.properties import encode_properties
+from rmq_spark.store.encode import encode_columns, Row
+from rmq_spark.store.encoded import concat_encoded, EncodedBatch
+from rmq_spark.store.properties import PROP_CRC_BYTES
+from rmq_spark.store.record import HEADER_V4
+from rmq_spark.services.redelivery.patch import ParsedRecords, parse_records, record_sizes
 from rmq_spark.store.store import MessageStore
 from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
 
@@ -37,7 +32,6 @@ __all__ = [
     "Real",
     "Row",
     "body_halves",
-    "encode_props",
     "encode_rows",
     "half_of",
     "half_rows",
@@ -126,7 +120,7 @@ class Half:
         if self.real is None:
             p = self.msg.properties
             props = {k: v for k, v in p.items() if k not in HALF_ONLY}
-            enc = encode_props(props)
+            enc = encode_properties(props)
             code = tags_code(p.get(L.P_TAGS))
             self.real = (p[L.P_REAL_TOPIC], int(p[L.P_REAL_QID]), props, enc, code)
         return self.real
@@ -180,7 +174,7 @@ def half_rows(
             real = p.copy()
         else:  # rare; the dicts keep the order of the encoding
             real = {k: v for k, v in p.items() if k not in added}
-        enc = encode_props(real)
+        enc = encode_properties(real)
         real[L.P_UNIQ_KEY] = real[L.P_TRANSACTION_ID] = uniq
         if group is not None:
             real[L.P_PGROUP] = group
@@ -240,7 +234,7 @@ def body_halves(
         bodies = [bytes(b) for b in bodies]
     added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, L.P_PGROUP, *HALF_ONLY}
     base = {k: v for k, v in properties.items() if k not in added}
-    pre = encode_props(base) + _UNIQ.encode()
+    pre = encode_properties(base) + _UNIQ.encode()
     mid = f"\x02{_TXN_ID}".encode()
     tail = {L.P_PGROUP: producer_group, L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"}
     post = b"\x02" + encode_properties(tail)
@@ -254,7 +248,7 @@ def body_halves(
         w = 32 if isinstance(part, np.ndarray) else len(part)
         enc[:, at : at + w] = part if isinstance(part, np.ndarray) else np.frombuffer(part, dtype=np.uint8)
         at += w
-    batch = encode_batch(
+    batch = encode_columns(
         L.TRANS_HALF_TOPIC,
         0,
         bodies,
@@ -285,7 +279,7 @@ def encode_rows(store: MessageStore, rows: list[Row], tail: EncodedBatch | None 
             check_properties_size(e + bytes(reserve))
     one_queue = topics.count(topics[0]) == len(topics) and qids.count(qids[0]) == len(qids)
     one_host = hosts.count(hosts[0]) == len(hosts)
-    batch = encode_batch(
+    batch = encode_columns(
         topics[0] if one_queue else topics,
         qids[0] if one_queue else qids,
         bodies,
@@ -338,19 +332,6 @@ def read_halves(
             continue
         out[i] = Half(p, q, uniq[j], store=store) if uniq[j] else read_one(p)
     return out, ((phys[good], rec) if good.all() and ok.all() else None)
-
-
-def encode_props(props: dict[str, str]) -> bytes:
-    """``message.encode_properties``, about twice as fast when every value is a string and no
-    key is transient (the common case; any other dict takes the general function)."""
-    if props:
-        try:
-            text = "\x02".join(map("\x01".join, props.items())) + "\x02"
-        except TypeError:  # a value that is not a string: None is dropped, others str()-ed
-            return encode_properties(props)
-        if L.TRANSIENT_PREFIX not in text:
-            return text.encode()
-    return encode_properties(props)
 
 
 def message_of(row: Row) -> Message:

@@ -30,26 +30,39 @@ half adds its three — and keeps them with the half in memory; a commit reuses 
 delivery hook replaced the message) and both write through ``store.put_encoded``, with the checks
 of ``store.put_messages`` done here per batch.  Up to ``record.SMALL_BATCH`` records are encoded
 straight from their rows, record by record, as ``put_messages`` encodes as many: no columns built.
+
+Why this module is long: prepare, end, group commit and the check's resolutions all read and
+change one state under one lock (the transactions being ended, the resolved set, the op-queue
+writes); what needs none of it is in :mod:`.states`, :mod:`.halves`, :mod:`.commit`,
+:mod:`.check` and :mod:`.recovery`.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import struct
 import threading
 from collections import OrderedDict, deque
 from itertools import islice
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from rmq_spark.services.core import BrokerConfig
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, RmqError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.services.transaction import check as C
+from rmq_spark.services.transaction.recovery import load_resolved
+from rmq_spark.services.transaction.states import (
+    EndTxStatus,
+    GroupResult,
+    HalfRef,
+    TransactionAction,
+    TxnState,
+    as_action,
+)
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.dispatch import DispatchBatch
 from rmq_spark.services.transaction.halves import (
@@ -57,7 +70,6 @@ from rmq_spark.services.transaction.halves import (
     Real,
     Row,
     body_halves,
-    encode_props,
     encode_rows,
     half_of,
     half_rows,
@@ -71,8 +83,9 @@ from rmq_spark.store.message import (
     new_uniq_ids,
     tags_code,
 )
-from rmq_spark.store.record import SMALL_BATCH, EncodedBatch
-from rmq_spark.services.redelivery.rewrite import commit_keys, encode_commits
+from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
+from rmq_spark.store.properties import encode_properties
+from rmq_spark.services.transaction.commit import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_topic
 
@@ -104,7 +117,7 @@ PATCH_COMMIT_MIN = 128  # commits of at least this many halves patch the halves'
 HALF_CACHE_ENTRIES = 65536  # stored halves kept in memory, so that ending them reads nothing
 _REMOVE_CODE = tags_code(C.REMOVE_TAG)
 _HOST = "127.0.0.1"  # born host of op messages (the Message default)
-# up to this many records are encoded straight from their rows (record.encode_few), as
+# up to this many records are encoded straight from their rows (record.encode_lists), as
 # store.put_messages encodes a batch of up to that size, rather than through the columns
 # encode_rows builds (measured at 32 records: prepare + commit 13.4 us/msg against 18.6)
 FEW_RECORDS = SMALL_BATCH
@@ -113,64 +126,11 @@ FEW_RECORDS = SMALL_BATCH
 _OP_PROPS: dict[tuple[TransactionAction, int], tuple[dict[str, str], bytes]] = {}
 
 
-class TransactionAction(enum.Enum):
-    COMMIT = "COMMIT"
-    ROLLBACK = "ROLLBACK"
-    UNKNOWN = "UNKNOWN"
-
-
-class EndTxStatus(enum.Enum):
-    SUCCESS = "SUCCESS"
-    NOT_HANDLED = "NOT_HANDLED"  # action UNKNOWN: nothing to do
-    NOT_FOUND = "NOT_FOUND"  # no half message at that CommitLog offset
-    PRODUCER_GROUP_MISMATCH = "PRODUCER_GROUP_MISMATCH"
-    QUEUE_OFFSET_MISMATCH = "QUEUE_OFFSET_MISMATCH"  # tranStateTableOffset
-    TRANSACTION_ID_MISMATCH = "TRANSACTION_ID_MISMATCH"
-    ILLEGAL_OPERATION = "ILLEGAL_OPERATION"  # a producer's end after its CHECK_IMMUNITY time
-    ALREADY_COMMITTED = "ALREADY_COMMITTED"
-    ALREADY_ROLLED_BACK = "ALREADY_ROLLED_BACK"
-    ALREADY_RESOLVED = "ALREADY_RESOLVED"  # ended by an op that does not say how
-    IN_PROGRESS = "IN_PROGRESS"  # another end of the same transaction is being written
-    EXPIRED = "EXPIRED"  # a half stored longer ago than the store keeps files (file reserved time)
-    CONFLICT = "CONFLICT"  # a group mixes pending and ended halves (or commits and rollbacks)
-    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"  # written (so ended), not yet durable
-
-
-class TxnState(enum.Enum):
-    PENDING = "PENDING"
-    COMMITTED = "COMMITTED"
-    ROLLED_BACK = "ROLLED_BACK"
-    RESOLVED = "RESOLVED"  # an op without TRAN_OP_ACTION (written by another tool)
-    NOT_FOUND = "NOT_FOUND"
-
-
 _ALREADY = {
     TxnState.COMMITTED: EndTxStatus.ALREADY_COMMITTED,
     TxnState.ROLLED_BACK: EndTxStatus.ALREADY_ROLLED_BACK,
     TxnState.RESOLVED: EndTxStatus.ALREADY_RESOLVED,
 }
-
-
-@dataclass(frozen=True)
-class HalfRef:
-    """A half to end in a group; the fields other than the offset are checked when given."""
-
-    commitlog_offset: int
-    queue_offset: int | None = None
-    producer_group: str | None = None
-    transaction_id: str | None = None
-
-
-@dataclass
-class GroupResult:
-    status: EndTxStatus
-    put: PutResult | None = None
-    transaction_ids: list[str] = field(default_factory=list)  # the transactions this call ended
-    rejected: dict[int, EndTxStatus] = field(default_factory=dict)  # CommitLog offset -> why
-
-    @property
-    def ok(self) -> bool:
-        return self.status is EndTxStatus.SUCCESS
 
 
 class TransactionService:
@@ -212,7 +172,7 @@ class TransactionService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.needs_source_scan = store.last_exit_abnormal
-        self._state.update(C.load_resolved(self))
+        self._state.update(load_resolved(self))
         store.add_listener(self._on_dispatch, L.TRANS_HALF_TOPIC)
 
     # --- put hook and prepare ------------------------------------------------------------------------
@@ -317,6 +277,13 @@ class TransactionService:
                 self._cache.popitem(last=False)
 
     # --- looking halves up ---------------------------------------------------------------------------
+    def foreign_halves(self, offsets: Sequence[int], expect: Mapping[str, str]) -> list[int]:
+        """The offsets among ``offsets`` whose half does not carry the ``expect`` properties (a
+        missing half is not listed: ending it reports NOT_FOUND)."""
+        wanted = tuple(expect.items())
+        found = self._lookup(list(offsets))
+        return [off for off, h in zip(offsets, found) if h is not None and any(h.properties.get(k) != v for k, v in wanted)]
+
     def _lookup(self, offsets: list[int]) -> list[Half | None]:
         with self._cache_lock:
             found = list(map(self._cache.get, offsets))
@@ -402,19 +369,25 @@ class TransactionService:
         bad = _mismatch(h, tran_state_table_offset, producer_group, transaction_id)
         return bad if bad is not None else self._end_one(h, act)[0]
 
-    def commit_group(self, halves: Iterable[int | tuple | HalfRef]) -> GroupResult:
+    def commit_group(
+        self, halves: Iterable[int | tuple | HalfRef], expect: Mapping[str, str] | None = None
+    ) -> GroupResult:
         """Commit every half in ONE append (op message first, then all real messages), so that a
         reader sees all of them or none.  All must be pending, else nothing is written: the status
         is ALREADY_COMMITTED when every one was committed before (a retried group), else CONFLICT
-        (or IN_PROGRESS); ``rejected`` names them.  Items: CommitLog offsets, HalfRef or tuples."""
-        return self._end_group(halves, TransactionAction.COMMIT)
+        (or IN_PROGRESS); ``rejected`` names them.  Items: CommitLog offsets, HalfRef or tuples.
+        ``expect``: properties every half must carry (else PRODUCER_GROUP_MISMATCH, nothing ends):
+        a caller that names halves by offset ends only its own."""
+        return self._end_group(halves, TransactionAction.COMMIT, expect)
 
-    def rollback_group(self, halves: Iterable[int | tuple | HalfRef]) -> GroupResult:
+    def rollback_group(
+        self, halves: Iterable[int | tuple | HalfRef], expect: Mapping[str, str] | None = None
+    ) -> GroupResult:
         """Roll back the pending halves in one op message; the ended ones are in ``rejected``."""
-        return self._end_group(halves, TransactionAction.ROLLBACK)
+        return self._end_group(halves, TransactionAction.ROLLBACK, expect)
 
     def _end_group(
-        self, items: Iterable[int | tuple | HalfRef], act: TransactionAction
+        self, items: Iterable[int | tuple | HalfRef], act: TransactionAction, expect: Mapping[str, str] | None = None
     ) -> GroupResult:
         refs = items if isinstance(items, list) else list(items)
         if all(x.__class__ is int for x in refs):  # CommitLog offsets: found or not, no more
@@ -437,6 +410,11 @@ class TransactionService:
                     bad = _mismatch(h, ref.queue_offset, ref.producer_group, ref.transaction_id)
                 if bad is not None:
                     rejected[off] = bad
+        if expect:
+            wanted = tuple(expect.items())
+            for h in found:
+                if h is not None and any(h.properties.get(k) != v for k, v in wanted):
+                    rejected[h.phys] = EndTxStatus.PRODUCER_GROUP_MISMATCH
         # as end_transaction: how a half this old ended may be forgotten by now, so a commit of it
         # is refused (the whole group: it is atomic); a rollback ends the others
         oldest = self.clock.now_ms() - self.file_reserved_ms
@@ -553,7 +531,7 @@ class TransactionService:
             props = {L.P_TAGS: C.REMOVE_TAG, P_OP_ACTION: act.value}
             if reals:
                 props[P_OP_GROUP] = str(reals)
-            known = (props, encode_props(props))
+            known = (props, encode_properties(props))
             if len(_OP_PROPS) < 1024:
                 _OP_PROPS[(act, reals)] = known
         props, enc = known
@@ -614,7 +592,7 @@ class TransactionService:
             m.properties[L.P_UNIQ_KEY] = uniq or new_uniq_ids(1)[0]
         p = m.properties
         return (
-            m.topic, m.queue_id, bytes(m.body), p, encode_props(p), tags_code(p.get(L.P_TAGS)),
+            m.topic, m.queue_id, bytes(m.body), p, encode_properties(p), tags_code(p.get(L.P_TAGS)),
             m.flag, m.sys_flag, m.born_timestamp_ms or self.clock.now_ms(), m.born_host,
             m.born_port, m.reconsume_times, m.prepared_transaction_offset,
         )
@@ -694,23 +672,6 @@ class TransactionService:
             self._thread = None
 
     crash = shutdown  # nothing to flush: the op queue and the check offsets are the state
-
-
-def as_action(value: Any) -> TransactionAction:
-    """A TransactionAction from itself, an enum with the same member names, or a string
-    (``COMMIT_MESSAGE`` / ``ROLLBACK_MESSAGE`` / ``UNKNOW`` as RocketMQ's LocalTransactionState)."""
-    if isinstance(value, TransactionAction):
-        return value
-    name = str(getattr(value, "name", None) or value).upper()
-    name = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK", "UNKNOW": "UNKNOWN"}.get(
-        name, name
-    )
-    try:
-        return TransactionAction[name]
-    except KeyError:
-        raise MessageIllegalError(
-            f"transaction action {value!r} is not COMMIT, ROLLBACK or UNKNOWN"
-        ) from None
 
 
 def _mismatch(

@@ -1,5 +1,6 @@
-"""RemotingService: the broker's remoting server and NameServer, beside its gRPC server, over the
-same :class:`~rmq_spark.services.core.BrokerCore` (one store, two protocols).
+"""RemotingService: the broker's remoting server (:mod:`rmq_spark.remoting`) and NameServer
+(:mod:`rmq_spark.namesrv`), beside its gRPC server, over the same
+:class:`~rmq_spark.services.core.BrokerCore` (one store, two protocols).
 
     sockets = RemotingSockets.bind("127.0.0.1:10911", "127.0.0.1:9876")   # before the store opens:
     config.store.store_port = sockets.broker_port                         # offsetMsgIds name it

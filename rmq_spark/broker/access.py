@@ -1,0 +1,236 @@
+"""The one access seam of the broker's port: every call of every service passes through it.
+
+:class:`AccessInterceptor` is a gRPC server interceptor.  For each call it
+
+1. authenticates the caller (when an ACL is loaded), before the request is looked at, so an
+   unsigned call learns nothing (not even whether a topic exists);
+2. reads the request's :class:`Need` with the rule its service declares for the method: the
+   topics (with the permission each needs) and groups it touches, or admin.  The rule reads each
+   name through :func:`topic_name` / :func:`group_name`, the one place topic and group names are
+   validated, so a malformed name, a system topic or a retry / dead-letter topic used where it may
+   not be is refused (ILLEGAL_TOPIC / ILLEGAL_CONSUMER_GROUP) on every path;
+3. authorizes the account for the need (:meth:`rmq_spark.broker.auth.AccessControl.authorize`);
+4. runs the handler with the caller known (:func:`caller`), for answers that depend on who asks.
+
+A refusal is answered as its service answers faults (:class:`ServiceAccess.refuse`: a RocketMQ
+status on the MessagingService, a gRPC status on the connector).  A method whose service declares
+no rule for it is refused (PERMISSION_DENIED): a new method cannot skip the check.
+
+Without an ACL, step 1 and 3 do nothing and the caller is all-powerful, as in RocketMQ without
+ACL; names are still validated.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from rmq_spark.broker.auth import AccessControl, Account, Perm
+from rmq_spark.errors import IllegalGroupError, IllegalTopicError, MessageIllegalError, PermissionDeniedError
+from rmq_spark.store import layout as L
+from rmq_spark.store.validation import check_group, check_topic_cached
+
+__all__ = [
+    "Use",
+    "Need",
+    "Caller",
+    "caller",
+    "topic_name",
+    "group_name",
+    "ServiceAccess",
+    "AccessInterceptor",
+    "AUTHENTICATED",
+]
+
+
+class Use(enum.Enum):
+    """What a request does with a topic (what :func:`topic_name` allows)."""
+
+    ROUTE = "query the route of"  # any permission
+    READ = "read"  # SUB
+    WRITE = "send to"  # PUB; never a system, retry or dead-letter topic
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a request touches: topics with the permission each needs (``Perm.DENY``: any),
+    consumer groups (SUB), or ``admin``."""
+
+    topics: tuple[tuple[str, Perm], ...] = ()
+    groups: tuple[str, ...] = ()
+    admin: bool = False
+
+
+AUTHENTICATED = Need()  # any signed account
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: ``account`` ``None`` when the broker has no ACL (all-powerful)."""
+
+    account: Account | None = None
+
+    @property
+    def admin(self) -> bool:
+        return self.account is None or self.account.admin
+
+    def may(self, topic: str, need: Perm = Perm.DENY) -> bool:
+        return self.account is None or AccessControl.topic_allows(self.account, topic, need)
+
+
+_NOBODY_CHECKED = Caller()
+_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("rmq_caller", default=_NOBODY_CHECKED)
+
+
+def caller() -> Caller:
+    """The caller of the call being served (set by the interceptor on the serving thread)."""
+    return _CALLER.get()
+
+
+_RETRY_DLQ = (L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX)
+
+
+def topic_name(name: Any, use: Use, *, system_reads: bool = False) -> str:
+    """``name`` if a client may ``use`` it, else IllegalTopicError: a legal name (characters,
+    length); never a system topic, except to read when ``system_reads`` (authorization then
+    keeps it for admin accounts); never a retry or dead-letter topic to send to (the broker
+    writes those; consumers read them with their group's permission)."""
+    if not isinstance(name, str):
+        raise IllegalTopicError(f"topic must be a string, not {type(name).__name__}")
+    try:
+        check_topic_cached(name, allow_system=True)
+    except MessageIllegalError as e:
+        raise IllegalTopicError(str(e)) from None
+    if L.is_system_topic(name) and (use is Use.WRITE or not system_reads):
+        raise IllegalTopicError(f"topic {name!r} is a system topic; clients cannot {use.value} it")
+    if use is Use.WRITE and name.startswith(_RETRY_DLQ):
+        kind = "retry" if name.startswith(L.RETRY_GROUP_TOPIC_PREFIX) else "dead-letter"
+        raise IllegalTopicError(f"topic {name!r} is a {kind} topic: only the broker writes it, producers cannot send to it")
+    return name
+
+
+def group_name(name: Any) -> str:
+    """``name`` if it is a legal consumer group name, else IllegalGroupError."""
+    if not isinstance(name, str):
+        raise IllegalGroupError(f"group must be a string, not {type(name).__name__}")
+    try:
+        check_group(name)
+    except MessageIllegalError as e:
+        raise IllegalGroupError(str(e)) from None
+    return name
+
+
+Rule = Callable[[Any], Need]  # the (decoded) request -> what it needs; None for a request stream
+
+
+@dataclass(frozen=True)
+class ServiceAccess:
+    """One service's side of the seam: its name, a rule per method, how a raw request becomes
+    what the rules read (``decode``: identity for protobuf services), and how a refusal is
+    answered (``refuse(method, exc, context)``: the responses of a refused call, or it raises)."""
+
+    service: str
+    rules: Mapping[str, Rule | None]
+    refuse: Callable[[str, BaseException, grpc.ServicerContext], list[Any]]
+    decode: Callable[[str, Any], Any] = staticmethod(lambda _m, request: request)  # type: ignore[assignment]
+
+
+class AccessInterceptor(grpc.ServerInterceptor):
+    """See the module docstring.  ``services``: every service mounted on the server."""
+
+    def __init__(self, acl: AccessControl | None, services: Iterable[ServiceAccess]) -> None:
+        self.acl = acl
+        self.services = {s.service: s for s in services}
+
+    def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(details)
+        if handler is None:
+            return None  # UNIMPLEMENTED, as before
+        service, _, method = details.method.lstrip("/").rpartition("/")
+        svc = self.services.get(service)
+        if svc is None or method not in svc.rules:
+            return _no_rule(handler, details.method)
+        return _guarded(handler, self, svc, method, svc.rules[method])
+
+    def admit(self, svc: ServiceAccess, method: str, rule: Rule | None, request: Any, context: grpc.ServicerContext) -> None:
+        """Authenticate, read the need, authorize; set the caller.  Raises the refusal."""
+        account = None
+        if self.acl is not None:
+            account = self.acl.authenticate(_metadata(context))
+        need = AUTHENTICATED if rule is None else rule(svc.decode(method, request))
+        if account is not None:
+            if need.admin and not account.admin:
+                raise PermissionDeniedError(f"access key {account.access_key!r} is not an admin account; {method} needs one")
+            for group in need.groups:
+                self.acl.authorize(account, group=group)  # type: ignore[union-attr]
+            for topic, perm in need.topics:
+                self.acl.authorize(account, topic=topic, need=perm)  # type: ignore[union-attr]
+        _CALLER.set(Caller(account))
+
+
+def _metadata(context: grpc.ServicerContext) -> dict[str, str]:
+    return {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+
+
+def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: str, rule: Rule | None) -> Any:
+    if handler.unary_unary is not None:
+        inner_uu = handler.unary_unary
+
+        def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                seam.admit(svc, method, rule, request, context)
+            except Exception as exc:  # a refusal, answered as the service answers faults
+                return svc.refuse(method, exc, context)[0]
+            return inner_uu(request, context)
+
+        return handler._replace(unary_unary=unary_unary)
+    if handler.unary_stream is not None:
+        inner_us = handler.unary_stream
+
+        def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                seam.admit(svc, method, rule, request, context)
+            except Exception as exc:
+                yield from svc.refuse(method, exc, context)
+                return
+            yield from inner_us(request, context)
+
+        return handler._replace(unary_stream=unary_stream)
+    # a request stream (Telemetry): nothing to read before the stream opens, so the rule is None
+    if handler.stream_stream is not None:
+        inner_ss = handler.stream_stream
+
+        def stream_stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                seam.admit(svc, method, None, None, context)
+            except Exception as exc:
+                yield from svc.refuse(method, exc, context)
+                return
+            yield from inner_ss(requests, context)
+
+        return handler._replace(stream_stream=stream_stream)
+    inner_su = handler.stream_unary
+
+    def stream_unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        try:
+            seam.admit(svc, method, None, None, context)
+        except Exception as exc:
+            return svc.refuse(method, exc, context)[0]
+        return inner_su(requests, context)
+
+    return handler._replace(stream_unary=stream_unary)
+
+
+def _no_rule(handler: Any, path: str) -> Any:
+    """A method no service declared a rule for: refused, whatever it is."""
+
+    def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{path} has no access rule; the broker refuses it")
+
+    kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k) is not None)
+    return handler._replace(**{kind: refuse})

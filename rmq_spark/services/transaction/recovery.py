@@ -1,0 +1,122 @@
+"""How transactions ended, rebuilt from the op queue when the transaction service starts
+(:func:`load_resolved`), and a commit that a crash cut short completed from its op."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rmq_spark.store import layout as L
+from rmq_spark.services.transaction.check import (
+    P_OP_ACTION,
+    P_OP_GROUP,
+    REMOVE_TAG,
+    TransactionService,
+    half_at,
+    op_half_offsets,
+)
+from rmq_spark.services.transaction.halves import half_of
+from rmq_spark.services.transaction.states import TxnState
+
+if TYPE_CHECKING:
+    from rmq_spark.store.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+
+# --- the resolved set, on start ----------------------------------------------------------------------------
+def load_resolved(svc: TransactionService) -> dict[str, TxnState]:
+    """Transaction id -> how it ended, from the whole op queue (an op names half offsets; the half
+    names the transaction).  If the last op opened a commit append that a crash cut short, the
+    missing real messages are written now: the op holds the decision."""
+
+    store = svc.store
+    lo, hi = store.min_offset(L.TRANS_OP_HALF_TOPIC, 0), store.max_offset(L.TRANS_OP_HALF_TOPIC, 0)
+    kinds = (TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.RESOLVED)
+    halves, codes, last = [], [], None
+    for start in range(lo, hi, 8192):
+        b = store.read_arrow(
+            L.TRANS_OP_HALF_TOPIC,
+            0,
+            start,
+            min(hi, start + 8192),
+            columns=["tags", "body", "properties", "commitLogOffset"],
+        )
+        if b.num_rows == 0:
+            continue
+        props = b.column("properties")
+        acts = pc.map_lookup(props, pa.scalar(P_OP_ACTION), "last")
+        code = np.full(b.num_rows, 2, dtype=np.int8)
+        code[np.asarray(pc.fill_null(pc.equal(acts, "COMMIT"), False))] = 0
+        code[np.asarray(pc.fill_null(pc.equal(acts, "ROLLBACK"), False))] = 1
+        is_op = np.asarray(pc.fill_null(pc.equal(b.column("tags"), REMOVE_TAG), False))
+        offs, rows = op_half_offsets(b.column("body"))
+        keep = is_op[rows]
+        halves.append(offs[keep])
+        codes.append(code[rows[keep]])
+        n = b.num_rows - 1
+        group = pc.map_lookup(props.slice(n, 1), pa.scalar(P_OP_GROUP), "last")[0].as_py()
+        reals = int(group) if code[n] == 0 and group and group.isdigit() else 0
+        last = (int(b.column("commitLogOffset")[n].as_py()), reals, offs[rows == n])
+    if not halves:
+        return {}
+    out: dict[str, TxnState] = {}
+    for txn, code in zip(_txn_ids(store, np.concatenate(halves)), np.concatenate(codes).tolist()):
+        if txn is not None and txn not in out:
+            out[txn] = kinds[code]
+    if last is not None and last[1] > 0:
+        _complete_torn_commit(svc, *last)
+    return out
+
+
+def _txn_ids(store: MessageStore, half_offsets: np.ndarray) -> list[str | None]:
+    """Transaction ids of the halves at ``half_offsets`` (None where gone)."""
+    uniq = np.unique(half_offsets)
+    found: dict[int, str] = {}
+    lo = max(int(uniq[0]), store.min_offset(L.TRANS_HALF_TOPIC, 0)) if len(uniq) else 0
+    hi = min(int(uniq[-1]) + 1, store.max_offset(L.TRANS_HALF_TOPIC, 0)) if len(uniq) else 0
+    for start in range(lo, hi, 65536):
+        want = uniq[(uniq >= start) & (uniq < start + 65536)]
+        if len(want) == 0:
+            continue
+        b = store.read_arrow(
+            L.TRANS_HALF_TOPIC, 0, int(want[0]), int(want[-1]) + 1, columns=["queueOffset", "msgId"]
+        )
+        q = b.column("queueOffset").to_numpy()
+        sel = np.flatnonzero(np.isin(q, want))
+        found.update(zip(q[sel].tolist(), b.column("msgId").take(pa.array(sel)).to_pylist()))
+    return [found.get(q) for q in half_offsets.tolist()]
+
+
+def _complete_torn_commit(
+    svc: TransactionService, op_phys: int, reals: int, half_offsets: np.ndarray
+) -> None:
+    """The ``reals`` records after the op at ``op_phys`` belong to its append: write the real
+    messages that are not among them."""
+
+    store = svc.store
+    op = store.look_message_by_offset(op_phys)
+    cq = store.consume_queue(L.TRANS_HALF_TOPIC, 0)
+    if op is None or cq is None:
+        return
+    present: set[int] = set()
+    for rec in store.commitlog.iter_records(op_phys + op.store_size):
+        if len(present) == reals or rec.transaction_type != L.TRANSACTION_COMMIT_TYPE:
+            break
+        present.add(rec.prepared_transaction_offset)
+    if len(present) == reals:
+        return
+    halves = [half_at(store, cq, int(q)) for q in half_offsets.tolist()]
+    missing = [half_of(h) for h in halves if h is not None and h.commitlog_offset not in present]
+    msgs = [svc.real_message(h) for h in missing if h is not None]
+    if msgs:
+        log.warning(
+            "completing a commit cut by a crash: %d of %d real messages were missing",
+            len(msgs),
+            reals,
+        )
+        store.put_messages(msgs, allow_system=True)
