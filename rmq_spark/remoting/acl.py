@@ -81,13 +81,11 @@ class RemotingAcl:
         topic_need: list[tuple[str, int]] = []
         groups: list[str] = []
         if code in (R.SEND_MESSAGE, R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE):
-            v2 = code != R.SEND_MESSAGE
-            topic, group = ext.get("b" if v2 else "topic", ""), ext.get("a" if v2 else "producerGroup", "")
-            if topic.startswith(L.RETRY_GROUP_TOPIC_PREFIX):
+            topic = ext.get("topic" if code == R.SEND_MESSAGE else "b", "")
+            if topic.startswith(L.RETRY_GROUP_TOPIC_PREFIX):  # a consumer's send-back by its producer
                 groups.append(topic[len(L.RETRY_GROUP_TOPIC_PREFIX) :])
             else:
                 topic_need.append((topic, PUB))
-            del group
         elif code == R.CONSUMER_SEND_MSG_BACK:
             groups.append(ext.get("group", ""))
             if ext.get("originTopic"):

@@ -25,7 +25,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from rmq_spark.remoting.codes import ResponseCode
@@ -36,7 +36,8 @@ __all__ = ["Connection", "EventLoopThread", "Handler", "Processor", "RemotingSer
 
 log = logging.getLogger("rmq_spark.remoting")
 
-Handler = Callable[["Connection", RemotingCommand], "RemotingCommand | None | Awaitable[RemotingCommand | None]"]
+# a handler answers with a command, None (nothing to answer), or an awaitable of either
+Handler = Callable[["Connection", RemotingCommand], Any]
 IDLE_TIMEOUT_S = 120.0
 # pause reading a connection whose answers are not being read (bytes queued for it)
 WRITE_HIGH_WATER_BYTES = 8 << 20
