@@ -7,7 +7,13 @@ from __future__ import annotations
 import logging
 import zlib
 
-from rmq_spark.namesrv.routes import BROKER_TIMEOUT_MS, BrokerEntry, RouteInfoManager, queue_data_table
+from rmq_spark.namesrv.routes import (
+    BROKER_TIMEOUT_MS,
+    BrokerEntry,
+    RouteInfoManager,
+    compressed_topic_table,
+    queue_data_table,
+)
 from rmq_spark.remoting import jsonbody
 from rmq_spark.remoting.codes import RequestCode, ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
@@ -48,17 +54,19 @@ def namesrv_processor(routes: RouteInfoManager) -> Processor:
             connection_id=conn.id,
         )  # fmt: skip
         body = req.body
-        if f.bool("compressed"):
-            return req.response(ResponseCode.SYSTEM_ERROR, "compressed REGISTER_BROKER bodies are not supported; "
-                                                           "set compressedRegister=false")  # fmt: skip
         if body:
-            crc = f.opt("bodyCrc32")
-            if crc not in (None, "", "0") and int(crc) != zlib.crc32(body) & 0x7FFFFFFF:  # UtilAll.crc32
+            crc = f.long("bodyCrc32", 0)
+            if crc != 0 and crc != zlib.crc32(body) & 0x7FFFFFFF:  # UtilAll.crc32
                 return req.response(ResponseCode.SYSTEM_ERROR, "receive registerBroker request,crc32 not match")
             try:
-                doc = jsonbody.loads(body)
-                table = ((doc.get("topicConfigSerializeWrapper") or {}).get("topicConfigTable") or {})
-                entry.topics = queue_data_table(table.values())
+                # 5.x brokers with compressedRegister=true deflate the body but send compressed=false:
+                # a zlib stream starts with 0x78, a JSON document with "{"
+                if f.bool("compressed") or body[:1] == b"\x78":
+                    entry.topics = compressed_topic_table(body)
+                else:
+                    doc = jsonbody.loads(body)
+                    table = ((doc.get("topicConfigSerializeWrapper") or {}).get("topicConfigTable") or {})
+                    entry.topics = queue_data_table(table.values())
             except (ValueError, AttributeError, TypeError) as e:
                 raise HeaderError(f"REGISTER_BROKER body is not a RegisterBrokerBody: {e}") from None
         routes.register(entry)

@@ -16,8 +16,10 @@ keys are written quoted (standard JSON); fastjson reads both forms.
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,4 +183,41 @@ def queue_data_table(topic_configs: Iterable[dict[str, Any]]) -> dict[str, Queue
         if isinstance(name, str):
             out[name] = QueueData(int(c.get("readQueueNums", 0)), int(c.get("writeQueueNums", 0)),
                                   int(c.get("perm", 6)), int(c.get("topicSysFlag", 0)))  # fmt: skip
+    return out
+
+
+# A compressed REGISTER_BROKER body (``RegisterBrokerBody.encode(true)``, a broker's
+# ``compressedRegister=true``): zlib deflate of
+#   int32 len + DataVersion JSON | int32 topics | per topic: int32 len + TopicConfig.encode()
+#   (``name read write perm filterType``, space-separated) | int32 len + filter server JSON | ...
+_LEN = struct.Struct(">i")
+
+
+def compressed_topic_table(body: bytes) -> dict[str, QueueData]:
+    """topic -> QueueData of a compressed registration body; ValueError when it does not parse."""
+    try:
+        data = zlib.decompress(body)
+    except zlib.error as e:
+        raise ValueError(f"compressed body does not inflate: {e}") from None
+
+    def chunk(pos: int) -> tuple[bytes, int]:
+        if pos + 4 > len(data):
+            raise ValueError(f"compressed body truncated at byte {pos}")
+        (n,) = _LEN.unpack_from(data, pos)
+        if n < 0 or pos + 4 + n > len(data):
+            raise ValueError(f"compressed body: a length of {n} at byte {pos} runs past its end")
+        return data[pos + 4 : pos + 4 + n], pos + 4 + n
+
+    _version, pos = chunk(0)
+    if pos + 4 > len(data):
+        raise ValueError("compressed body has no topic count")
+    (count,) = _LEN.unpack_from(data, pos)
+    pos += 4
+    out = {}
+    for _ in range(max(count, 0)):
+        raw, pos = chunk(pos)
+        fields = raw.decode("utf-8", errors="replace").split(" ")
+        if len(fields) < 4:
+            raise ValueError(f"compressed body: topic config {raw[:80]!r} has {len(fields)} fields")
+        out[fields[0]] = QueueData(int(fields[1]), int(fields[2]), int(fields[3]))
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from _apache import GET_BROKER_CLUSTER_INFO, GET_ROUTEINFO_BY_TOPIC, ApacheRocketMQ, remoting_request
 from _targets import cluster_info
 
@@ -31,10 +32,13 @@ def _wait(condition, what: str, timeout_s: float = 30.0) -> None:  # type: ignor
         time.sleep(0.3)
 
 
-def test_apache_broker_registers_with_rmq_broker_namesrv(rmq_java, names, tmp_path):
+@pytest.mark.parametrize("compressed", [False, True])
+def test_apache_broker_registers_with_rmq_broker_namesrv(rmq_java, names, tmp_path, compressed):
+    """``compressed``: the broker's ``compressedRegister=true`` (a deflated body of its own layout)."""
     namesrv = rmq_java.target.namesrv_addr
     topic, group = f"{names}_T"[-60:], f"{names}_G"[-60:]
-    with ApacheRocketMQ(tmp_path / "apache", brokers=("broker-x",), cluster="ApacheX", namesrv_addr=namesrv) as apache:
+    with ApacheRocketMQ(tmp_path / "apache", brokers=("broker-x",), cluster="ApacheX", namesrv_addr=namesrv,
+                        broker_config={"compressedRegister": str(compressed).lower()}) as apache:
         assert cluster_info(namesrv)["ApacheX"] == ["broker-x"]
         out = rmq_java.mqadmin("updateTopic", "-c", "ApacheX", "-t", topic, "-r", "2", "-w", "2")
         assert apache.broker_addr("broker-x") in out and "success" in out

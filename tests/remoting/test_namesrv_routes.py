@@ -42,3 +42,26 @@ def test_registered_brokers_expire_and_leave_with_their_connection():
     now[0] += 5_001  # no heartbeat within heartbeatTimeoutMillis
     assert "C2" not in m.cluster_info()["clusterAddrTable"]
     assert m.topic_route("OnB")["queueDatas"][0]["brokerName"] == "local"  # back to auto-creation's route
+
+
+def test_compressed_registration_body():
+    """RegisterBrokerBody.encode(true): deflated DataVersion, topic configs as ``name read write
+    perm filterType`` strings, filter servers (what a real 5.5.0 broker sends: tests/interop)."""
+    import struct
+    import zlib
+
+    import pytest
+
+    from rmq_spark.namesrv.routes import compressed_topic_table
+
+    def chunk(b: bytes) -> bytes:
+        return struct.pack(">i", len(b)) + b
+
+    topics = [b"Orders 8 4 6 SINGLE_TAG", b"%RETRY%g 1 1 6 SINGLE_TAG {}"]
+    raw = chunk(b'{"counter":3}') + struct.pack(">i", 2) + b"".join(map(chunk, topics)) + chunk(b"[]") + struct.pack(">i", 0)
+    table = compressed_topic_table(zlib.compress(raw, 9))
+    assert table == {"Orders": QueueData(8, 4, 6), "%RETRY%g": QueueData(1, 1, 6)}
+    with pytest.raises(ValueError):
+        compressed_topic_table(zlib.compress(raw[:30]))
+    with pytest.raises(ValueError):
+        compressed_topic_table(b"not deflated")
