@@ -1,6 +1,7 @@
 """``rmq-broker`` / ``python -m rmq_spark.broker``: run a broker until SIGTERM / SIGINT.
 
-Prints exactly one line when ready: ``rmq-broker listening on HOST:PORT store=DIR``.  Exit codes:
+Prints exactly one line when ready: ``rmq-broker listening on HOST:PORT store=DIR`` followed by
+`` remoting=HOST:PORT namesrv=HOST:PORT`` for the endpoints that run.  Exit codes:
 0 after a clean stop (signal or ``--idle-exit-s``), 1 when the broker cannot start (the store is
 locked by another broker or corrupt, the address cannot be bound), 2 for bad flags or settings.
 Flags: :mod:`rmq_spark.broker.options`.
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"rmq-broker: cannot start: {e}", file=sys.stderr, flush=True)
         return 1
-    print(f"rmq-broker listening on {broker.endpoints} store={broker.core.store.root}", flush=True)
+    print(broker.ready_line(), flush=True)
     idle_exit_s = args.options.idle_exit_s
     try:
         while not stop.wait(0.2):

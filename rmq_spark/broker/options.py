@@ -23,6 +23,7 @@ flag (config-file key)             meaning                                  defa
 --idle-exit-s S                    exit after S s with no RPC and no open   0 (never)
                                    stream
 --acl FILE                         access keys, secrets and permissions     (no access control)
+                                   (gRPC and remoting: AclClientRPCHook)
 --acl-window-s S                   how far a signed x-mq-date-time may be   900
                                    from the broker's clock
 --max-delivery-attempts N          deliveries before the DLQ                17
@@ -34,7 +35,19 @@ flag (config-file key)             meaning                                  defa
 --timer-max-delay-s S              furthest delivery time accepted          259200 (3 days)
 --broker-name NAME                 broker name in routes                    rmq-spark-broker
 --workers N                        gRPC worker threads                      128
+--remoting-listen HOST:PORT        RocketMQ remoting protocol (Java and     127.0.0.1:10911 [*]
+                                   other remoting clients, mqadmin)
+--namesrv-listen HOST:PORT         the NameServer of this broker            127.0.0.1:9876 [*]
+--no-namesrv                       run no NameServer                        (one runs)
+--no-remoting                      serve gRPC only (and no NameServer)      (remoting on)
+--namesrv "ADDR;ADDR"              also register (REGISTER_BROKER every     (none)
+                                   30 s) with these NameServers
+--cluster-name NAME                cluster name in routes                   DefaultCluster
 =================================  =======================================  ====================
+
+[*] When ``--listen``'s port is 0 (a test's free port), the remoting and NameServer ports not
+given default to 0 too, so brokers started side by side never fight over 10911 and 9876.
+The Python API (:class:`BrokerOptions`) serves remoting only when ``remoting_listen`` is set.
 """
 
 from __future__ import annotations
@@ -52,6 +65,8 @@ from rmq_spark.store.store import StoreConfig
 __all__ = ["BrokerOptions", "ParsedArgs", "build_parser", "parse_args"]
 
 DEFAULT_LISTEN = "127.0.0.1:8081"
+DEFAULT_REMOTING_LISTEN = "127.0.0.1:10911"
+DEFAULT_NAMESRV_LISTEN = "127.0.0.1:9876"
 
 
 @dataclass
@@ -70,6 +85,11 @@ class BrokerOptions:
     workers: int = 128
     max_receive_batch: int = 1024
     max_pull_batch: int = 10_000
+    # remoting protocol and NameServer (rmq_spark.remoting): off unless an address is given
+    remoting_listen: str | None = None
+    namesrv_listen: str | None = None
+    namesrv_addrs: tuple[str, ...] = ()
+    cluster_name: str = "DefaultCluster"
 
     def __post_init__(self) -> None:
         if self.min_invisible_ms < 0 or self.max_invisible_ms < self.min_invisible_ms:
@@ -110,10 +130,18 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("timer-max-delay-s", int, "furthest delivery time accepted, in seconds (default 259200: 3 days)"),
     ("broker-name", str, "broker name shown in routes (default rmq-spark-broker)"),
     ("workers", int, "gRPC worker threads (default 128)"),
+    ("remoting-listen", str, f"HOST:PORT of the remoting protocol (default {DEFAULT_REMOTING_LISTEN}; port 0 when "
+                             "--listen's port is 0)"),
+    ("namesrv-listen", str, f"HOST:PORT of this broker's NameServer (default {DEFAULT_NAMESRV_LISTEN}; port 0 when "
+                            "--listen's port is 0)"),
+    ("namesrv", str, 'also register with these NameServers, "ADDR;ADDR" (REGISTER_BROKER every 30 s)'),
+    ("cluster-name", str, "cluster name in routes (default DefaultCluster)"),
 )
 _BOOL_FLAGS: tuple[tuple[str, str], ...] = (
     ("no-auto-create-topics", "answer TOPIC_NOT_FOUND for unknown topics instead of creating them"),
     ("truncate-corrupt", "on recovery, truncate a corrupt CommitLog tail instead of refusing to start"),
+    ("no-namesrv", "run no NameServer in this process"),
+    ("no-remoting", "serve no remoting protocol (and no NameServer): gRPC only"),
 )
 _BOOL_NAMES = tuple(name for name, _h in _BOOL_FLAGS)
 
@@ -286,8 +314,12 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
         opt_kw["auto_renew_invisible_ms"] = int(pos("auto-renew-invisible-s", v["auto-renew-invisible-s"]) * 1000)
     if "workers" in v:
         opt_kw["workers"] = at_least("workers", v["workers"], 4)
+    _remoting_options(v, opt_kw)
     options = BrokerOptions(**opt_kw)
     split_listen(options.listen)
+    for flag, addr in (("remoting-listen", options.remoting_listen), ("namesrv-listen", options.namesrv_listen)):
+        if addr is not None:
+            split_listen(addr, flag)
     store = ns.store or values.get("store")
     if store is not None and not isinstance(store, str):
         raise ConfigError(f"{where.get('store', '--store')}: {store!r} is not a directory name")
@@ -302,8 +334,29 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     return ParsedArgs(os.path.abspath(str(store)), cfg, options)
 
 
-def split_listen(listen: str) -> tuple[str, int]:
+def _remoting_options(v: dict[str, Any], opt_kw: dict[str, Any]) -> None:
+    """The remoting flags: defaults 10911 / 9876, or free ports when --listen's port is 0."""
+    if v.get("no-remoting"):
+        return
+    free = str(v.get("listen", DEFAULT_LISTEN)).endswith(":0")
+    host = str(v.get("listen", DEFAULT_LISTEN)).rpartition(":")[0] or "127.0.0.1"
+    opt_kw["remoting_listen"] = v.get("remoting-listen") or (f"{host}:0" if free else DEFAULT_REMOTING_LISTEN)
+    if not v.get("no-namesrv"):
+        opt_kw["namesrv_listen"] = v.get("namesrv-listen") or (f"{host}:0" if free else DEFAULT_NAMESRV_LISTEN)
+    if v.get("namesrv"):
+        addrs = tuple(a.strip() for a in str(v["namesrv"]).replace(",", ";").split(";") if a.strip())
+        for a in addrs:
+            split_listen(a, "namesrv")
+        opt_kw["namesrv_addrs"] = addrs
+    if v.get("cluster-name"):
+        name = str(v["cluster-name"]).strip()
+        if not name or " " in name:
+            raise ConfigError("--cluster-name must be a non-empty word")
+        opt_kw["cluster_name"] = name
+
+
+def split_listen(listen: str, flag: str = "listen") -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
+        raise ConfigError(f"--{flag} {listen!r} is not HOST:PORT")
     return host, int(port)

@@ -87,7 +87,15 @@ class Broker:
         if listen is not None:
             self.options.listen = listen
         host, port = split_listen(self.options.listen)
-        self.core = BrokerCore(path, config or BrokerConfig(), clock)
+        config = config or BrokerConfig()
+        self.remoting: Any = None
+        sockets = self._bind_remoting(config)
+        try:
+            self.core = BrokerCore(path, config, clock)
+        except BaseException:
+            if sockets is not None:
+                sockets.close()
+            raise
         self._stopped = False
         self._stop_lock = threading.Lock()
         try:
@@ -119,14 +127,60 @@ class Broker:
             self.service.set_endpoint(host, bound)
             self.service.start()
             self._server.start()
+            if sockets is not None:
+                from rmq_spark.broker.remoting import RemotingService
+
+                self.remoting = RemotingService(self.core, sockets, broker_name=config.broker_name,
+                                                cluster=self.options.cluster_name,
+                                                namesrv_addrs=list(self.options.namesrv_addrs),
+                                                activity=self.activity, access_control=acl)  # fmt: skip
         except BaseException:
+            if self.remoting is not None:
+                self.remoting.stop()
+            elif sockets is not None:
+                sockets.close()
             self.core.shutdown()
             raise
+
+    def _bind_remoting(self, config: BrokerConfig) -> Any:
+        """The remoting and NameServer sockets, bound before the store opens: the remoting port
+        is the store port of every record written (offsetMsgIds name it)."""
+        opts = self.options
+        if not opts.remoting_listen:
+            return None
+        from rmq_spark.broker.remoting import RemotingSockets
+
+        try:
+            sockets = RemotingSockets.bind(opts.remoting_listen, opts.namesrv_listen)
+        except OSError as e:
+            raise ListenError(f"cannot listen on {opts.remoting_listen} / {opts.namesrv_listen}: {e}") from None
+        config.store.store_port = sockets.broker_port
+        return sockets
 
     @property
     def endpoints(self) -> str:
         """``host:port`` for ``ClientConfiguration``."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def remoting_endpoint(self) -> str | None:
+        """``host:port`` of the remoting protocol (None when it is off)."""
+        return self.remoting.remoting_endpoint if self.remoting is not None else None
+
+    @property
+    def namesrv_endpoint(self) -> str | None:
+        """``host:port`` of this broker's NameServer (None when it runs none)."""
+        return self.remoting.namesrv_endpoint if self.remoting is not None else None
+
+    def ready_line(self) -> str:
+        """``rmq-broker listening on HOST:PORT store=DIR`` and, when they run,
+        `` remoting=HOST:PORT namesrv=HOST:PORT``."""
+        line = f"rmq-broker listening on {self.endpoints} store={self.core.store.root}"
+        if self.remoting_endpoint:
+            line += f" remoting={self.remoting_endpoint}"
+        if self.namesrv_endpoint:
+            line += f" namesrv={self.namesrv_endpoint}"
+        return line
 
     @property
     def store(self) -> Any:
@@ -143,6 +197,8 @@ class Broker:
                 return
             self._stopped = True
         self.service.close()
+        if self.remoting is not None:
+            self.remoting.stop()
         self._server.stop(grace_s).wait(grace_s + 5)
         try:
             self.service.shutdown()

@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["BrokerProcess", "READY", "client_configuration", "metadata"]
 
-READY = re.compile(r"^rmq-broker listening on (\S+):(\d+) store=(.+)$")
+READY = re.compile(r"^rmq-broker listening on (\S+):(\d+) store=(.+?)(?: remoting=(\S+))?(?: namesrv=(\S+))?$")
 
 
 class BrokerProcess:
@@ -67,6 +67,8 @@ class BrokerProcess:
         if m is None:
             raise RuntimeError(f"unexpected ready line {self.ready_line!r}")
         self.host, self.port = m.group(1), int(m.group(2))
+        self.remoting_endpoint: str | None = m.group(4)
+        self.namesrv_endpoint: str | None = m.group(5)
 
     @property
     def endpoints(self) -> str:

@@ -36,7 +36,9 @@ def test_ready_line_route_and_clean_stop_on_sigterm(tmp_path):
     store = str(tmp_path / "store")
     b = BrokerProcess(store)
     try:
-        assert b.ready_line == f"rmq-broker listening on 127.0.0.1:{b.port} store={os.path.abspath(store)}"
+        assert b.ready_line == (f"rmq-broker listening on 127.0.0.1:{b.port} store={os.path.abspath(store)}"
+                                f" remoting={b.remoting_endpoint} namesrv={b.namesrv_endpoint}")
+        assert b.remoting_endpoint.startswith("127.0.0.1:") and b.namesrv_endpoint.startswith("127.0.0.1:")
         r = route(b.endpoints, "Orders")
         assert r.status.code == D.Code.OK and len(r.message_queues) == 4
         q = r.message_queues[0]

@@ -1,0 +1,132 @@
+"""Client and consumer-group requests (``ClientManageProcessor``, ``ConsumerManageProcessor``):
+HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, QUERY_CONSUMER_OFFSET,
+UPDATE_CONSUMER_OFFSET, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ.
+
+Offsets are the store's consumer offsets (``config/consumerOffset.json``), the same table the gRPC
+side and the Spark source commit to: a group's progress is one whatever protocol moved it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rmq_spark.errors import RmqError
+from rmq_spark.remoting import jsonbody
+from rmq_spark.remoting.clients import ClientManager, MessageQueueKey
+from rmq_spark.remoting.codes import ResponseCode
+from rmq_spark.remoting.command import RemotingCommand
+from rmq_spark.remoting.headers import HeaderError, fields_of
+from rmq_spark.remoting.server import Connection
+from rmq_spark.store import layout as L
+
+__all__ = ["ConsumerProcessor"]
+
+
+def _body(req: RemotingCommand) -> dict[str, Any]:
+    try:
+        doc = jsonbody.loads(req.body)
+    except ValueError as e:
+        raise HeaderError(f"the request body is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise HeaderError("the request body is not a JSON object")
+    return doc
+
+
+def _queues(doc: dict[str, Any]) -> list[MessageQueueKey]:
+    out = []
+    for mq in doc.get("mqSet") or []:
+        if isinstance(mq, dict):
+            out.append((str(mq.get("topic", "")), str(mq.get("brokerName", "")), int(mq.get("queueId", 0))))
+    return out
+
+
+class ConsumerProcessor:
+    def __init__(self, store: Any, clients: ClientManager) -> None:
+        self.store = store
+        self.clients = clients
+
+    def heartbeat(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        doc = _body(req)
+        try:
+            changed = self.clients.heartbeat(conn, doc, req.language.name, req.version)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise HeaderError(f"HeartbeatData: {e}") from None
+        for c in doc.get("consumerDataSet") or []:
+            # the group's retry topic exists from the consumer's first heartbeat (as RocketMQ's)
+            name = (c or {}).get("groupName")
+            if name:
+                try:
+                    self.store.topics.get_or_create(L.RETRY_GROUP_TOPIC_PREFIX + str(name))
+                except RmqError:
+                    pass
+        for group in changed:
+            self.clients.notify_ids_changed(group)
+        return req.response(ResponseCode.SUCCESS)
+
+    def unregister(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        f = fields_of(req.ext_fields)
+        changed = self.clients.unregister(f.str("clientID"), f.opt("producerGroup"), f.opt("consumerGroup"))
+        for group in changed:
+            self.clients.notify_ids_changed(group)
+        return req.response(ResponseCode.SUCCESS)
+
+    def check_client_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        """CHECK_CLIENT_CONFIG: a consumer starting with an SQL92 selector asks whether the broker
+        can filter with it (and whether it parses)."""
+        from rmq_spark.errors import FilterExpressionError
+        from rmq_spark.filter import make_filter
+
+        sub = _body(req).get("subscriptionData") or {}
+        try:
+            make_filter(str(sub.get("expressionType") or "TAG"), str(sub.get("subString") or "*"))
+        except FilterExpressionError as e:
+            return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"Parse the consumer's subscription failed: {e}")
+        return req.response(ResponseCode.SUCCESS)
+
+    def connection_closed(self, conn: Connection) -> None:
+        for group in self.clients.connection_closed(conn):
+            self.clients.notify_ids_changed(group)
+
+    def consumer_list(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        group = fields_of(req.ext_fields).str("consumerGroup")
+        ids = self.clients.consumer_ids(group)
+        if not ids:
+            return req.response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
+        return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps({"consumerIdList": ids}))
+
+    # --- offsets --------------------------------------------------------------------------------
+    def query_offset(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        f = fields_of(req.ext_fields)
+        group, topic, queue_id = f.str("consumerGroup"), f.str("topic"), f.int("queueId")
+        offset = self.store.offsets.query(group, topic, queue_id)
+        if offset >= 0:
+            return req.response(ResponseCode.SUCCESS, None, {"offset": str(offset)})
+        zero_if_not_found = f.opt("setZeroIfNotFound")
+        if zero_if_not_found is not None and zero_if_not_found.strip().lower() == "false":
+            return req.response(ResponseCode.QUERY_NOT_FOUND, "Not found, do not set to zero, maybe this group boot first")
+        # a new group on a queue that still starts at 0: read it from the beginning (RocketMQ does
+        # when offset 0 is still in memory; everything is, here)
+        if self.store.min_offset(topic, queue_id) <= 0:
+            return req.response(ResponseCode.SUCCESS, None, {"offset": "0"})
+        return req.response(ResponseCode.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+
+    def update_offset(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        f = fields_of(req.ext_fields)
+        group, topic = f.str("consumerGroup"), f.str("topic")
+        queue_id, offset = f.int("queueId"), f.long("commitOffset")
+        if self.store.topics.get(topic) is None:
+            return req.response(ResponseCode.TOPIC_NOT_EXIST, f"Topic {topic} not exist!")
+        self.store.offsets.commit(group, topic, queue_id, offset)
+        return req.response(ResponseCode.SUCCESS)
+
+    # --- orderly consumption's locks ------------------------------------------------------------
+    def lock(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        doc = _body(req)
+        locked = self.clients.try_lock(str(doc.get("consumerGroup", "")), str(doc.get("clientId", "")), _queues(doc))
+        body = {"lockOKMQSet": [{"topic": t, "brokerName": b, "queueId": q} for t, b, q in locked]}
+        return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps(body))
+
+    def unlock(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        doc = _body(req)
+        self.clients.unlock(str(doc.get("consumerGroup", "")), str(doc.get("clientId", "")), _queues(doc))
+        return req.response(ResponseCode.SUCCESS)

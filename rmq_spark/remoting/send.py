@@ -1,0 +1,254 @@
+"""The producer's requests (``SendMessageProcessor``): SEND_MESSAGE, SEND_MESSAGE_V2 (the same
+header under one-letter names), SEND_BATCH_MESSAGE, and the consumer's CONSUMER_SEND_MSG_BACK.
+
+Messages go through :meth:`BrokerCore.send`, so a delay level (``DELAY``), a delivery time or a
+transactional half (``TRAN_MSG``) is handled by the same services as a gRPC send.  The answer
+(``SendMessageResponseHeader``) names the stored record: ``msgId`` is its offsetMsgId (store host
+and CommitLog offset), ``queueId`` / ``queueOffset`` its place; a batch's ``msgId`` lists every
+record's, comma-separated.
+
+A message sent to ``%RETRY%group`` that has been reconsumed ``maxReconsumeTimes`` times goes to
+``%DLQ%group`` instead, and so does a message sent back by CONSUMER_SEND_MSG_BACK; otherwise a
+sent-back message is stored in ``%RETRY%group`` on delay level ``delayLevel`` (0: ``3 +
+reconsumeTimes``), carrying ``RETRY_TOPIC`` (its first topic), ``ORIGIN_MESSAGE_ID`` and its
+reconsume count plus one.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from typing import Any
+
+from rmq_spark.errors import ConfigError, MessageIllegalError, RmqError
+from rmq_spark.remoting.codes import ResponseCode
+from rmq_spark.remoting.command import RemotingCommand
+from rmq_spark.remoting.headers import Fields, HeaderError, fields_of
+from rmq_spark.remoting.server import Connection
+from rmq_spark.services.core import HOOK_KEYS
+from rmq_spark.store import layout as L
+from rmq_spark.store.message import Message, offset_msg_id, tags_code
+from rmq_spark.store.properties import decode_properties, encode_properties
+from rmq_spark.store.status import PutStatus
+from rmq_spark.store.validation import check_topic_cached
+
+__all__ = ["SendProcessor", "decode_batch_body", "V2_FIELD_NAMES"]
+
+# SendMessageRequestHeaderV2's one-letter fields
+V2_FIELD_NAMES = {
+    "a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums", "e": "queueId",
+    "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties", "j": "reconsumeTimes",
+    "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName",
+}  # fmt: skip
+DEFAULT_MAX_RECONSUME_TIMES = 16  # SubscriptionGroupConfig.retryMaxTimes
+RETRY_PREFIX = L.RETRY_GROUP_TOPIC_PREFIX
+DLQ_PREFIX = L.DLQ_GROUP_TOPIC_PREFIX
+P_CRC = "__CRC32#"
+
+# One message of a SEND_BATCH_MESSAGE body (MessageDecoder.encodeMessage):
+#   +-----------+-------+---------+------+---------+------+-----------+------------+
+#   | totalSize | magic | bodyCRC | flag | bodyLen | body | propsLen  | properties |
+#   | int32     | int32 | int32   | int32| int32   |      | int16     |            |
+#   +-----------+-------+---------+------+---------+------+-----------+------------+
+_BATCH_HEAD = struct.Struct(">iiiii")
+_PROPS_LEN = struct.Struct(">h")
+
+_PUT_CODES = {
+    PutStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+}
+
+
+def decode_batch_body(body: bytes) -> list[tuple[int, bytes, dict[str, str]]]:
+    """(flag, body, properties) of each message of a batch; HeaderError when it does not parse."""
+    out = []
+    pos, n = 0, len(body)
+    try:
+        while pos < n:
+            total, _magic, _crc, flag, blen = _BATCH_HEAD.unpack_from(body, pos)
+            if total < _BATCH_HEAD.size + 2 or pos + total > n or blen < 0 or blen > total:
+                raise HeaderError(f"batch message at byte {pos} has a bad size ({total}, body {blen})")
+            p = pos + _BATCH_HEAD.size
+            mbody = body[p : p + blen]
+            (plen,) = _PROPS_LEN.unpack_from(body, p + blen)
+            props = decode_properties(body[p + blen + 2 : p + blen + 2 + plen]) if plen > 0 else {}
+            out.append((flag, mbody, props))
+            pos += total
+    except struct.error:
+        raise HeaderError(f"batch body truncated at byte {pos}") from None
+    return out
+
+
+def _peer(conn: Connection) -> tuple[str, int]:
+    host, _, port = conn.peer.rpartition(":")
+    try:
+        return host or "127.0.0.1", int(port)
+    except ValueError:
+        return "127.0.0.1", 0
+
+
+class SendProcessor:
+    def __init__(self, core: Any, broker_name: str) -> None:
+        self.core = core
+        self.store = core.store
+        self.broker_name = broker_name
+
+    # --- helpers --------------------------------------------------------------------------------
+    def _topic_config(self, req: RemotingCommand, topic: str) -> tuple[Any, RemotingCommand | None]:
+        try:
+            check_topic_cached(topic, allow_system=topic.startswith((RETRY_PREFIX, DLQ_PREFIX)))
+        except MessageIllegalError as e:
+            code = ResponseCode.NO_PERMISSION if L.is_system_topic(topic) else ResponseCode.SYSTEM_ERROR
+            return None, req.response(code, f"Sending message to topic[{topic}] is forbidden or invalid: {e}")
+        try:
+            cfg = self.store.topics.get_or_create(topic)
+        except ConfigError:
+            return None, req.response(ResponseCode.TOPIC_NOT_EXIST,
+                                      f"topic[{topic}] not exist, apply first please!")  # fmt: skip
+        if not cfg.writable:
+            return None, req.response(ResponseCode.NO_PERMISSION,
+                                      f"the topic[{topic}] sending message is forbidden")  # fmt: skip
+        return cfg, None
+
+    def _store(self, req: RemotingCommand, items: list[Any]) -> tuple[Any, RemotingCommand | None]:
+        try:
+            put = self.core.send(items)
+        except MessageIllegalError as e:
+            return None, req.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
+        except RmqError as e:
+            return None, req.response(ResponseCode.SYSTEM_ERROR, str(e))
+        code = _PUT_CODES.get(put.status, ResponseCode.SYSTEM_ERROR)
+        if put.append is None or code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
+            return None, req.response(code, f"put failed: {put.status.value}")
+        return put, None
+
+    def _answer(self, req: RemotingCommand, put: Any, queue_id: int, uniq_key: str | None = None) -> RemotingCommand:
+        a = put.append
+        code = _PUT_CODES[put.status]
+        phys = a.phys_list()
+        msg_id = offset_msg_id(a.store_host, a.store_port, phys[0]) if len(phys) == 1 else ",".join(a.msg_ids)
+        header = {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(a.queue_list()[0]),
+                  "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}  # fmt: skip
+        if uniq_key:
+            # a TransactionMQProducer's TransactionSendResult.transactionId is this field
+            header["transactionId"] = uniq_key
+        return req.response(code, None, header)
+
+    def _item(self, msg: Message) -> Any:
+        """A row (the store's fast path) for a message no put hook acts on, else the message."""
+        props = msg.properties
+        if HOOK_KEYS.isdisjoint(props):
+            tags = props.get(L.P_TAGS)
+            return (msg.topic, msg.queue_id, msg.body, props, encode_properties(props), tags_code(tags) if tags else 0,
+                    msg.flag, msg.sys_flag, msg.born_timestamp_ms, msg.born_host, msg.born_port,
+                    msg.reconsume_times, 0)  # fmt: skip
+        return msg
+
+    def _retry_or_dlq(self, f: Fields, topic: str, reconsume_times: int) -> tuple[str, bool]:
+        """(topic to store in, whether it became the DLQ) for a message sent to a retry topic."""
+        if not topic.startswith(RETRY_PREFIX):
+            return topic, False
+        max_times = f.int("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES)
+        if reconsume_times >= max_times:
+            return DLQ_PREFIX + topic[len(RETRY_PREFIX) :], True
+        return topic, False
+
+    # --- SEND_MESSAGE / SEND_MESSAGE_V2 ---------------------------------------------------------
+    def send(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        f = fields_of(req.ext_fields, V2_FIELD_NAMES if "b" in req.ext_fields else None)
+        topic = f.str("topic")
+        f.str("producerGroup")
+        queue_id = f.int("queueId")
+        sys_flag = f.int("sysFlag")
+        born_ms = f.long("bornTimestamp")
+        flag = f.int("flag")
+        reconsume_times = f.int("reconsumeTimes", 0)
+        if f.bool("batch"):
+            return self._send_batch(conn, req, f)
+        props = decode_properties(f.str("properties", ""))
+        props.pop(P_CRC, None)
+        topic, to_dlq = self._retry_or_dlq(f, topic, reconsume_times)
+        cfg, error = self._topic_config(req, topic)
+        if error is not None:
+            return error
+        if to_dlq:
+            props.pop(L.P_DELAY, None)
+            queue_id = 0
+        queue_id = self._queue(cfg, queue_id)
+        if queue_id < 0:
+            return req.response(ResponseCode.SYSTEM_ERROR,
+                                f"request queueId[{f.int('queueId')}] is illegal, topic {topic} has "
+                                f"{cfg.write_queue_nums} write queues")  # fmt: skip
+        host, port = _peer(conn)
+        msg = Message(topic, req.body, props, queue_id, flag, sys_flag, born_ms, host, port, reconsume_times)
+        put, error = self._store(req, [self._item(msg)])
+        if error is not None:
+            return error
+        return self._answer(req, put, queue_id, props.get(L.P_UNIQ_KEY))
+
+    @staticmethod
+    def _queue(cfg: Any, queue_id: int) -> int:
+        n = max(1, cfg.write_queue_nums)
+        if queue_id < 0:
+            return random.randrange(n)
+        return queue_id if queue_id < n else -1
+
+    def _send_batch(self, conn: Connection, req: RemotingCommand, f: Fields) -> RemotingCommand:
+        topic = f.str("topic")
+        cfg, error = self._topic_config(req, topic)
+        if error is not None:
+            return error
+        queue_id = self._queue(cfg, f.int("queueId"))
+        if queue_id < 0:
+            return req.response(ResponseCode.SYSTEM_ERROR, f"request queueId[{f.int('queueId')}] is illegal")
+        if topic.startswith(RETRY_PREFIX):
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, "batch request does not support retry group")
+        parts = decode_batch_body(req.body)
+        if not parts:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty")
+        host, port = _peer(conn)
+        sys_flag, born_ms = f.int("sysFlag"), f.long("bornTimestamp")
+        items = []
+        for flag, body, props in parts:
+            if L.P_DELAY in props or L.P_TRAN_MSG in props:
+                return req.response(ResponseCode.MESSAGE_ILLEGAL,
+                                    "a batch holds neither delayed nor transactional messages")  # fmt: skip
+            items.append(self._item(Message(topic, body, props, queue_id, flag, sys_flag, born_ms, host, port)))
+        put, error = self._store(req, items)
+        if error is not None:
+            return error
+        return self._answer(req, put, queue_id)
+
+    # --- CONSUMER_SEND_MSG_BACK -----------------------------------------------------------------
+    def send_back(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        f = fields_of(req.ext_fields)
+        offset, group = f.long("offset"), f.str("group")
+        delay_level = f.int("delayLevel")
+        max_times = f.int("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES)
+        msg = self.store.look_message_by_offset(offset)
+        if msg is None:
+            return req.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
+        props = dict(msg.properties)
+        props.pop(P_CRC, None)
+        props.setdefault(L.P_RETRY_TOPIC, msg.topic)
+        if not props.get(L.P_ORIGIN_MESSAGE_ID):
+            props[L.P_ORIGIN_MESSAGE_ID] = f.opt("originMsgId") or msg.msg_id
+        if msg.reconsume_times >= max_times or delay_level < 0:
+            topic = DLQ_PREFIX + group
+            props.pop(L.P_DELAY, None)
+        else:
+            topic = RETRY_PREFIX + group
+            props[L.P_DELAY] = str(delay_level or 3 + msg.reconsume_times)
+        # the copy is a new record: the delay service's bookkeeping of the old one does not apply
+        for key in (L.P_REAL_TOPIC, L.P_REAL_QID):
+            props.pop(key, None)
+        cfg, error = self._topic_config(req, topic)
+        if error is not None:
+            return error
+        new = Message(topic, msg.body, props, 0, msg.flag, msg.sys_flag & ~L.TRANSACTION_MASK,
+                      msg.born_timestamp_ms, msg.born_host, msg.born_port, msg.reconsume_times + 1)  # fmt: skip
+        _put, error = self._store(req, [self._item(new)])
+        return error if error is not None else req.response(ResponseCode.SUCCESS)

@@ -1,0 +1,59 @@
+package interop;
+
+import java.util.Set;
+
+import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
+import org.apache.rocketmq.client.consumer.PullResult;
+import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.common.message.MessageQueue;
+
+/**
+ * Seeds 001 and 003's pull consumer: DefaultMQPullConsumer (deprecated since 4.9.0, as seed 001
+ * notes, but still in every client), which asks for the route's queues and pulls each one by
+ * offset from its min offset to its max offset -- the application, not a rebalance service, owns
+ * the offsets -- and with --commit stores where it stopped on the broker (updateConsumeOffset,
+ * then the offset store's persist).  Prints every message and a "queue" event per queue.
+ *
+ * --namesrv ADDR --group G --topic T [--sub-expr "TagA || TagB"] [--batch N] [--commit]
+ */
+@SuppressWarnings("deprecation")
+final class PullConsumer {
+    static int run(Opts opts) throws Exception {
+        String topic = opts.str("topic");
+        DefaultMQPullConsumer consumer = new DefaultMQPullConsumer(opts.str("group"));
+        consumer.setNamesrvAddr(opts.namesrv());
+        consumer.start();
+        try {
+            Set<MessageQueue> mqs = consumer.fetchSubscribeMessageQueues(topic);
+            for (MessageQueue mq : mqs) {
+                long min = consumer.minOffset(mq);
+                long max = consumer.maxOffset(mq);
+                long offset = min;
+                int pulls = 0;
+                while (offset < max && pulls++ < 1000) {
+                    PullResult result = consumer.pull(mq, opts.str("sub-expr", "*"), offset, opts.integer("batch", 32));
+                    if (result.getMsgFoundList() != null) {
+                        for (MessageExt msg : result.getMsgFoundList()) {
+                            Out.message("received", msg).emit();
+                        }
+                    }
+                    if (result.getNextBeginOffset() <= offset) {
+                        break;
+                    }
+                    offset = result.getNextBeginOffset();
+                }
+                if (opts.flag("commit")) {
+                    consumer.updateConsumeOffset(mq, offset);
+                    // a pull consumer owns no rebalanced queues, so shutdown() persists nothing:
+                    // send this queue's offset to the broker now (UPDATE_CONSUMER_OFFSET)
+                    consumer.getOffsetStore().persist(mq);
+                }
+                Out.event("queue").put("brokerName", mq.getBrokerName()).put("queueId", mq.getQueueId())
+                    .put("minOffset", min).put("maxOffset", max).put("nextOffset", offset).emit();
+            }
+        } finally {
+            consumer.shutdown();
+        }
+        return 0;
+    }
+}
