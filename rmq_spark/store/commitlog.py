@@ -348,8 +348,12 @@ class CommitLog:
                 stop_reason = reason if kind == RecordCheck.INVALID else "no record"
                 stop_path = mf.path
                 stopped = True
-                if kind == RecordCheck.INVALID and self._valid_data_after(mf, pos, force_prop_crc):
-                    confirmed_offset = max(confirmed_offset, mf.from_offset + pos + 1)
+                later = self.valid_record_after(mf, pos, force_prop_crc)
+                if later is not None:
+                    # a valid record follows: the log was written past here, this is damage
+                    # inside it, not a torn tail (whatever the checkpoint says)
+                    stop_reason += f"; a valid record follows at offset {later}"
+                    confirmed_offset = max(confirmed_offset, later)
                 break
             if stopped:
                 break
@@ -371,20 +375,28 @@ class CommitLog:
         self.last_store_timestamp_ms = max(self.last_store_timestamp_ms, collector.last_store_ts)
         return end
 
-    def _valid_data_after(self, mf, pos: int, force_prop_crc: bool) -> bool:  # type: ignore[no-untyped-def]
-        """Is there a valid record after the invalid one at ``pos``?  Then the damage is inside
-        the log, not a torn tail: the record's own size field (if sane) says where the next one
-        starts; a later segment that starts with a valid record counts too."""
-        total = _INT.unpack_from(mf.mm, pos)[0] if pos + 4 <= mf.size_bytes else 0
-        if 0 < total and pos + total + 8 <= mf.size_bytes:
-            kind, _, _ = check_record(mf.mm, pos + total, mf.size_bytes, True, force_prop_crc)
-            if kind in (RecordCheck.VALID, RecordCheck.BLANK):
-                return True
-        later = [f for f in self.mfq.files if f.from_offset > mf.from_offset]
-        if later:
-            kind, _, _ = check_record(later[0].mm, 0, later[0].size_bytes, True, force_prop_crc)
-            return kind == RecordCheck.VALID
-        return False
+    def valid_record_after(self, mf, pos: int, force_prop_crc: bool) -> int | None:  # type: ignore[no-untyped-def]
+        """The CommitLog offset of the first valid record after ``pos`` of segment ``mf`` (in it
+        or in a later segment), None if there is none: then what stopped a scan at ``pos`` is
+        the end of the log (a torn tail), else damage inside it.  Candidates are found by their
+        MAGICCODE (``mmap.find``), not by the damaged record's own size field, which may be the
+        damaged part; each is held to :func:`check_record` with its CRCs."""
+        magics = [struct.pack(">I", m) for m in (L.MAGIC_V1, L.MAGIC_V2)]
+        files = self.mfq.files
+        for seg in files[files.index(mf):]:
+            start = pos + 1 if seg is mf else 0
+            hits = []
+            for magic in magics:
+                at = seg.mm.find(magic, start + 4)
+                while at >= 0:
+                    kind, _, _ = check_record(seg.mm, at - 4, seg.size_bytes, True, force_prop_crc)
+                    if kind == RecordCheck.VALID:
+                        hits.append(at - 4)
+                        break
+                    at = seg.mm.find(magic, at + 1)
+            if hits:
+                return seg.from_offset + min(hits)
+        return None
 
     def iter_records(self, start: int = 0) -> Iterator[MessageExt]:
         """Every valid record from ``start`` on (tests and tools)."""
