@@ -21,8 +21,11 @@ from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.record import (
     store_timestamp_at,
     blank_record,
+    POS_MAGIC,
+    POS_PHYSICAL_OFFSET,
     check_record,
     decode_record,
+    verify_record,
     RecordCheck,
 )
 
@@ -30,6 +33,7 @@ import struct
 
 _TS = struct.Struct(">q")
 _INT = struct.Struct(">i")
+_MAGIC = struct.Struct(">I")
 
 
 class AppendResult:
@@ -105,6 +109,8 @@ class CommitLog:
         self._tags_code_for = tags_code_for  # the store's tagsCode rules, for tags_code_topics
         self._tags_code_topics = tags_code_topics
         self.last_store_timestamp_ms = 0
+        # reads require the whole-record CRC property (the store writes it on every record)
+        self.force_prop_crc = False
 
     # --- append -------------------------------------------------------------------------------------
     def append(self, batch: EncodedBatch) -> tuple[AppendResult, DispatchBatch]:
@@ -284,15 +290,45 @@ class CommitLog:
 
     # --- reads ----------------------------------------------------------------------------------------
     def read_record(self, offset: int, size: int | None = None, read_body: bool = True) -> MessageExt | None:
+        """The record at ``offset``, checked (:func:`verify_record`: CRCs, size, position) before
+        it is decoded.  None when ``offset`` is outside the log.  Damage raises
+        :class:`CorruptStoreError` naming the segment and position; so does any mismatch when the
+        caller knows the ``size`` (it comes from an index: a record must be there), while bytes
+        that do not even start a record at an offset given without a size are None (no record
+        there: an offset from outside, such as a client's handle)."""
         mf = self.mfq.find(offset)
         if mf is None:
             return None
         pos = offset - mf.from_offset
-        if size is None:
-            size = _INT.unpack_from(mf.mm, pos)[0]
-        if size <= 0 or pos + size > mf.wrote_position:
+        limit = mf.wrote_position
+        if pos >= limit:
             return None
+        why = verify_record(mf.mm, pos, limit, offset, size, self.force_prop_crc)
+        if why:
+            if size is None and not self._starts_record(mf, pos, offset):
+                return None
+            raise self.corrupt(offset, why)
         return decode_record(mf.mm, pos, read_body=read_body)
+
+    def _starts_record(self, mf, pos: int, offset: int) -> bool:  # type: ignore[no-untyped-def]
+        """Does a record header (magic and its own offset) start at ``pos``?"""
+        if pos + POS_PHYSICAL_OFFSET + 8 > mf.size_bytes:
+            return False
+        magic = _MAGIC.unpack_from(mf.mm, pos + POS_MAGIC)[0]
+        at = _TS.unpack_from(mf.mm, pos + POS_PHYSICAL_OFFSET)[0]
+        return magic in (L.MAGIC_V1, L.MAGIC_V2) and at == offset
+
+    def corrupt(self, offset: int, why: str) -> CorruptStoreError:
+        """The error for a damaged record at CommitLog ``offset``: its segment and position."""
+        mf = self.mfq.find(offset)
+        path = mf.path if mf is not None else self.mfq.directory
+        pos = offset - mf.from_offset if mf is not None else offset
+        return CorruptStoreError(
+            f"{path}: corrupt CommitLog record at position {pos} (offset {offset}): {why}; "
+            "it is not served",
+            path,
+            pos,
+        )
 
     def store_timestamp(self, offset: int) -> int:
         """STORETIMESTAMP of the record at ``offset`` (-1 if none)."""

@@ -146,6 +146,13 @@ class ConsumeQueue:
             pos = mf.from_offset + b
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def unit_location(self, queue_offset: int) -> tuple[str, int]:
+        """The segment file and byte position of unit ``queue_offset`` (for error messages)."""
+        mf = self.mfq.find(queue_offset * U)
+        if mf is None:
+            return self.directory, queue_offset * U
+        return mf.path, queue_offset * U - mf.from_offset
+
     def unit(self, queue_offset: int) -> tuple[int, int, int] | None:
         u = self.units(queue_offset, queue_offset + 1)
         if len(u) == 0:

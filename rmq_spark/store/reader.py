@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rmq_spark.errors import StoreError
+from rmq_spark.errors import CorruptStoreError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.consumequeue import CQ_UNIT, ConsumeQueue
 from rmq_spark.store.mapped import MappedFileQueue
@@ -188,6 +188,56 @@ class _Columns:
         return ParsedProperties(self.bytes_column(lambda p: p.props_start, lambda p: p.props_len))
 
 
+def check_units(
+    commitlog: MappedFileQueue,
+    phys: np.ndarray,
+    sizes: np.ndarray,
+    topic: str,
+    queue_id: int,
+    queue_offsets: np.ndarray,
+    force_prop_crc: bool = False,
+) -> None:
+    """Hold the records named by ConsumeQueue units to what the units say, before anything is
+    read from them: each lies inside one segment, passes :func:`record.check_records` (layout,
+    position and CRC, vectorised) and belongs to ``topic``/``queue_id`` at its queue offset.
+    The first that does not raises :class:`CorruptStoreError` naming its file and position."""
+    n = len(phys)
+    if n == 0:
+        return
+    files = commitlog.files
+    seg_idx = (phys - commitlog.min_offset) // commitlog.segment_bytes if files else np.full(n, -1)
+    inside = (seg_idx >= 0) & (seg_idx < len(files)) & (sizes > 0)
+    if not inside.all():
+        i = int(np.flatnonzero(~inside)[0])
+        raise CorruptStoreError(
+            f"{commitlog.directory}: the unit of {topic}/{queue_id} offset {int(queue_offsets[i])} points at "
+            f"{int(sizes[i])} bytes at CommitLog offset {int(phys[i])}, outside the log; it is not served",
+            commitlog.directory,
+            int(phys[i]),
+        )
+    topic_bytes = topic.encode("utf-8")
+    cuts = np.flatnonzero(seg_idx[1:] != seg_idx[:-1]) + 1
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
+        mf = files[int(seg_idx[a])]
+        buf = np.frombuffer(mf.mm, dtype=np.uint8)
+        pos = phys[a:b] - mf.from_offset
+        bad = R.check_records(
+            buf, mf.wrote_position, pos, sizes[a:b], phys[a:b], force_prop_crc, topic_bytes, queue_id,
+            queue_offsets[a:b],
+        )  # fmt: skip
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            at, size, qoff = int(pos[i]), int(sizes[a + i]), int(queue_offsets[a + i])
+            why = R.verify_record(mf.mm, at, mf.wrote_position, int(phys[a + i]), size, force_prop_crc)
+            raise CorruptStoreError(
+                f"{mf.path}: corrupt CommitLog record at position {at} (offset {int(phys[a + i])}), "
+                f"unit {qoff} of {topic}/{queue_id}: {why or 'the record belongs to another queue or offset'}; "
+                "it is not served",
+                mf.path,
+                at,
+            )
+
+
 def _timestamps(ms: np.ndarray) -> pa.Array:
     us = ms.astype(np.int64) * 1000
     return pa.Array.from_buffers(TS, len(us), [None, pa.py_buffer(us)])
@@ -209,11 +259,16 @@ def read_units_arrow(
     store_host: bytes | None = None,
     store_port: int = 0,
     columns: Sequence[str] | None = None,
+    verify: bool = True,
+    force_prop_crc: bool = False,
 ) -> pa.RecordBatch:
     """Records named by ConsumeQueue ``units`` (queue offsets ``first_queue_offset, ...``).
 
     ``columns`` (default: all of MESSAGE_SCHEMA, in its order) limits the work to what is asked:
-    the properties are not parsed at all unless a column derived from them is wanted."""
+    the properties are not parsed at all unless a column derived from them is wanted.  With
+    ``verify`` (the default) the records are first held to the units (:func:`check_units`:
+    layout, position, queue and CRC), so damage raises :class:`CorruptStoreError` with its file
+    and position instead of being read."""
     n_all = len(units)
     if n_all == 0:
         return empty_batch(columns)
@@ -230,6 +285,11 @@ def read_units_arrow(
     if n > 1 and bool((phys[1:] < phys[:-1]).any()):  # a queue's records are in log order; be safe
         order = np.argsort(phys, kind="stable")
         phys, qoffs = phys[order], qoffs[order]
+    if verify:
+        sizes = units["size"].astype(np.int64)
+        if tag_check:
+            sizes = sizes[keep]
+        check_units(commitlog, phys, sizes if order is None else sizes[order], topic, queue_id, qoffs, force_prop_crc)
     want = set(MESSAGE_SCHEMA.names if columns is None else columns)
     need = set(want)
     if tag_check:
@@ -307,12 +367,15 @@ def read_queue_arrow(
     store_host: bytes | None = None,
     store_port: int = 0,
     columns: Sequence[str] | None = None,
+    verify: bool = True,
+    force_prop_crc: bool = False,
 ) -> pa.RecordBatch:
     """Messages ``[start, end)`` of one queue (clamped to what the queue holds)."""
     first = max(start, cq.min_offset)
     units = cq.units(first, end)
     return read_units_arrow(
-        commitlog, units, topic, queue_id, first, tag_filter, sql_filter, store_host, store_port, columns
+        commitlog, units, topic, queue_id, first, tag_filter, sql_filter, store_host, store_port, columns,
+        verify, force_prop_crc,
     )
 
 
@@ -453,4 +516,7 @@ def _detect_segment_bytes(directory: str) -> int | None:
     return None
 
 
-__all__: Sequence[str] = ["MESSAGE_SCHEMA", "StoreReader", "read_queue_arrow", "read_units_arrow", "chunk_bounds", "empty_batch", "CQ_UNIT"]
+__all__: Sequence[str] = [
+    "MESSAGE_SCHEMA", "StoreReader", "check_units", "read_queue_arrow", "read_units_arrow", "chunk_bounds", "empty_batch",
+    "CQ_UNIT",
+]

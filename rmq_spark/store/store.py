@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError, StoreLockedError
+from rmq_spark.errors import ConfigError, CorruptStoreError, MessageIllegalError, StoreError, StoreLockedError
 from rmq_spark.store import layout as L
 from rmq_spark.store.checkpoint import StoreCheckpoint
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
@@ -146,6 +146,7 @@ class MessageStore:
             tags_code_for=self._special_tags_code,
             tags_code_topics=self.tags_code_rules.keys(),
         )
+        self.commitlog.force_prop_crc = cfg.append_prop_crc
         self.publish_lock = threading.RLock()
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._pending: list[DispatchBatch] = []  # sync flush: appended, not yet durable
@@ -691,6 +692,8 @@ class MessageStore:
                 if m is None:
                     self._unreadable_unit(cq, next_offset - 1, phys, size)
                     continue
+                if m.topic != topic or m.queue_id != queue_id or m.queue_offset != next_offset - 1:
+                    raise self._wrong_unit(cq, next_offset - 1, m)
                 if match_msg is not None and not match_msg(m):
                     continue
                 out.append(m)
@@ -714,6 +717,17 @@ class MessageStore:
             phys - mf.from_offset, mf.path,
         )  # fmt: skip
 
+    def _wrong_unit(self, cq: ConsumeQueue, queue_offset: int, m: MessageExt) -> CorruptStoreError:
+        """A ConsumeQueue unit that points at a valid record of another queue or offset."""
+        path, pos = cq.unit_location(queue_offset)
+        return CorruptStoreError(
+            f"{path}: ConsumeQueue unit {queue_offset} of {cq.topic}/{cq.queue_id} at position {pos} "
+            f"points at CommitLog offset {m.commitlog_offset}, the record of {m.topic}/{m.queue_id} "
+            f"offset {m.queue_offset}; it is not served",
+            path,
+            pos,
+        )
+
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, **kw: object):  # type: ignore[no-untyped-def]
         """Messages ``[start, end)`` of one queue as a ``pyarrow.RecordBatch`` (source schema)."""
         from rmq_spark.store.reader import read_queue_arrow
@@ -723,6 +737,7 @@ class MessageStore:
             from rmq_spark.store.reader import empty_batch
 
             return empty_batch(kw.get("columns"))  # type: ignore[arg-type]
+        kw.setdefault("force_prop_crc", self.config.append_prop_crc)
         return read_queue_arrow(self.commitlog.mfq, cq, topic, queue_id, start, end, **kw)
 
 

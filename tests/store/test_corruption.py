@@ -87,3 +87,52 @@ def test_torn_last_record_of_a_crashed_store_is_still_cut(tmp_path):
     with open_store(d) as s:
         assert s.commitlog.max_offset == offset
         assert s.max_offset("A", 0) == 10 + 99
+
+
+def clean_store(d, n=60):
+    with open_store(d) as s:
+        for i in range(n):
+            assert s.put_message(Message("B", b"body-%d" % i * 5, {"KEYS": "k%d" % i}, queue_id=i % 2)).ok
+        return [
+            m for q in range(2) for m in s.get_messages("B", q, 0, max_msgs=100).messages
+        ]
+
+
+def reads(s):
+    """Every way a client reads queue B/0: the pull path and the bulk Arrow path."""
+    yield lambda: s.get_messages("B", 0, 0, max_msgs=100)
+    yield lambda: s.read_arrow("B", 0, 0, s.max_offset("B", 0))
+
+
+@pytest.mark.parametrize("where", ["body", "header"])
+def test_flipped_byte_in_a_clean_store_is_never_served(store_dir, where):
+    """Item 5: a clean store's recovery scans nothing; the reads check each record's CRCs."""
+    msgs = clean_store(store_dir)
+    victim = msgs[7]
+    assert victim.queue_id == 0
+    path, pos = segment_path(store_dir, victim.commitlog_offset), victim.commitlog_offset % SEG
+    at = pos + (POS_BODY_V4 + 3 if where == "body" else 48)  # a body byte, BORNTIMESTAMP
+    with open(path, "rb") as f:
+        f.seek(at)
+        old = f.read(1)[0]
+    patch(path, at, bytes([old ^ 1]))
+    with open_store(store_dir) as s:
+        for read in reads(s):
+            with pytest.raises(CorruptStoreError) as e:
+                read()
+            assert e.value.path == path and e.value.position == pos
+            assert f"position {pos}" in str(e.value)
+        assert s.get_messages("B", 0, 8).messages[0].body == msgs[8].body  # the rest is served
+
+
+def test_zeroed_record_inside_the_durable_range_is_never_served(store_dir):
+    """Item 6: not an empty message with msgId 000...0."""
+    msgs = clean_store(store_dir)
+    victim = msgs[3]
+    path, pos = segment_path(store_dir, victim.commitlog_offset), victim.commitlog_offset % SEG
+    patch(path, pos, bytes(victim.store_size))
+    with open_store(store_dir) as s:
+        for read in reads(s):
+            with pytest.raises(CorruptStoreError, match=f"position {pos}.*zero bytes"):
+                read()
+        assert s.look_message_by_offset(victim.commitlog_offset) is None  # no record there
