@@ -42,6 +42,7 @@ class ConsumeQueue:
         self.directory = os.path.join(root, L.CONSUMEQUEUE_DIR, topic, str(queue_id))
         self.mfq = MappedFileQueue(self.directory, units_per_segment * U, writable=writable)
         self.max_phys_end = 0  # CommitLog end (offset + size) of the last unit
+        self.damage: str | None = None  # what recovery cut that was no torn tail (file, position)
 
     # --- offsets ------------------------------------------------------------------------------------
     @property
@@ -195,6 +196,14 @@ class ConsumeQueue:
                 self.max_phys_end = int(last["offset"]) + int(last["size"])
             del arr, valid
             mf.wrote_position = mf.flushed_position = n_valid * U
+            if len(bad) and self.damage is None:
+                rest = np.frombuffer(mf.mm, dtype=np.uint8)[(n_valid + 1) * U :]
+                if rest.any() or i + 1 < len(files):  # units follow the bad one: not a torn tail
+                    self.damage = (
+                        f"{mf.path}: unit {mf.from_offset // U + n_valid} of {self.topic}/{self.queue_id} "
+                        f"at position {n_valid * U} is not a unit (offset < 0 or size <= 0) and units follow it"
+                    )
+                del rest
             if n_valid < len(np.frombuffer(mf.mm, dtype=CQ_UNIT)):
                 # later files (if any) are past a hole: drop them
                 for later in files[i + 1 :]:

@@ -27,8 +27,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rmq_spark.errors import CorruptStoreError, StoreError
+from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
+from rmq_spark.store.consistency import check_units
 from rmq_spark.store.consumequeue import CQ_UNIT, ConsumeQueue
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import offset_msg_ids
@@ -186,56 +187,6 @@ class _Columns:
                 return uniform
             return ParsedProperties(_fixed_strings(mat, pa.binary()))
         return ParsedProperties(self.bytes_column(lambda p: p.props_start, lambda p: p.props_len))
-
-
-def check_units(
-    commitlog: MappedFileQueue,
-    phys: np.ndarray,
-    sizes: np.ndarray,
-    topic: str,
-    queue_id: int,
-    queue_offsets: np.ndarray,
-    force_prop_crc: bool = False,
-) -> None:
-    """Hold the records named by ConsumeQueue units to what the units say, before anything is
-    read from them: each lies inside one segment, passes :func:`record.check_records` (layout,
-    position and CRC, vectorised) and belongs to ``topic``/``queue_id`` at its queue offset.
-    The first that does not raises :class:`CorruptStoreError` naming its file and position."""
-    n = len(phys)
-    if n == 0:
-        return
-    files = commitlog.files
-    seg_idx = (phys - commitlog.min_offset) // commitlog.segment_bytes if files else np.full(n, -1)
-    inside = (seg_idx >= 0) & (seg_idx < len(files)) & (sizes > 0)
-    if not inside.all():
-        i = int(np.flatnonzero(~inside)[0])
-        raise CorruptStoreError(
-            f"{commitlog.directory}: the unit of {topic}/{queue_id} offset {int(queue_offsets[i])} points at "
-            f"{int(sizes[i])} bytes at CommitLog offset {int(phys[i])}, outside the log; it is not served",
-            commitlog.directory,
-            int(phys[i]),
-        )
-    topic_bytes = topic.encode("utf-8")
-    cuts = np.flatnonzero(seg_idx[1:] != seg_idx[:-1]) + 1
-    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
-        mf = files[int(seg_idx[a])]
-        buf = np.frombuffer(mf.mm, dtype=np.uint8)
-        pos = phys[a:b] - mf.from_offset
-        bad = R.check_records(
-            buf, mf.wrote_position, pos, sizes[a:b], phys[a:b], force_prop_crc, topic_bytes, queue_id,
-            queue_offsets[a:b],
-        )  # fmt: skip
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            at, size, qoff = int(pos[i]), int(sizes[a + i]), int(queue_offsets[a + i])
-            why = R.verify_record(mf.mm, at, mf.wrote_position, int(phys[a + i]), size, force_prop_crc)
-            raise CorruptStoreError(
-                f"{mf.path}: corrupt CommitLog record at position {at} (offset {int(phys[a + i])}), "
-                f"unit {qoff} of {topic}/{queue_id}: {why or 'the record belongs to another queue or offset'}; "
-                "it is not served",
-                mf.path,
-                at,
-            )
 
 
 def _timestamps(ms: np.ndarray) -> pa.Array:

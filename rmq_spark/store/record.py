@@ -260,6 +260,7 @@ def check_records(  # type: ignore[no-untyped-def]
     topic: bytes | None = None,
     queue_id: int = 0,
     queue_offsets: np.ndarray | None = None,
+    check_crc: bool = True,
 ) -> np.ndarray:
     """:func:`verify_record` of many records of one mapped segment at once, and (with ``topic``)
     that each belongs to ``topic``/``queue_id`` at its queue offset: the mask of those that fail.
@@ -267,7 +268,8 @@ def check_records(  # type: ignore[no-untyped-def]
     lengths that lay the record out are checked with numpy (positions clamped, so garbage fields
     never read outside the segment); then one CRC per record, over the whole record when it
     carries the ``__CRC32#`` property (which covers the body, the body CRC and every header
-    field), else over the body.  ``buf`` is the segment's bytes as uint8, readable up to ``limit``."""
+    field), else over the body; ``check_crc=False`` leaves the CRCs out (a start's check of every
+    unit).  ``buf`` is the segment's bytes as uint8, readable up to ``limit``."""
     from rmq_spark.store.views import _at
 
     n = len(pos)
@@ -313,6 +315,8 @@ def check_records(  # type: ignore[no-untyped-def]
         if len(topic):
             names = _at(buf, f"V{len(topic)}")[np.where(ok, topic_at, p)]
             ok &= names == np.frombuffer(topic, dtype=f"V{len(topic)}")[0]
+    if not check_crc:
+        return ~ok
     # the whole-record CRC where the property is there, else the body CRC
     crc_at = end - PROP_CRC_BYTES
     has_prop = ok & (props_len >= PROP_CRC_BYTES)

@@ -26,6 +26,7 @@ from rmq_spark.store.checkpoint import StoreCheckpoint
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.commitlog import AppendResult, CommitLog
 from rmq_spark.store.config import TopicConfigManager
+from rmq_spark.store.consistency import check_consume_queues
 from rmq_spark.store.consumequeue import ConsumeQueue
 from rmq_spark.store.dispatch import ConsumeQueueDispatcher, DispatchBatch, Dispatcher
 from rmq_spark.store.flush import AsyncFlushService, GroupCommitService
@@ -285,15 +286,33 @@ class MessageStore:
             for cq in self._cqs.values():
                 cq.destroy()
             self._cqs.clear()
-            end = cl.recover(cl.min_offset, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch)
+            end = cl.recover(
+                cl.min_offset, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch,
+                force_prop_crc=self.config.append_prop_crc,
+            )
         for cq in self._cqs.values():
             if cq.max_phys_end > end:
                 cq.truncate_dirty(end)
+        problems = [cq.damage for cq in self._cqs.values() if cq.damage]
+        problems += check_consume_queues(self._cqs, cl.mfq, end, self.config.append_prop_crc)
+        if problems:
+            for problem in problems:
+                log.error("%s; the ConsumeQueues are rebuilt from the CommitLog, checked again", problem)
+            self._rebuild_consume_queues(end)
         cl.queue_table = {k: cq.max_offset for k, cq in self._cqs.items()}
         self.dispatched_offset = end
         cp.confirm_phy_offset = end
         cp.dispatched_offset = end
         self.flush_all(True)
+
+    def _rebuild_consume_queues(self, end: int) -> None:
+        """Every ConsumeQueue dropped and rebuilt from the CommitLog, every record checked again
+        with its CRCs: the log is durable up to ``end``, so damage in it stops the store."""
+        for cq in self._cqs.values():
+            cq.destroy()
+        self._cqs.clear()
+        cl = self.commitlog
+        cl.recover(cl.min_offset, end, self.config.truncate_corrupt, self._redispatch, force_prop_crc=self.config.append_prop_crc)
 
     def _redispatch(self, batch: DispatchBatch) -> None:
         batch.tags_codes = np.fromiter(

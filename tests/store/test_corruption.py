@@ -126,13 +126,68 @@ def test_flipped_byte_in_a_clean_store_is_never_served(store_dir, where):
 
 
 def test_zeroed_record_inside_the_durable_range_is_never_served(store_dir):
-    """Item 6: not an empty message with msgId 000...0."""
+    """Item 6: not an empty message with msgId 000...0: the start's check of every unit against
+    its record finds it, and the CommitLog scan that follows names it."""
     msgs = clean_store(store_dir)
     victim = msgs[3]
     path, pos = segment_path(store_dir, victim.commitlog_offset), victim.commitlog_offset % SEG
     patch(path, pos, bytes(victim.store_size))
+    with pytest.raises(CorruptStoreError) as e:
+        open_store(store_dir)
+    assert e.value.path == path and e.value.position == pos
+
+
+def test_damage_found_by_a_read_is_never_served(store_dir):
+    """The same zeroed record under a store already open: the read checks it."""
+    msgs = clean_store(store_dir)
+    victim = msgs[3]
+    path, pos = segment_path(store_dir, victim.commitlog_offset), victim.commitlog_offset % SEG
     with open_store(store_dir) as s:
+        s.commitlog.mfq.find(victim.commitlog_offset).mm[pos : pos + victim.store_size] = bytes(victim.store_size)
         for read in reads(s):
             with pytest.raises(CorruptStoreError, match=f"position {pos}.*zero bytes"):
                 read()
-        assert s.look_message_by_offset(victim.commitlog_offset) is None  # no record there
+        assert s.look_message_by_offset(victim.commitlog_offset) is None  # no record starts there
+
+
+def cq_path(d, topic, qid):
+    return os.path.join(d, "consumequeue", topic, str(qid), "0" * 20)
+
+
+@pytest.mark.parametrize("unit", [0, 5, 29])
+@pytest.mark.parametrize("garbage", [b"\xff" * 20, b"\x00" * 20, b"\x00\x00\x00\x00\x00\x00\x01\x00" + bytes(12)])
+def test_damaged_consume_queue_unit_is_rebuilt_from_the_commitlog(store_dir, caplog, unit, garbage):
+    """Item 7: a unit overwritten with garbage no longer cuts its queue (30 messages unreachable)."""
+    msgs = clean_store(store_dir)
+    path = cq_path(store_dir, "B", 0)
+    patch(path, unit * 20, garbage)
+    with open_store(store_dir) as s:
+        got = s.get_messages("B", 0, 0, max_msgs=100).messages
+        assert [m.body for m in got] == [m.body for m in msgs if m.queue_id == 0]
+        assert s.read_arrow("B", 0, 0, 30).column("body").to_pylist() == [m.body for m in got]
+    if unit < 29:
+        assert f"{path}: unit {unit} of B/0 at position {unit * 20}" in caplog.text
+    else:  # the last unit cut by the queue's own recovery: the record it named has none
+        assert "of B/0 offset 29 has no ConsumeQueue unit" in caplog.text
+
+
+def test_unit_pointing_at_another_record_is_rebuilt(store_dir, caplog):
+    msgs = clean_store(store_dir)
+    path = cq_path(store_dir, "B", 0)
+    with open(cq_path(store_dir, "B", 1), "rb") as f:
+        other = f.read(20)  # queue 1's first unit: a sound record, of another queue
+    patch(path, 40, other)
+    with open_store(store_dir) as s:
+        got = s.get_messages("B", 0, 0, max_msgs=100).messages
+        assert [m.body for m in got] == [m.body for m in msgs if m.queue_id == 0]
+    assert "belongs to another queue" in caplog.text
+
+
+@pytest.mark.parametrize("what", ["one queue", "every queue"])
+def test_deleted_consume_queue_directory_is_rebuilt_on_a_clean_start(store_dir, what):
+    msgs = clean_store(store_dir)
+    shutil.rmtree(os.path.join(store_dir, "consumequeue", "B", "1") if what == "one queue" else os.path.join(store_dir, "consumequeue"))
+    with open_store(store_dir) as s:
+        for q in range(2):
+            got = s.get_messages("B", q, 0, max_msgs=100).messages
+            assert [m.body for m in got] == [m.body for m in msgs if m.queue_id == q]
