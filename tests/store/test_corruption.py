@@ -191,3 +191,27 @@ def test_deleted_consume_queue_directory_is_rebuilt_on_a_clean_start(store_dir, 
         for q in range(2):
             got = s.get_messages("B", q, 0, max_msgs=100).messages
             assert [m.body for m in got] == [m.body for m in msgs if m.queue_id == q]
+
+
+def test_index_rebuild_after_a_crash_never_reads_keys_from_a_damaged_record(store_dir):
+    """The index's own catch-up scan (its files dropped after a crash) checks the CRCs: a record
+    whose properties were zeroed is not indexed under no key, it stops the store."""
+    from rmq_spark.store.index.service import IndexService
+    from rmq_spark.store.query import MessageQuery
+
+    s = MessageStore(store_dir, StoreConfig(**SMALL, flush="sync", flush_interval_ms=3_600_000), clock=FakeClock(),
+                     dispatchers=[IndexService])
+    first = s.put_message(Message("A", b"x", {"KEYS": "k0"})).append
+    s.put_message(Message("A", b"y", {"KEYS": "k1"}))
+    s.flush_all()
+    s.put_message(Message("A", b"z", {"KEYS": "k2"}))
+    s.crash()
+    path = segment_path(store_dir, first.wrote_offset)
+    with open(path, "rb") as f:
+        keys_at = f.read().index(b"KEYS\x01k0")
+    assert first.wrote_offset < keys_at < first.wrote_offset + first.wrote_bytes
+    patch(path, keys_at, bytes(7))  # its KEYS property
+    with pytest.raises(CorruptStoreError) as e:
+        s = MessageStore(store_dir, StoreConfig(**SMALL), clock=FakeClock(), dispatchers=[IndexService])
+        MessageQuery(s).by_key("A", "k0")
+    assert e.value.path == path and e.value.position == first.wrote_offset

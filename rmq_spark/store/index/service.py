@@ -307,12 +307,13 @@ class IndexService:
             if mf is None:
                 break
             pos = offset - mf.from_offset
-            kind, size, _ = check_record(mf.mm, pos, mf.size_bytes, check_crc=False)
+            kind, size, why = check_record(mf.mm, pos, mf.size_bytes, True, cl.force_prop_crc)
             if kind == RecordCheck.BLANK:
                 offset = mf.end_offset
                 continue
             if kind != RecordCheck.VALID:
-                break
+                # below ``upto`` the log is durable: damage, never keys read from it
+                raise cl.corrupt(offset, why or "zero bytes where a record should be")
             scanned.add(offset, *_index_fields(mf.mm, pos))
             offset += size
             if len(scanned.phys) >= _SCAN_BATCH_RECORDS:
