@@ -7,6 +7,7 @@ writer's bytes through the shared page cache.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
@@ -14,7 +15,7 @@ import re
 import numpy as np
 from collections.abc import Iterator
 
-from rmq_spark.errors import CorruptStoreError, StoreError
+from rmq_spark.errors import CorruptStoreError, DiskFullError, StoreError
 from rmq_spark.store import layout as L
 
 _NAME = re.compile(r"^\d{20}$")
@@ -23,6 +24,46 @@ _NAME = re.compile(r"^\d{20}$")
 # 600-byte copy ~1 us against ~6 us for the system call; at 256 KiB the page faults make the copy
 # 3x slower than pwrite)
 MMAP_WRITE_MAX_BYTES = 16 * 1024
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_space(path: str, e: OSError) -> DiskFullError:
+    """The :class:`DiskFullError` for an ENOSPC / EDQUOT writing ``path``."""
+    return DiskFullError(f"{path}: no space left on the device ({e.strerror or e}); writes fail, reads go on", path)
+
+
+def is_no_space(e: OSError) -> bool:
+    return e.errno in _NO_SPACE
+
+
+def make_dirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, a full disk raising :class:`DiskFullError`."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        if is_no_space(e):
+            raise no_space(path, e) from None
+        raise
+
+
+def preallocate(fd: int, size_bytes: int, path: str) -> None:
+    """Give the file ``size_bytes`` of blocks now (``posix_fallocate``), not when a mapped page is
+    first written: on a full disk a store through a mapping over a hole is a SIGBUS that kills
+    the process with no word, while here it is a :class:`DiskFullError` naming the file.  A file
+    that has its blocks already (the usual case on load) costs one ``fstat``."""
+    st = os.fstat(fd)
+    if st.st_size >= size_bytes and st.st_blocks * 512 >= size_bytes:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size_bytes)
+    except OSError as e:
+        if is_no_space(e):
+            raise no_space(path, e) from None
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, max(size_bytes, st.st_size))  # a filesystem without fallocate: sparse
 
 
 def zero_range(mm: mmap.mmap, start: int, end: int, chunk_bytes: int = 8 << 20) -> None:
@@ -46,15 +87,22 @@ class MappedFile:
         flags = os.O_RDWR if writable else os.O_RDONLY
         if writable and not os.path.exists(path):
             flags |= os.O_CREAT
+        created = bool(flags & os.O_CREAT)
         self._fd = os.open(path, flags, 0o644)
         actual = os.fstat(self._fd).st_size
-        if actual == 0 and writable:
-            os.ftruncate(self._fd, size_bytes)
-        elif actual != size_bytes:
+        if actual not in (0, size_bytes) or (actual == 0 and not writable):
             os.close(self._fd)
             raise CorruptStoreError(
                 f"{path}: segment is {actual} bytes, expected {size_bytes}", path, actual
             )
+        if writable:
+            try:
+                preallocate(self._fd, size_bytes, path)
+            except BaseException:
+                os.close(self._fd)
+                if created:
+                    os.unlink(path)
+                raise
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         self.mm = mmap.mmap(self._fd, size_bytes, access=access)
         # bytes [0, wrote_position) hold data; [0, flushed_position) are durable
@@ -120,6 +168,8 @@ class MappedFileQueue:
         self.segment_bytes = segment_bytes
         self.writable = writable
         self.files: list[MappedFile] = []
+        # segments created ahead by :meth:`reserve`, taken by :meth:`new_file` in order
+        self._spare: list[MappedFile] = []
 
     # --- loading --------------------------------------------------------------------------------
     def load(self) -> None:
@@ -188,17 +238,42 @@ class MappedFileQueue:
         return self.files[-1] if self.files else None
 
     def new_file(self, start_offset: int | None = None) -> MappedFile:
-        """Create the segment that follows the last one (or the one holding ``start_offset``)."""
+        """Create the segment that follows the last one (or the one holding ``start_offset``);
+        one :meth:`reserve` made ahead is taken instead."""
         if self.files:
             offset = self.files[-1].end_offset
         else:
             base = start_offset or 0
             offset = base - base % self.segment_bytes
-        os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, L.offset_to_file_name(offset))
-        mf = MappedFile(path, offset, self.segment_bytes, writable=True)
+        if self._spare and self._spare[0].from_offset == offset:
+            mf = self._spare.pop(0)
+        else:
+            self._drop_spare()
+            mf = self._create(offset)
         self.files.append(mf)
         return mf
+
+    def _create(self, offset: int) -> MappedFile:
+        make_dirs(self.directory)
+        path = os.path.join(self.directory, L.offset_to_file_name(offset))
+        return MappedFile(path, offset, self.segment_bytes, writable=True)
+
+    def reserve(self, start: int, end: int) -> None:
+        """Make sure the segments that bytes ``[start, end)`` will need exist, preallocated, before
+        anything is written or any offset handed out: on a full disk this raises
+        :class:`DiskFullError` and nothing has changed.  Segments made here are kept aside until
+        :meth:`new_file` takes them (a crash leaves them as empty segments after the log's end,
+        which recovery removes)."""
+        last = self._spare[-1] if self._spare else (self.files[-1] if self.files else None)
+        offset = last.end_offset if last is not None else start - start % self.segment_bytes
+        while offset < end:
+            self._spare.append(self._create(offset))
+            offset += self.segment_bytes
+
+    def _drop_spare(self) -> None:
+        for mf in self._spare:
+            mf.destroy()
+        self._spare = []
 
     def find(self, offset: int) -> MappedFile | None:
         """The segment holding ``offset`` (None if outside)."""
@@ -244,13 +319,16 @@ class MappedFileQueue:
             else:
                 mf.destroy()
         self.files = keep
+        self._drop_spare()
 
     def delete_all(self) -> None:
         for mf in self.files:
             mf.destroy()
         self.files = []
+        self._drop_spare()
 
     def close(self) -> None:
-        for mf in self.files:
+        for mf in self.files + self._spare:
             mf.close()
         self.files = []
+        self._spare = []

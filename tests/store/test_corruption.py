@@ -215,3 +215,23 @@ def test_index_rebuild_after_a_crash_never_reads_keys_from_a_damaged_record(stor
         s = MessageStore(store_dir, StoreConfig(**SMALL), clock=FakeClock(), dispatchers=[IndexService])
         MessageQuery(s).by_key("A", "k0")
     assert e.value.path == path and e.value.position == first.wrote_offset
+
+
+@pytest.mark.parametrize("name", ["consumerOffset.json", "topics.json"])
+def test_config_file_damaged_into_valid_json_is_told_apart_and_its_copy_read(store_dir, caplog, name):
+    """A digit flipped in a committed offset leaves valid JSON: the checksum tells it, and the
+    copy (``.bak``, written with the same, current content) is read instead, with a log line."""
+    with open_store(store_dir) as s:
+        s.topics.get_or_create("B")
+        s.offsets.commit("G", "B", 0, 41, persist=True)
+        s.offsets.commit("G", "B", 0, 42, persist=True)
+    path = os.path.join(store_dir, "config", name)
+    with open(path, "rb") as f:
+        text = f.read()
+    digit = b"42" if name == "consumerOffset.json" else b'"readQueueNums": 4'
+    assert digit in text
+    patch(path, text.index(digit) + len(digit) - 1, b"7")
+    with open_store(store_dir) as s:
+        assert s.offsets.query("G", "B", 0) == 42
+        assert s.topics.get("B").read_queue_nums == 4
+    assert f"{path} is damaged" in caplog.text and f"{path}.bak is read" in caplog.text
