@@ -18,6 +18,7 @@ import os
 import struct
 
 from rmq_spark.store import layout as L
+from rmq_spark.store.mapped import allocate
 
 CHECKPOINT_BYTES = 4096
 CHECKPOINT_MAGIC = b"RMQSPCK1"
@@ -29,8 +30,13 @@ class StoreCheckpoint:
         self.path = os.path.join(root, L.CHECKPOINT_FILE)
         exists = os.path.exists(self.path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if os.fstat(self._fd).st_size != CHECKPOINT_BYTES:
-            os.ftruncate(self._fd, CHECKPOINT_BYTES)
+        try:
+            if os.fstat(self._fd).st_size != CHECKPOINT_BYTES:
+                os.ftruncate(self._fd, CHECKPOINT_BYTES)
+            allocate(self._fd, 0, CHECKPOINT_BYTES, self.path)  # a full disk: an error, not a SIGBUS
+        except BaseException:
+            os.close(self._fd)
+            raise
         self._mm = mmap.mmap(self._fd, CHECKPOINT_BYTES)
         self.physic_msg_timestamp = 0
         self.logics_msg_timestamp = 0

@@ -150,6 +150,8 @@ class CommitLog:
             chunks.append((i, j, base))
             seg_pos += int(ends[j - 1]) - done_before
             i = j
+        # the blocks (and segments) it needs, before anything changes: a full disk fails here
+        self.mfq.reserve(mf.from_offset + mf.wrote_position, seg_from + seg_pos)
         base = int(phys[0]) if n else mf.from_offset + mf.wrote_position
         # queue offsets: consecutive per (topic, queue); PREPARED/ROLLBACK records take 0
         tran = batch.sys_flags & L.TRANSACTION_MASK
@@ -192,6 +194,8 @@ class CommitLog:
         if mf.wrote_position + total + L.END_FILE_MIN_BLANK_BYTES > self.segment_bytes:
             return None
         base = mf.from_offset + mf.wrote_position
+        if mf.wrote_position + total > mf.allocated_bytes:  # a full disk: fail before offsets
+            mf.ensure_allocated(mf.wrote_position + total)
         rel, qids, sflags = batch._rel_pos, batch._queue_ids, batch._sys_flags  # noqa: SLF001 - list columns
         if rel.__class__ is not list or qids.__class__ is not list or sflags.__class__ is not list:
             rel, qids, sflags = as_list(rel), as_list(qids), as_list(sflags)
@@ -227,6 +231,8 @@ class CommitLog:
         if pos + len(buf) + L.END_FILE_MIN_BLANK_BYTES > self.segment_bytes:
             return None
         phys = mf.from_offset + pos
+        if pos + len(buf) > mf.allocated_bytes:  # a full disk: fail before the queue offset
+            mf.ensure_allocated(pos + len(buf))
         tran = sys_flag & L.TRANSACTION_MASK
         if tran == L.TRANSACTION_NOT_TYPE or tran == L.TRANSACTION_COMMIT_TYPE:
             table = self.queue_table
@@ -370,8 +376,8 @@ class CommitLog:
                 continue
             stopped = False
             while True:
-                kind, size, reason = check_record(
-                    mf.mm, pos, mf.size_bytes, check_crc=True, force_prop_crc=force_prop_crc
+                kind, size, reason = check_record(  # never into a hole (see mapped.data_end)
+                    mf.mm, pos, max(pos, mf.data_bytes), check_crc=True, force_prop_crc=force_prop_crc
                 )
                 if kind == RecordCheck.VALID:
                     collector.add(mf.mm, pos, mf.from_offset + pos)
@@ -422,14 +428,15 @@ class CommitLog:
         for seg in files[files.index(mf):]:
             start = pos + 1 if seg is mf else 0
             hits = []
+            limit = seg.data_bytes  # never into a hole (see mapped.data_end)
             for magic in magics:
-                at = seg.mm.find(magic, start + 4)
+                at = seg.mm.find(magic, start + 4, limit)
                 while at >= 0:
-                    kind, _, _ = check_record(seg.mm, at - 4, seg.size_bytes, True, force_prop_crc)
+                    kind, _, _ = check_record(seg.mm, at - 4, limit, True, force_prop_crc)
                     if kind == RecordCheck.VALID:
                         hits.append(at - 4)
                         break
-                    at = seg.mm.find(magic, at + 1)
+                    at = seg.mm.find(magic, at + 1, limit)
             if hits:
                 return seg.from_offset + min(hits)
         return None

@@ -61,7 +61,7 @@ class ConsumeQueue:
         if files:
             mf = files[-1]
             pos = mf.wrote_position
-            if mf.from_offset + pos == queue_offset * U and pos + U <= mf.size_bytes:
+            if mf.from_offset + pos == queue_offset * U and pos + U <= mf.allocated_bytes:
                 # the unit's bytes are zero (fresh or truncated): offset and tagsCode, then the
                 # size; moving wrote_position past the whole unit publishes it to readers
                 _UNIT_NO_SIZE.pack_into(mf.mm, pos, phys, 0, tags_code)
@@ -125,6 +125,18 @@ class ConsumeQueue:
             done += k
         self.max_phys_end = int(phys[-1]) + int(sizes[-1])
 
+    def has_room(self, n: int) -> bool:
+        """Do ``n`` more units fit the last segment?"""
+        files = self.mfq.files
+        return bool(files) and files[-1].wrote_position + n * U <= files[-1].allocated_bytes
+
+    def reserve(self, first_queue_offset: int, n: int) -> None:
+        """Segments for units ``[first_queue_offset, +n)`` made ahead (see
+        :meth:`MappedFileQueue.reserve`): a full disk fails here, before the CommitLog append."""
+        if not self.has_room(n):
+            start = max(first_queue_offset, self.max_offset)
+            self.mfq.reserve(start * U, (start + n) * U)
+
     def flush(self) -> None:
         self.mfq.flush()
 
@@ -185,7 +197,7 @@ class ConsumeQueue:
             return
         for i in range(max(0, len(files) - 3), len(files)):
             mf = files[i]
-            arr = np.frombuffer(mf.mm, dtype=CQ_UNIT)
+            arr = np.frombuffer(mf.mm, dtype=CQ_UNIT, count=mf.data_bytes // U)  # not the holes
             valid = (arr["offset"] >= 0) & (arr["size"] > 0)
             if i == 0 and mf.from_offset == 0:
                 pass
@@ -197,14 +209,15 @@ class ConsumeQueue:
             del arr, valid
             mf.wrote_position = mf.flushed_position = n_valid * U
             if len(bad) and self.damage is None:
-                rest = np.frombuffer(mf.mm, dtype=np.uint8)[(n_valid + 1) * U :]
-                if rest.any() or i + 1 < len(files):  # units follow the bad one: not a torn tail
+                rest = np.frombuffer(mf.mm, dtype=np.uint8, count=mf.data_bytes)[(n_valid + 1) * U :]
+                later = any(np.frombuffer(f.mm, dtype=np.uint8, count=f.data_bytes).any() for f in files[i + 1 :])
+                if rest.any() or later:  # units follow the bad one: not a torn tail
                     self.damage = (
                         f"{mf.path}: unit {mf.from_offset // U + n_valid} of {self.topic}/{self.queue_id} "
                         f"at position {n_valid * U} is not a unit (offset < 0 or size <= 0) and units follow it"
                     )
                 del rest
-            if n_valid < len(np.frombuffer(mf.mm, dtype=CQ_UNIT)):
+            if n_valid < mf.size_bytes // U:
                 # later files (if any) are past a hole: drop them
                 for later in files[i + 1 :]:
                     later.destroy()
@@ -217,7 +230,7 @@ class ConsumeQueue:
         """Reader side: learn the current end from the files (binary search on size > 0)."""
         self.mfq.refresh()
         for mf in self.mfq.files:
-            arr = np.frombuffer(mf.mm, dtype=CQ_UNIT)
+            arr = np.frombuffer(mf.mm, dtype=CQ_UNIT, count=mf.refresh_data_bytes() // U)
             sizes = arr["size"]
             lo, hi = 0, len(arr)
             while lo < hi:

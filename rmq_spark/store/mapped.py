@@ -48,22 +48,37 @@ def make_dirs(path: str) -> None:
         raise
 
 
-def preallocate(fd: int, size_bytes: int, path: str) -> None:
-    """Give the file ``size_bytes`` of blocks now (``posix_fallocate``), not when a mapped page is
-    first written: on a full disk a store through a mapping over a hole is a SIGBUS that kills
-    the process with no word, while here it is a :class:`DiskFullError` naming the file.  A file
-    that has its blocks already (the usual case on load) costs one ``fstat``."""
-    st = os.fstat(fd)
-    if st.st_size >= size_bytes and st.st_blocks * 512 >= size_bytes:
+# blocks are allocated this far ahead of the write frontier (one fallocate per this many bytes)
+ALLOCATE_AHEAD_BYTES = 256 * 1024
+
+
+def allocate(fd: int, start: int, end: int, path: str) -> None:
+    """Give bytes ``[start, end)`` of the file their blocks now (``posix_fallocate``), not when a
+    mapped page is first written: on a full disk a store through a mapping into a hole is a
+    SIGBUS that kills the process with no word, while here it is a :class:`DiskFullError`
+    naming the file.  Blocks already there cost nothing (a full disk does not fail them)."""
+    if end <= start:
         return
     try:
-        os.posix_fallocate(fd, 0, size_bytes)
+        os.posix_fallocate(fd, start, end - start)
     except OSError as e:
         if is_no_space(e):
             raise no_space(path, e) from None
         if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
-        os.ftruncate(fd, max(size_bytes, st.st_size))  # a filesystem without fallocate: sparse
+        # a filesystem without fallocate: the file stays sparse
+
+
+def data_end(fd: int, size_bytes: int) -> int:
+    """Where the file's first hole starts (its size if none): bytes past it were never given
+    blocks, so they read as zeros, and a scan must not touch them: on tmpfs even a read fault
+    on a shared mapping allocates a page, which on a full filesystem is a SIGBUS.  Files are
+    allocated from their start on (:meth:`MappedFile.ensure_allocated`), so one hole ends the
+    data."""
+    try:
+        return min(size_bytes, os.lseek(fd, 0, os.SEEK_HOLE))
+    except OSError:  # no SEEK_HOLE here: the file reads as a whole
+        return size_bytes
 
 
 def zero_range(mm: mmap.mmap, start: int, end: int, chunk_bytes: int = 8 << 20) -> None:
@@ -95,9 +110,14 @@ class MappedFile:
             raise CorruptStoreError(
                 f"{path}: segment is {actual} bytes, expected {size_bytes}", path, actual
             )
-        if writable:
+        # bytes [0, allocated_bytes) have their blocks (see ensure_allocated); a loaded file may
+        # have more, which a later fallocate over them finds at no cost
+        self.allocated_bytes = 0
+        self.data_bytes = size_bytes if actual == 0 else data_end(self._fd, size_bytes)
+        if writable and actual == 0:  # a new segment: its first blocks now, or DiskFullError
             try:
-                preallocate(self._fd, size_bytes, path)
+                os.ftruncate(self._fd, size_bytes)
+                self.ensure_allocated(1)
             except BaseException:
                 os.close(self._fd)
                 if created:
@@ -113,6 +133,20 @@ class MappedFile:
     def end_offset(self) -> int:
         return self.from_offset + self.size_bytes
 
+    def ensure_allocated(self, end: int) -> None:
+        """Blocks for bytes up to ``end`` (and :data:`ALLOCATE_AHEAD_BYTES` beyond), before they
+        are written: :class:`DiskFullError` on a full disk, and nothing written."""
+        if end > self.allocated_bytes:
+            upto = min(self.size_bytes, max(end, self.allocated_bytes + ALLOCATE_AHEAD_BYTES))
+            allocate(self._fd, self.allocated_bytes, upto, self.path)
+            self.allocated_bytes = upto
+            self.data_bytes = max(self.data_bytes, upto)
+
+    def refresh_data_bytes(self) -> int:
+        """A reader's look at how far the file has blocks now (the writer allocates ahead)."""
+        self.data_bytes = data_end(self._fd, self.size_bytes)
+        return self.data_bytes
+
     @property
     def remaining_bytes(self) -> int:
         return self.size_bytes - self.wrote_position
@@ -125,6 +159,8 @@ class MappedFile:
         end = pos + len(data)
         if end > self.size_bytes:
             raise StoreError(f"{self.path}: write of {len(data)} bytes at {pos} past the end")
+        if end > self.allocated_bytes:
+            self.ensure_allocated(end)
         if end - pos <= MMAP_WRITE_MAX_BYTES:
             # a small write: a copy into the mapping costs far less than a system call
             self.mm[pos:end] = data
@@ -259,15 +295,20 @@ class MappedFileQueue:
         return MappedFile(path, offset, self.segment_bytes, writable=True)
 
     def reserve(self, start: int, end: int) -> None:
-        """Make sure the segments that bytes ``[start, end)`` will need exist, preallocated, before
-        anything is written or any offset handed out: on a full disk this raises
+        """Make sure bytes ``[start, end)`` (from the end of the log on) have their segments and
+        blocks before anything is written or any offset handed out: on a full disk this raises
         :class:`DiskFullError` and nothing has changed.  Segments made here are kept aside until
         :meth:`new_file` takes them (a crash leaves them as empty segments after the log's end,
         which recovery removes)."""
+        for mf in self.files[-1:] + self._spare:
+            if mf.from_offset < end and start < mf.end_offset:
+                mf.ensure_allocated(min(end, mf.end_offset) - mf.from_offset)
         last = self._spare[-1] if self._spare else (self.files[-1] if self.files else None)
         offset = last.end_offset if last is not None else start - start % self.segment_bytes
         while offset < end:
-            self._spare.append(self._create(offset))
+            mf = self._create(offset)
+            self._spare.append(mf)
+            mf.ensure_allocated(min(end, mf.end_offset) - offset)
             offset += self.segment_bytes
 
     def _drop_spare(self) -> None:
@@ -313,7 +354,7 @@ class MappedFileQueue:
                 keep.append(mf)
             elif mf.from_offset <= offset:
                 pos = offset - mf.from_offset
-                zero_range(mf.mm, pos, mf.size_bytes)
+                zero_range(mf.mm, pos, max(pos, mf.data_bytes))  # past data_bytes: zeros already
                 mf.wrote_position = mf.flushed_position = pos
                 keep.append(mf)
             else:

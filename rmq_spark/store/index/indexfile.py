@@ -39,6 +39,7 @@ import numpy as np
 from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.hashing import java_string_hash, java_string_hashes
+from rmq_spark.store.mapped import ALLOCATE_AHEAD_BYTES, allocate
 from rmq_spark.store.properties import find_properties
 from rmq_spark.store.record import (
     POS_SYS_FLAG,
@@ -124,7 +125,14 @@ class IndexFile:
         fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o644)
         try:
             if create:
-                os.ftruncate(fd, size)
+                try:
+                    os.ftruncate(fd, size)
+                    # the header and slots (written anywhere) now; entries as they come (put_*)
+                    allocate(fd, 0, HEADER_BYTES + slot_num * SLOT_BYTES + ENTRY_BYTES, path)
+                except BaseException:
+                    os.close(fd)
+                    os.unlink(path)
+                    raise
             elif (actual := os.fstat(fd).st_size) != size:
                 raise CorruptStoreError(
                     f"{path}: index file is {actual} bytes, expected {size} "
@@ -132,9 +140,15 @@ class IndexFile:
                     path,
                     actual,
                 )
+            if not create:  # (an older version's file may be sparse: its slots get blocks now)
+                allocate(fd, 0, HEADER_BYTES + slot_num * SLOT_BYTES, path)
             self._mm: mmap.mmap | None = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        except BaseException:
+            if not create:
+                os.close(fd)
+            raise
+        self._fd = fd  # kept for allocating the entries' blocks as they are written
+        self._allocated = HEADER_BYTES + slot_num * SLOT_BYTES
         self._entries_pos = HEADER_BYTES + slot_num * SLOT_BYTES
         self._slots = np.frombuffer(self._mm, dtype=">i4", count=slot_num, offset=HEADER_BYTES)
         self._entries = np.frombuffer(
@@ -179,6 +193,7 @@ class IndexFile:
             return 0
         if k <= SMALL_KEYS:
             return self._put_few(list(hashes[:k]), list(phys[:k]), list(store_ts[:k]))
+        self._allocate_entries(first, k)
         h = np.asarray(hashes[:k], dtype=np.int64)
         phy = np.asarray(phys[:k], dtype=np.int64)
         ts = np.asarray(store_ts[:k], dtype=np.int64)
@@ -224,6 +239,7 @@ class IndexFile:
         k = min(self.index_num - first, len(hashes))
         if k <= 0:
             return 0
+        self._allocate_entries(first, k)
         hashes, phys, store_ts = [int(x) for x in hashes[:k]], [int(x) for x in phys[:k]], [int(x) for x in store_ts[:k]]
         if first <= 1:
             self.begin_phy, self.begin_ts = phys[0], store_ts[0]
@@ -300,6 +316,16 @@ class IndexFile:
             self._slots = self._entries = None  # type: ignore[assignment]
             self._mm.close()
             self._mm = None
+            os.close(self._fd)
+
+    def _allocate_entries(self, first: int, k: int) -> None:
+        """Blocks for entries ``[first, first + k)`` before they are written (a full disk raises
+        :class:`DiskFullError` here, nothing written; never a SIGBUS on the mapping)."""
+        end = self._entries_pos + (first + k) * ENTRY_BYTES
+        if end > self._allocated:
+            upto = min(self._entries_pos + self.index_num * ENTRY_BYTES, max(end, self._allocated + ALLOCATE_AHEAD_BYTES))
+            allocate(self._fd, self._allocated, upto, self.path)
+            self._allocated = upto
 
     def destroy(self) -> None:
         self.close()
