@@ -215,6 +215,10 @@ class MessageStore:
                 self.offsets.persist()
             except DiskFullError as e:  # the offsets on disk stay those of the last persist
                 log.error("consumer offsets not saved on shutdown: %s", e)
+            for d in self.dispatchers:  # a clean stop: what they keep can be checked on start
+                seal = getattr(d, "seal", None)
+                if seal is not None:
+                    seal()
             self._close_files()
         os.unlink(os.path.join(self.root, L.ABORT_FILE))
         self._release_lock()

@@ -235,3 +235,30 @@ def test_config_file_damaged_into_valid_json_is_told_apart_and_its_copy_read(sto
         assert s.offsets.query("G", "B", 0) == 42
         assert s.topics.get("B").read_queue_nums == 4
     assert f"{path} is damaged" in caplog.text and f"{path}.bak is read" in caplog.text
+
+
+@pytest.mark.parametrize("where", ["slot", "entry hash", "seal"])
+def test_damaged_index_file_of_a_clean_store_is_rebuilt(store_dir, caplog, where):
+    """An index file is sealed (a CRC in its unused entry 0) on a clean stop and when full: a
+    flipped byte, even one that keeps every chain well formed, is told and the file rebuilt."""
+    from rmq_spark.store.index.indexfile import HEADER_BYTES
+    from rmq_spark.store.index.service import IndexService
+    from rmq_spark.store.query import MessageQuery
+
+    cfg = StoreConfig(**SMALL, extra={"index_slots": 8, "index_entries": 64})
+    with MessageStore(store_dir, cfg, clock=FakeClock(), dispatchers=[IndexService]) as s:
+        for i in range(10):
+            s.put_message(Message("A", b"v%d" % i, {"KEYS": "k%d" % i}))
+    (name,) = os.listdir(os.path.join(store_dir, "index"))
+    path = os.path.join(store_dir, "index", name)
+    entries = HEADER_BYTES + 8 * 4
+    at = {"slot": HEADER_BYTES + 4 * 3, "entry hash": entries + 20 * 5, "seal": entries + 2}[where]
+    with open(path, "rb") as f:
+        f.seek(at)
+        old = f.read(1)[0]
+    patch(path, at, bytes([old ^ 0x40]))
+    with MessageStore(store_dir, cfg, clock=FakeClock(), dispatchers=[IndexService]) as s:
+        q = MessageQuery(s)
+        for i in range(10):
+            assert [m.body for m in q.by_key("A", "k%d" % i)] == [b"v%d" % i]
+    assert path in caplog.text and "rebuilt from the CommitLog" in caplog.text

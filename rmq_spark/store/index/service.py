@@ -98,6 +98,7 @@ class IndexService:
         self.rebuilt_records = 0  # records indexed from this service's own CommitLog scan
         self._closed = False
         self._lag_from: int | None = None  # a full disk stopped indexing here (see _lag)
+        self._lag_logged = False
         self._load(getattr(store, "last_exit_abnormal", False), store.checkpoint)
         indexed = [f.end_phy for f in self._files if f.index_count > 1]
         self._last_phy = max(indexed, default=-1)  # the newest indexed CommitLog offset
@@ -110,11 +111,17 @@ class IndexService:
         names = sorted(n for n in os.listdir(self.directory) if _NAME.match(n))
         for i, name in enumerate(names):
             try:
-                self._files.append(
-                    IndexFile(os.path.join(self.directory, name), self.slot_num, self.index_num)
-                )
-            except CorruptStoreError:
-                # other sizes or a torn file: drop it and the files after it; they are rebuilt
+                f = IndexFile(os.path.join(self.directory, name), self.slot_num, self.index_num)
+                # a full file is sealed when the next one starts, every file on a clean stop: one
+                # without its seal then lost it (or was written by a version without seals)
+                if not f.sealed and (i < len(names) - 1 or not abnormal):
+                    f.close()
+                    raise CorruptStoreError(f"{f.path}: the index file has no seal", f.path, 0)
+                self._files.append(f)
+            except CorruptStoreError as e:
+                # other sizes, a torn or damaged file: drop it and the files after it; they are
+                # rebuilt from the CommitLog
+                log.error("%s; it and the %d index files after it are rebuilt from the CommitLog", e, len(names) - i - 1)
                 for later in names[i:]:
                     os.unlink(os.path.join(self.directory, later))
                 break
@@ -300,6 +307,7 @@ class IndexService:
             self._lag(int(key_phys[done]), e)
             return len(sel)
         self._last_phy = int(key_phys[-1])
+        self._lag_logged = False
         return len(sel)
 
     def _lag(self, phys: int, e: DiskFullError) -> None:
@@ -308,7 +316,9 @@ class IndexService:
         there is space; the index is derived, so it never fails one that got into the log)."""
         if self._lag_from is None:
             self._last_phy = phys - 1  # every record before it is wholly indexed
-            log.error("index not updated from CommitLog offset %d: %s", phys, e)
+            if not self._lag_logged:  # once, until indexing works again
+                log.error("index not updated from CommitLog offset %d: %s", phys, e)
+                self._lag_logged = True
             self._lag_from = phys
 
     def _room_for(self, key_phys, done: int) -> tuple[IndexFile, int]:  # type: ignore[no-untyped-def]
@@ -332,6 +342,8 @@ class IndexService:
         if self._files and not self._files[-1].is_full and not fresh:
             return self._files[-1]
         last = self._files[-1] if self._files else None
+        if last is not None:
+            last.seal()  # it no longer changes
         make_dirs(self.directory)
         f = IndexFile(
             os.path.join(self.directory, self._new_name()),
@@ -437,6 +449,13 @@ class IndexService:
                 f.sync()
             if last_ts is not None:
                 self.store.checkpoint.index_msg_timestamp = last_ts
+
+    def seal(self) -> None:
+        """On a clean stop (after the last flush): seal every file so the next start checks it."""
+        with self._flush_lock, self._lock:
+            self._drain()
+            for f in self._files:
+                f.seal()
 
     def close(self) -> None:
         with self._flush_lock, self._lock:
