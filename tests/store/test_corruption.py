@@ -262,3 +262,20 @@ def test_damaged_index_file_of_a_clean_store_is_rebuilt(store_dir, caplog, where
         for i in range(10):
             assert [m.body for m in q.by_key("A", "k%d" % i)] == [b"v%d" % i]
     assert path in caplog.text and "rebuilt from the CommitLog" in caplog.text
+
+
+@pytest.mark.parametrize("byte", [0, 35, 44, 50])
+def test_damaged_checkpoint_is_logged_and_the_whole_log_checked(store_dir, caplog, byte):
+    """A flipped bit in the checkpoint's offsets once made a clean store refuse to start, blaming
+    the CommitLog ("durable bytes follow"); its CRC tells the checkpoint is the damaged file."""
+    msgs = clean_store(store_dir)
+    path = os.path.join(store_dir, "checkpoint")
+    with open(path, "rb") as f:
+        f.seek(byte)
+        old = f.read(1)[0]
+    patch(path, byte, bytes([old ^ 0x10]))
+    with open_store(store_dir) as s:
+        for q in range(2):
+            got = s.get_messages("B", q, 0, max_msgs=100).messages
+            assert [m.body for m in got] == [m.body for m in msgs if m.queue_id == q]
+    assert f"{path}: the checkpoint is damaged" in caplog.text

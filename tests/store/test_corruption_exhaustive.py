@@ -9,7 +9,7 @@ In the crashed store the records past the checkpoint that no valid record follow
 torn tail is indistinguishable from a write that never reached the disk): the acknowledged
 messages less such a suffix are what must be served.
 
-Cases: 8,666 (6,799 flipped bytes and 1,867 zeroed ranges, about half in each state; the test
+Cases: 8,681 (6,812 flipped bytes and 1,869 zeroed ranges, about half in each state; the test
 prints its tally by file kind and outcome, and fails if a state runs fewer than 4,000).  Flips
 cover every byte a file holds data in and every 32nd byte of its zero-filled tail (the same code
 sees every tail byte: past the end of the log, of the checkpoint's fields); zeroed ranges are
