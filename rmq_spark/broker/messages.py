@@ -26,7 +26,7 @@ from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt, tags_code
 from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.encode import Row
-from rmq_spark.services.transaction.check import P_CHECK_SOURCE
+from rmq_spark.store import validation as V
 
 __all__ = [
     "SYSTEM_PROPERTIES",
@@ -51,31 +51,11 @@ for _name, _value in D.MessageType.items():
 _IDENTITY, _GZIP, _UNSPECIFIED = int(D.Encoding.IDENTITY), int(D.Encoding.GZIP), int(D.Encoding.ENCODING_UNSPECIFIED)
 _MD5 = int(D.DigestType.MD5)
 
-# MessageConst.STRING_HASH_SET and the timer / pop keys: never shown to clients, never accepted
-# from them as user properties
-SYSTEM_PROPERTIES = frozenset(
-    {
-        L.P_TAGS, L.P_KEYS, L.P_WAIT, L.P_DELAY, L.P_RETRY_TOPIC, L.P_REAL_TOPIC, L.P_REAL_QID,
-        L.P_TRAN_MSG, L.P_PGROUP, L.P_UNIQ_KEY, L.P_RECONSUME_TIME, L.P_MAX_RECONSUME_TIMES,
-        L.P_ORIGIN_MESSAGE_ID, L.P_TRANSACTION_CHECK_TIMES, L.P_CHECK_IMMUNITY_TIME_IN_SECONDS,
-        L.P_TRAN_PREPARED_QUEUE_OFFSET, L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS,
-        L.P_TIMER_DELIVER_MS, L.P_TIMER_OUT_MS, L.P_TIMER_ENQUEUE_MS, L.P_TIMER_DEQUEUE_MS,
-        L.P_TIMER_DEL_UNIQKEY, L.P_DLQ_ORIGIN_TOPIC, L.P_DLQ_ORIGIN_MESSAGE_ID,
-        "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG",
-        "CONSUME_START_TIME", "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME", "DUP_INFO",
-        "EXTEND_UNIQ_INFO", "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL",
-        "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER", "MSG_TYPE", "INNER_MULTI_QUEUE_OFFSET",
-        "INNER_MULTI_DISPATCH", "INNER_NUM", "INNER_BASE", "TIMER_ROLL_TIMES", "TIMER_DELAY_LEVEL",
-        "__BORNHOST", "BORN_TIMESTAMP", "TRACE_ON", "MSG_REGION", "__CRC32#", P_CHECK_SOURCE,
-    }
-)
+# never shown to clients as user properties, never accepted from them: one definition, with the
+# sink's (rmq_spark.store.validation)
+SYSTEM_PROPERTIES = V.RESERVED_PROPERTIES
 
-MAX_MESSAGE_GROUP_CHARS = 64
-MAX_USER_PROPERTIES = 128
-MAX_USER_PROPERTIES_BYTES = 16 * 1024
 MAX_MESSAGE_ID_CHARS = 128
-# the store's property encoding uses these two characters as separators
-_SEPARATORS = (L.NAME_VALUE_SEPARATOR, L.PROPERTY_SEPARATOR)
 _TYPE_NAMES = {
     MessageType.NORMAL: "NORMAL",
     MessageType.FIFO: "FIFO",
@@ -121,12 +101,7 @@ class Outgoing:
         )  # fmt: skip
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")  # message ids: no control characters, no space
-
-
-def _has_control(text: str) -> bool:
-    return _CONTROL.search(text) is not None
 
 
 def checked_topic(name: str, allow_system: bool = False) -> str:
@@ -192,12 +167,9 @@ def parse_send(
     enc = sp.body_encoding
     if enc != _IDENTITY and enc != _UNSPECIFIED:
         body = _decoded_body(body, enc, body_max_bytes)
-    if not body:
-        raise RpcStatusError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
-    if len(body) > body_max_bytes:
-        raise RpcStatusError(
-            Code.MESSAGE_BODY_TOO_LARGE, f"message body is {len(body)} bytes; the limit is {body_max_bytes}"
-        )
+    if not body or len(body) > body_max_bytes:
+        code, problem = V.body_problem(len(body), body_max_bytes)  # type: ignore[misc]
+        raise RpcStatusError(getattr(Code, code), problem)
     mid = sp.message_id
     if not mid or len(mid) > MAX_MESSAGE_ID_CHARS or _CONTROL_OR_SPACE.search(mid) is not None:
         raise RpcStatusError(Code.ILLEGAL_MESSAGE_ID, f"message id {mid[:40]!r} is empty or malformed")
@@ -205,14 +177,16 @@ def parse_send(
     props = _user_properties(user) if user else {}
     if sp.HasField("tag"):
         tag = sp.tag
-        if not tag.strip() or "|" in tag or _has_control(tag):
-            raise RpcStatusError(Code.ILLEGAL_MESSAGE_TAG, f"tag {tag[:40]!r} is blank or holds '|' or control characters")
+        problem = V.tag_problem(tag)
+        if problem is not None:
+            raise RpcStatusError(Code.ILLEGAL_MESSAGE_TAG, problem)
         props[L.P_TAGS] = tag
     if sp.keys:
         keys = list(sp.keys)
         for key in keys:
-            if not key.strip() or _has_control(key):
-                raise RpcStatusError(Code.ILLEGAL_MESSAGE_KEY, f"key {key[:40]!r} is blank or holds control characters")
+            problem = V.key_problem(key)
+            if problem is not None:
+                raise RpcStatusError(Code.ILLEGAL_MESSAGE_KEY, problem)
         props[L.P_KEYS] = L.KEY_SEPARATOR.join(keys)
     group = sp.message_group if sp.HasField("message_group") else None
     deliver_ms = timestamp_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else 0
@@ -225,10 +199,9 @@ def parse_send(
             f"topic {topic.topic_name!r} accepts {topic.message_type} messages, not {_TYPE_NAMES[mtype]}",
         )
     if deliver_ms:
-        if deliver_ms - now_ms > max_delay_ms:
-            raise RpcStatusError(
-                Code.ILLEGAL_DELIVERY_TIME, f"delivery time is more than {max_delay_ms // 1000}s ahead"
-            )
+        problem = V.delivery_problem(deliver_ms, now_ms, max_delay_ms)
+        if problem is not None:
+            raise RpcStatusError(Code.ILLEGAL_DELIVERY_TIME, problem)
         if deliver_ms > now_ms:
             props[L.P_TIMER_DELIVER_MS] = str(deliver_ms)
         else:
@@ -252,25 +225,28 @@ def parse_send(
 
 def _user_properties(user: Mapping[str, str]) -> dict[str, str]:
     props: dict[str, str] = {}
+    size = 0
     for k, v in user.items():
-        if not k or _has_control(k) or k in SYSTEM_PROPERTIES or k.startswith(L.TRANSIENT_PREFIX):
-            raise RpcStatusError(
-                Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"user property key {k[:40]!r} is empty, reserved or malformed"
-            )
-        if any(s in v for s in _SEPARATORS):
-            raise RpcStatusError(Code.BAD_REQUEST, f"user property {k!r} holds a control character")
+        problem = V.property_key_problem(k)
+        if problem is not None:
+            raise RpcStatusError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, problem)
+        problem = V.property_value_problem(k, v)
+        if problem is not None:
+            raise RpcStatusError(Code.BAD_REQUEST, problem)
         props[k] = v
-    if len(props) > MAX_USER_PROPERTIES:
-        raise RpcStatusError(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"{len(props)} user properties; the limit is 128")
-    if sum(len(k.encode()) + len(v.encode()) for k, v in props.items()) > MAX_USER_PROPERTIES_BYTES:
-        raise RpcStatusError(Code.MESSAGE_PROPERTIES_TOO_LARGE, "user properties exceed 16 KiB")
+        size += len(k.encode()) + len(v.encode())
+    problem = V.properties_size_problem(len(props), size)
+    if problem is not None:
+        raise RpcStatusError(Code.MESSAGE_PROPERTIES_TOO_LARGE, problem)
     return props
 
 
 def _checked_type(mtype: int, group: str | None, deliver_ms: int) -> int:
     """The message type (inferred when unset), checked against the group and delivery time."""
-    if group is not None and (not group.strip() or len(group) > MAX_MESSAGE_GROUP_CHARS or _has_control(group)):
-        raise RpcStatusError(Code.ILLEGAL_MESSAGE_GROUP, f"message group {group[:40]!r} is blank, too long or malformed")
+    if group is not None:
+        problem = V.group_problem(group)
+        if problem is not None:
+            raise RpcStatusError(Code.ILLEGAL_MESSAGE_GROUP, problem)
     mtype = mtype or _infer_type(group, deliver_ms)
     if mtype == MessageType.LITE:
         raise RpcStatusError(Code.UNSUPPORTED, "lite topics are not supported by this broker")

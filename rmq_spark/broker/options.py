@@ -134,12 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _read_config(path: str) -> dict[str, Any]:
+def _read_config(path: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The file's settings by flag name, and where each was given (file and key, for errors)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text: byte {e.start} (line {line}) is {raw[e.start:e.start + 1]!r}"
+        ) from None
     if text.lstrip().startswith("{"):
         try:
             data = json.loads(text)
@@ -157,15 +165,20 @@ def _read_config(path: str) -> dict[str, Any]:
             data[key.strip()] = value.strip()
     known = {name for name, _t, _h in _FLAGS} | set(_BOOL_NAMES) | {"store"}
     out: dict[str, Any] = {}
+    where: dict[str, str] = {}
     for key, value in data.items():
         name = str(key).strip().replace("_", "-").lower()
         if name not in known:
             raise ConfigError(f"config file {path}: unknown key {key!r}")
+        if isinstance(value, (dict, list)) or value is None:
+            kind = "an object" if isinstance(value, dict) else "an array" if isinstance(value, list) else "null"
+            raise ConfigError(f"config file {path}: key {key!r}: {kind} is not a setting; give a string or a number")
         out[name] = value
-    return out
+        where[name] = f"config file {path}: key {key!r}"
+    return out, where
 
 
-def _coerce(name: str, value: Any) -> Any:
+def _coerce(name: str, value: Any, where: str) -> Any:
     if name in _BOOL_NAMES:
         if isinstance(value, bool):
             return value
@@ -174,48 +187,67 @@ def _coerce(name: str, value: Any) -> Any:
             return True
         if text in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{name}: {value!r} is not a boolean")
+        raise ConfigError(f"{where}: {value!r} is not a boolean")
     typ = next((t for n, t, _h in _FLAGS if n == name), str)
+    if typ is str and not isinstance(value, str) or typ is not str and isinstance(value, bool):
+        raise ConfigError(f"{where}: {value!r} is not a valid {typ.__name__}")
+    if typ is int and isinstance(value, float) and not value.is_integer():
+        raise ConfigError(f"{where}: {value!r} is not a whole number")
     try:
         return typ(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}: {value!r} is not a valid {typ.__name__}") from None
+        raise ConfigError(f"{where}: {value!r} is not a valid {typ.__name__}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     """Flags (and the config file) -> configs.  argparse exits 2 on unknown flags; invalid
-    values raise ConfigError (the caller exits 2 with its message)."""
+    values raise ConfigError naming the flag, or the config file and its key (the caller exits 2
+    with its message)."""
     ns = build_parser().parse_args(argv)
-    values: dict[str, Any] = _read_config(ns.config) if ns.config else {}
+    values, where = _read_config(ns.config) if ns.config else ({}, {})
     for name, _t, _h in _FLAGS:
         v = getattr(ns, name.replace("-", "_"))
         if v is not None:
             values[name] = v
+            where[name] = f"--{name}"
     for name in _BOOL_NAMES:
         if getattr(ns, name.replace("-", "_")):
             values[name] = True
-    v = {k: _coerce(k, x) for k, x in values.items() if k != "store"}
+            where[name] = f"--{name}"
+
+    def at(name: str) -> str:
+        return where.get(name, f"--{name}")
+
+    v = {k: _coerce(k, x, at(k)) for k, x in values.items() if k != "store"}
 
     def pos(name: str, x: float) -> float:
         if x <= 0:
-            raise ConfigError(f"--{name} must be positive, not {x}")
+            raise ConfigError(f"{at(name)} must be positive, not {x}")
+        return x
+
+    def at_least(name: str, x: int, lo: int, hi: int | None = None) -> int:
+        if x < lo or (hi is not None and x > hi):
+            bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+            raise ConfigError(f"{at(name)} must be {bounds}, not {x}")
         return x
 
     store_kw: dict[str, Any] = {"auto_create_topics": not v.get("no-auto-create-topics", False)}
     if "flush" in v:
+        if v["flush"] not in ("sync", "async"):
+            raise ConfigError(f"{at('flush')} must be 'sync' or 'async', not {v['flush']!r}")
         store_kw["flush"] = v["flush"]
     if "commitlog-segment-bytes" in v:
-        store_kw["commitlog_segment_bytes"] = v["commitlog-segment-bytes"]
+        store_kw["commitlog_segment_bytes"] = at_least("commitlog-segment-bytes", v["commitlog-segment-bytes"], 4096)
     if "default-queue-nums" in v:
-        n = v["default-queue-nums"]
-        if not 1 <= n <= 1024:
-            raise ConfigError(f"--default-queue-nums must be between 1 and 1024, not {n}")
-        store_kw["default_queue_nums"] = n
+        store_kw["default_queue_nums"] = at_least("default-queue-nums", v["default-queue-nums"], 1, 1024)
     if v.get("truncate-corrupt"):
         store_kw["truncate_corrupt"] = True
     cfg = BrokerConfig(store=StoreConfig(**store_kw))
     if "delay-levels" in v:
-        cfg = BrokerConfig(store=cfg.store, delay_levels=v["delay-levels"])
+        try:
+            cfg = BrokerConfig(store=cfg.store, delay_levels=v["delay-levels"])
+        except ConfigError as e:
+            raise ConfigError(f"{at('delay-levels')}: {e}") from None
     if "transaction-timeout" in v:
         cfg.transaction_timeout_s = pos("transaction-timeout", v["transaction-timeout"])
     if "transaction-check-interval" in v:
@@ -229,10 +261,14 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     if "broker-name" in v:
         name = v["broker-name"].strip()
         if not name or " " in name:
-            raise ConfigError("--broker-name must be a non-empty word")
+            raise ConfigError(f"{at('broker-name')} must be a non-empty word")
         cfg.broker_name = name
     opt_kw: dict[str, Any] = {}
     if "listen" in v:
+        try:
+            split_listen(v["listen"])
+        except ConfigError:
+            raise ConfigError(f"{at('listen')}: {v['listen']!r} is not HOST:PORT") from None
         opt_kw["listen"] = v["listen"]
     if "idle-exit-s" in v:
         opt_kw["idle_exit_s"] = max(0.0, v["idle-exit-s"])
@@ -241,20 +277,28 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     if "acl-window-s" in v:
         opt_kw["acl_window_ms"] = int(pos("acl-window-s", v["acl-window-s"]) * 1000)
     if "max-delivery-attempts" in v:
-        opt_kw["max_delivery_attempts"] = v["max-delivery-attempts"]
+        opt_kw["max_delivery_attempts"] = at_least("max-delivery-attempts", v["max-delivery-attempts"], 1)
     if "min-invisible-s" in v:
-        opt_kw["min_invisible_ms"] = int(v["min-invisible-s"] * 1000)
+        opt_kw["min_invisible_ms"] = int(at_least("min-invisible-s", v["min-invisible-s"], 0) * 1000)
     if "long-polling-max-s" in v:
-        opt_kw["long_polling_max_ms"] = int(v["long-polling-max-s"] * 1000)
+        opt_kw["long_polling_max_ms"] = int(at_least("long-polling-max-s", v["long-polling-max-s"], 0) * 1000)
     if "auto-renew-invisible-s" in v:
         opt_kw["auto_renew_invisible_ms"] = int(pos("auto-renew-invisible-s", v["auto-renew-invisible-s"]) * 1000)
     if "workers" in v:
-        opt_kw["workers"] = v["workers"]
+        opt_kw["workers"] = at_least("workers", v["workers"], 4)
     options = BrokerOptions(**opt_kw)
     split_listen(options.listen)
     store = ns.store or values.get("store")
+    if store is not None and not isinstance(store, str):
+        raise ConfigError(f"{where.get('store', '--store')}: {store!r} is not a directory name")
     if not store:
         raise ConfigError("--store DIR is required")
+    here = os.path.abspath(store)
+    while not os.path.exists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    if os.path.exists(here) and not os.path.isdir(here):
+        what = "is a file" if here == os.path.abspath(store) else f"lies under {here}, which is a file"
+        raise ConfigError(f"{where.get('store', '--store')} {store} {what}, not a store directory")
     return ParsedArgs(os.path.abspath(str(store)), cfg, options)
 
 

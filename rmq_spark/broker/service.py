@@ -374,7 +374,8 @@ class MessagingService(MessagingServiceServicer):
     @streaming(S.PullMessageResponse, with_timestamp=False)
     def PullMessage(self, request: S.PullMessageRequest, context: grpc.ServicerContext) -> Iterator[S.PullMessageResponse]:
         self._meta(context)
-        group = group_name(request.group.name) if request.group.name else None
+        if request.group.name:
+            group_name(request.group.name)  # a malformed group name is refused, as everywhere
         cfg, qid = self._queue_of(request.message_queue)
         offset = request.offset
         if offset < 0:

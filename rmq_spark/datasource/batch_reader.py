@@ -34,7 +34,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from rmq_spark.datasource import offsets as O
-from rmq_spark.datasource.options import SourceOptions
+from rmq_spark.datasource.options import SourceOptions, StartKind
+from rmq_spark.errors import ConfigError
 from rmq_spark.datasource.planning import Planner
 from rmq_spark.datasource.read.partition import DataLossError, QueueRange, RowBounds, split_range
 from rmq_spark.datasource.scan import read_range
@@ -142,6 +143,57 @@ def push(p: Pushed, f: Filter) -> Pushed | None:
     return None
 
 
+def check_named_queues(option: str, given: O.QueueMap, subscribed: list[str], hi: O.Offsets, subscription: str) -> None:
+    """Every queue an offsets option names is one this read subscribes to (topics left out by a
+    pushed-down filter are not checked: they are subscribed, only not read)."""
+    for topic, queues in given.items():
+        if topic not in subscribed:
+            raise ConfigError(
+                f"option {option!r} names topic {topic!r}, which this read does not subscribe to ({subscription})"
+            )
+        have = hi.get(topic)
+        if have is None:
+            continue
+        for q in queues:
+            if str(q) not in have:
+                which = _queue_names(sorted(int(x) for x in have))
+                raise ConfigError(
+                    f"option {option!r} names queue {topic}/{q}, which is not subscribed: this read has {which} of "
+                    f"topic {topic!r} ({subscription})"
+                )
+
+
+def _queue_names(ids: list[int]) -> str:
+    if not ids:
+        return "no queue"
+    if len(ids) == 1:
+        return f"only queue {ids[0]}"
+    if ids == list(range(ids[0], ids[-1] + 1)):
+        return f"queues {ids[0]}-{ids[-1]}"
+    return "queues " + ", ".join(map(str, ids))
+
+
+def check_range(topic: str, queue_id: int, start: int, end: int, max_offset: int,
+                given_start: int | None, given_end: int | None) -> None:
+    """A queue's planned ``[start, end)`` is one the user can have meant: offsets given past the
+    queue's end, or a start after the end, are errors (as Spark's Kafka source words them)."""
+    if given_start is not None and given_start >= 0 and given_start > max_offset:
+        raise ConfigError(
+            f"option 'startingOffsets': offset {given_start} of topic {topic} queue {queue_id} is past the end of "
+            f"the queue, whose next offset is {max_offset}"
+        )
+    if given_end is not None and given_end >= 0 and given_end > max_offset:
+        raise ConfigError(
+            f"option 'endingOffsets': offset {given_end} of topic {topic} queue {queue_id} is past the end of "
+            f"the queue, whose next offset is {max_offset}"
+        )
+    if start > end:
+        raise ConfigError(
+            f"Beginning offset {start} is after the ending offset {end} for topic {topic} queue {queue_id}: "
+            "give a startingOffsets (or startingTimestamp) before the endingOffsets (or endingTimestamp)"
+        )
+
+
 def _ts_min(b: RowBounds, v: int, inclusive: bool) -> RowBounds:
     cur = b.store_ts_min_us
     if cur is None or v > cur or (v == cur and not inclusive):
@@ -171,8 +223,13 @@ class RmqBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         o, p = self.opts, self.pushed
-        topics = [t for t in self.planner.topics() if p.topics is None or t in p.topics]
+        subscribed = self.planner.topics()
+        topics = [t for t in subscribed if p.topics is None or t in p.topics]
         hi, lo = self.planner.snapshot(topics)
+        given_start = o.starting.offsets if o.starting.kind is StartKind.JSON else {}
+        given_end = o.ending.offsets if not o.ending.latest else {}
+        for name, given in (("startingOffsets", given_start), ("endingOffsets", given_end)):
+            check_named_queues(name, given, subscribed, hi, self.opts.subscription.describe())
         start = self.planner.resolve_start(o.starting, hi, lo)
         if o.ending.timestamp_ms is not None:
             end = self.planner.offsets_at(o.ending.timestamp_ms, hi)
@@ -196,6 +253,7 @@ class RmqBatchReader(DataSourceReader):
             if (p.queue_min is not None and q < p.queue_min) or (p.queue_max is not None and q > p.queue_max):
                 continue
             s = O.get(start, t, q, 0) or 0
+            check_range(t, q, s, e, O.get(hi, t, q, 0) or 0, O.get(given_start, t, q), O.get(given_end, t, q))
             first = O.get(lo, t, q, 0) or 0
             if s < first:
                 if o.fail_on_data_loss:

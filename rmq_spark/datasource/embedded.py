@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rmq_spark.errors import StoreError
+from rmq_spark.errors import ConfigError, StoreError
 from rmq_spark.broker.connector.client import BrokerUnavailableError, InternalClient
 
 ENDPOINT_FILE = "broker.endpoint"
@@ -89,19 +89,43 @@ def _answers(endpoint: str, root: str, credentials: dict[str, str | None] | None
         client.close()
 
 
+def check_store_path(path: str, create: bool) -> None:
+    """``path`` can hold a store: a directory (created when ``create``; a batch read never
+    creates a store), never a file.  ConfigError names the option and what is wrong."""
+    here = os.path.abspath(path)
+    while True:
+        if os.path.exists(here):
+            if not os.path.isdir(here):
+                what = "is a file" if here == os.path.abspath(path) else f"lies under {here}, which is a file"
+                raise ConfigError(f"option 'path': {path} {what}, not a store directory")
+            break
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    if not create and not os.path.isdir(path):
+        raise ConfigError(
+            f"option 'path': store directory {path} does not exist (a batch read never creates a store: "
+            "write to it first, or give the path of an existing store)"
+        )
+
+
 def ensure_broker(
     path: str,
     flags: tuple[tuple[str, str], ...] = (),
     idle_exit_s: float = 30.0,
     credentials: dict[str, str | None] | None = None,
+    create: bool = True,
 ) -> str:
-    """The endpoint of a live broker on store ``path``, starting one if needed (``credentials``:
-    how to sign the calls that check it answers)."""
+    """The endpoint of a live broker on store ``path``, starting one if needed (on a directory
+    that does not exist only when ``create``: a sink's or a stream's, never a batch read's;
+    ``credentials``: how to sign the calls that check it answers)."""
     root = os.path.realpath(path)
     with _known_lock:
         ep = _known.get(root)
     if ep is not None and _answers(ep, root, credentials):
         return ep
+    check_store_path(path, create)
     os.makedirs(root, exist_ok=True)
     fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -207,7 +231,8 @@ def endpoint_of(connection) -> str:  # type: ignore[no-untyped-def]
     """The broker endpoint for a :class:`rmq_spark.datasource.options.Connection`."""
     if connection.endpoints:
         return str(connection.endpoints).split(",")[0].strip()
-    return ensure_broker(connection.path, connection.broker_flags, connection.idle_exit_s, connection.credentials)
+    return ensure_broker(connection.path, connection.broker_flags, connection.idle_exit_s, connection.credentials,
+                         getattr(connection, "create_store", True))
 
 
 def client_for(connection) -> InternalClient:  # type: ignore[no-untyped-def]

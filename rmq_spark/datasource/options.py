@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from rmq_spark.errors import ConfigError, MessageIllegalError
@@ -84,6 +84,7 @@ class Connection:
     idle_exit_s: float = DEFAULT_IDLE_EXIT_S
     access_key: str | None = None  # with secret_key: every call to the broker is signed (its --acl)
     secret_key: str | None = field(default=None, repr=False)
+    create_store: bool = True  # a sink or a stream may start a store at ``path``; a batch read never does
 
     @property
     def credentials(self) -> dict[str, str | None]:
@@ -320,7 +321,8 @@ def _parse_subscription(o: dict[str, str]) -> Subscription:
 def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
     mode = Mode.STREAM_READ if streaming else Mode.BATCH_READ
     o, flags = _normalize(options, mode)
-    conn = _parse_connection(o, flags)
+    # a batch read never creates a store; a stream may watch a store its writer has yet to start
+    conn = replace(_parse_connection(o, flags), create_store=streaming)
     sub = _parse_subscription(o)
     if "startingOffsets" in o and "startingTimestamp" in o:
         raise ConfigError("options 'startingOffsets' and 'startingTimestamp' conflict: give one")
@@ -342,6 +344,10 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         raise ConfigError("options 'endingOffsets' and 'endingTimestamp' conflict: give one")
     if "endingTimestamp" in o:
         ending = EndSpec(False, timestamp_ms=parse_timestamp_ms("endingTimestamp", o["endingTimestamp"]))
+        if starting.timestamp_ms is not None and starting.timestamp_ms > ending.timestamp_ms:  # type: ignore[operator]
+            raise ConfigError(
+                f"option 'startingTimestamp' ({starting.timestamp_ms}) is after 'endingTimestamp' ({ending.timestamp_ms})"
+            )
     elif "endingOffsets" in o:
         raw = o["endingOffsets"].strip()
         if raw.lower() == "earliest":

@@ -42,7 +42,7 @@ class RmqDataSource(DataSource):
     ===========================  ===========  ===========================================================
     ``endpoints``                all          ``host:port`` of a running broker
     ``path``                     all          store directory; alone, an embedded broker is started on
-                                              demand and exits when idle
+                                              demand and exits when idle (a batch read never creates one)
     ``embeddedIdleExitS``        all          idle seconds before the embedded broker exits (30)
     ``broker.<flag>``            all          a flag of the embedded broker, e.g. ``broker.delay-levels``
     ``accessKey``/``secretKey``  all          credentials of a broker with ``--acl``: every call to it
@@ -53,7 +53,8 @@ class RmqDataSource(DataSource):
     ``startingOffsets``          reads        ``earliest`` (batch default), ``latest`` (stream default),
                                               JSON ``{"topic": {"0": 42}}``, -2 earliest, -1 latest
     ``startingTimestamp``        reads        epoch ms: each queue from its first message stored then
-    ``endingOffsets``            batch read   ``latest`` (default) or JSON (-1 latest)
+    ``endingOffsets``            batch read   ``latest`` (default) or JSON (-1 latest); offsets given
+                                              in a batch read name subscribed queues, within their end
     ``endingTimestamp``          batch read   epoch ms: each queue up to (excluding) that time
     ``maxOffsetsPerTrigger``     stream read  at most about N messages per micro-batch
     ``minOffsetsPerTrigger``     stream read  wait for N messages, or ``maxTriggerDelay``
@@ -72,7 +73,13 @@ class RmqDataSource(DataSource):
 
     Sink columns: ``body`` (required; binary or string), ``topic``, ``tags``, ``keys``,
     ``properties``, ``delayLevel``, ``deliverTimestamp``, ``messageGroup``, ``queueId``; with
-    ``avroSchema`` a struct ``value`` instead of ``body``.
+    ``avroSchema`` a struct ``value`` instead of ``body``.  Each write task checks every row of
+    its partition against SendMessage's rules (``rmq_spark.store.validation``: reserved property
+    keys, empty bodies, a ``deliverTimestamp`` beyond the timer's limit, ...) before it sends any;
+    a bad row is named by code, column and row.
+
+    Writes from another Python thread need ``rmq_spark.register(spark)`` first (Spark finds a
+    write's format through the JVM thread's active session).
 
     Examples
     --------

@@ -18,13 +18,19 @@ Exactly-once (the default, ``transactional=true``), see ``docs/semantics.md``:
 
 ``transactional=false`` stores the rows at once (at-least-once: a replayed batch is written
 again).  A batch write is transactional the same way, so it is all-or-nothing.
+
+Before a task sends anything it checks every row of its partition (``check_rows``, the rules of
+SendMessage, against the limits and clock the broker answers a Send of no rows with), so a bad
+row fails the task with nothing of it stored or prepared; the broker checks each Send again.
 """
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
@@ -34,9 +40,11 @@ from rmq_spark.broker.connector.protocol import SendHeader
 from rmq_spark.datasource.embedded import BrokerLink
 from rmq_spark.datasource.options import SinkOptions
 from rmq_spark.errors import ConfigError, StoreError
+from rmq_spark.store.validation import SendLimits, check_rows
 
 SEND_ROWS = 131_072
 SEND_BYTES = 32 * 1024 * 1024
+SPILL_BYTES = 256 * 1024 * 1024  # a partition's checked rows beyond this wait on local disk
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
@@ -60,6 +68,14 @@ class SinkLayout:
 
     columns: tuple[str, ...]
     keys_is_array: bool = False
+
+    @property
+    def user_names(self) -> dict[str, str]:
+        """The input's name of each row column that has another (errors name the user's)."""
+        names = {"deliverTimeMs": "deliverTimestamp"}
+        if "value" in self.columns:
+            names["body"] = "value"
+        return names
 
     @classmethod
     def of(cls, schema: T.StructType, opts: SinkOptions) -> SinkLayout:
@@ -144,6 +160,69 @@ def to_rows(batch: Any, layout: SinkLayout, opts: SinkOptions, avro: Any) -> Any
     return pa.table(cols)
 
 
+class PartitionRows:
+    """The rows of one write task, each input batch checked as it comes; held until the whole
+    partition is checked (in memory up to ``SPILL_BYTES``, then in an Arrow file on local disk)."""
+
+    def __init__(self, limits: Callable[[], SendLimits], partition_id: int, names: dict[str, str]) -> None:
+        self._limits = limits
+        self._where = f" of partition {partition_id}"
+        self._names = names
+        self.rows = 0
+        self._tables: list[Any] = []
+        self._bytes = 0
+        self._spill: Any = None  # (directory, path, writer) once spilled
+
+    def add(self, table: Any) -> None:
+        check_rows(table, self._limits(), first_row=self.rows, where=self._where, names=self._names)
+        self.rows += table.num_rows
+        if self._spill is not None:
+            self._spill[2].write_table(table.cast(self._spill[3]))
+            return
+        self._tables.append(table)
+        self._bytes += table.nbytes
+        if self._bytes > SPILL_BYTES:
+            self._spill_to_disk()
+
+    def _spill_to_disk(self) -> None:
+        import tempfile
+
+        import pyarrow as pa
+
+        local = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or None
+        directory = tempfile.TemporaryDirectory(prefix="rmq-sink-", dir=local if local and os.path.isdir(local) else None)
+        path = os.path.join(directory.name, "rows.arrow")
+        schema = self._tables[0].schema
+        writer = pa.ipc.new_file(path, schema)
+        for t in self._tables:
+            writer.write_table(t.cast(schema))
+        self._spill = (directory, path, writer, schema)
+        self._tables, self._bytes = [], 0
+
+    def chunks(self) -> Iterator[Any]:
+        import pyarrow as pa
+
+        if self._spill is not None:
+            self._spill[2].close()
+            table = pa.ipc.open_file(pa.memory_map(self._spill[1])).read_all()
+        elif self._tables:
+            schema = self._tables[0].schema
+            table = pa.concat_tables([t.cast(schema) for t in self._tables])
+        else:
+            return
+        yield from chunks(table)
+
+    def close(self) -> None:
+        self._tables = []
+        if self._spill is not None:
+            self._spill[0].cleanup()
+            self._spill = None
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 def chunks(table: Any) -> Iterator[Any]:
     """Row slices of at most SEND_ROWS rows and about SEND_BYTES body bytes (one put each)."""
     n = table.num_rows
@@ -165,6 +244,8 @@ class _SinkWriter:
         self.link = BrokerLink(opts.connection)
 
     def _send_all(self, iterator: Iterator[Any], query_id: str, batch_id: int, partition_id: int) -> SinkCommit:
+        """Check every row of the partition (the broker's rules, :func:`check_rows`), then send
+        them: a bad row fails the task before anything of it is stored or prepared."""
         avro = None
         if self.opts.avro_schema is not None:
             from rmq_spark.datasource.avro import parse_avro_schema
@@ -173,16 +254,34 @@ class _SinkWriter:
         tx = self.opts.transactional
         header = SendHeader(mode="half" if tx else "normal", query_id=query_id, batch_id=batch_id, attempt=self.attempt)
         done = SinkCommit(query_id, batch_id, self.attempt, partition_id, 0, tx)
+        rows = None
         try:
+            rows = PartitionRows(self._limits(), partition_id, self.layout.user_names)
             for batch in iterator:
-                for chunk in chunks(to_rows(batch, self.layout, self.opts, avro)):
-                    r = self.link.call(lambda c, chunk=chunk: c.send(chunk, header))
-                    done.rows += int(r["count"])
-                    if r.get("offsets"):
-                        done.offsets.append(r["offsets"])
+                rows.add(to_rows(batch, self.layout, self.opts, avro))
+            for chunk in rows.chunks():
+                r = self.link.call(lambda c, chunk=chunk: c.send(chunk, header))
+                done.rows += int(r["count"])
+                if r.get("offsets"):
+                    done.offsets.append(r["offsets"])
         finally:
+            if rows is not None:
+                rows.close()
             self.link.close()
         return done
+
+    def _limits(self) -> Callable[[], SendLimits]:
+        """The broker's send limits, and its clock as seen from here (a Send of no rows)."""
+        import pyarrow as pa
+
+        empty = pa.table({"topic": pa.array([], pa.string()), "body": pa.array([], pa.binary())})
+        asked_ms = _now_ms()
+        r = self.link.call(lambda c: c.send(empty, SendHeader(mode="normal")))
+        if not r.get("limits"):
+            raise StoreError("the broker does not answer its send limits: upgrade it to this version of rmq_spark")
+        limits = SendLimits.from_json(r["limits"])
+        skew_ms = limits.now_ms - (asked_ms + _now_ms()) // 2
+        return lambda: replace(limits, now_ms=_now_ms() + skew_ms)
 
     def _commit(self, messages: list[SinkCommit | None], batch_id: int) -> None:
         sent = [m for m in messages if m is not None]

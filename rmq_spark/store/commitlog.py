@@ -16,7 +16,7 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import Column, DispatchBatch, as_list, group_by_queue
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import MessageExt, offset_msg_ids
-from rmq_spark.store.encode import place_one
+from rmq_spark.store.encode import place_v4_record
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.record import (
     store_timestamp_at,
@@ -215,12 +215,12 @@ class CommitLog:
         if now < self.last_store_timestamp_ms:
             now = self.last_store_timestamp_ms
         self.last_store_timestamp_ms = now
-        batch.finalize_few(phys, qoffs, now)
+        batch.finalize_lists(phys, qoffs, now)
         mf.write(batch.buf)
         return self._results(batch, phys, qoffs, now, base, base + total, len(phys))
 
     def append_one(self, buf: bytearray, topic: str, queue_id: int, sys_flag: int, prop_crc: bool) -> tuple[int, int, int] | None:
-        """Append one :func:`~rmq_spark.store.record.encode_one` record at the end of the current
+        """Append one :func:`~rmq_spark.store.record.encode_v4_record` record at the end of the current
         segment (caller holds ``put_lock``): its (physical offset, queue offset, store time), or
         None, nothing changed, when it does not fit there (:meth:`append` rolls the segment)."""
         files = self.mfq.files
@@ -245,7 +245,7 @@ class CommitLog:
         if now < self.last_store_timestamp_ms:
             now = self.last_store_timestamp_ms
         self.last_store_timestamp_ms = now
-        place_one(buf, qoff, phys, now, prop_crc)
+        place_v4_record(buf, qoff, phys, now, prop_crc)
         mf.write(buf)
         return phys, qoff, now
 

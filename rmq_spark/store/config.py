@@ -7,12 +7,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rmq_spark.errors import ConfigError
+from rmq_spark.errors import ConfigError, MessageIllegalError
 from rmq_spark.store import layout as L
-from rmq_spark.store.jsonfile import read_json, write_json_atomic
+from rmq_spark.store.jsonfile import JsonObject, write_json_atomic
 from rmq_spark.store.validation import check_topic
 
 MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
+MAX_QUEUE_NUMS = 1024
 MESSAGE_TYPE_ATTR = "+message.type"
 
 
@@ -52,16 +53,22 @@ class TopicConfig:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> TopicConfig:
-        attrs = dict(d.get("attributes") or {})
-        mtype = attrs.pop(MESSAGE_TYPE_ATTR, attrs.pop("message.type", "MIXED"))
+    def from_json(cls, d: dict | JsonObject) -> TopicConfig:
+        """A topic's entry of ``topics.json`` (each value checked: ConfigError names the key)."""
+        o = d if isinstance(d, JsonObject) else JsonObject("topics.json", d)
+        attrs = o.str_map("attributes")
+        mtype = attrs.pop(MESSAGE_TYPE_ATTR, attrs.pop("message.type", "MIXED")).upper()
+        if mtype not in MESSAGE_TYPES:
+            raise o.obj("attributes").error(MESSAGE_TYPE_ATTR, f"{mtype!r} is not one of {', '.join(MESSAGE_TYPES)}")
+        if "topicName" not in o:
+            raise o.error("topicName", "is missing")
         return cls(
-            topic_name=d["topicName"],
-            read_queue_nums=int(d.get("readQueueNums", 4)),
-            write_queue_nums=int(d.get("writeQueueNums", 4)),
-            perm=int(d.get("perm", 6)),
-            message_type=str(mtype).upper(),
-            order=bool(d.get("order", False)),
+            topic_name=o.str("topicName", ""),
+            read_queue_nums=o.int("readQueueNums", 4, 1, MAX_QUEUE_NUMS),
+            write_queue_nums=o.int("writeQueueNums", 4, 1, MAX_QUEUE_NUMS),
+            perm=o.int("perm", 6, 0, 15),
+            message_type=mtype,
+            order=o.bool("order", False),
             attributes=attrs,
         )
 
@@ -84,11 +91,19 @@ class TopicConfigManager:
         self._lock = threading.Lock()
         self.topics: dict[str, TopicConfig] = {}
         self._version = 0
-        data = read_json(self.path)
-        if data:
-            for name, d in (data.get("topicConfigTable") or {}).items():
-                self.topics[name] = TopicConfig.from_json(d)
-            self._version = int((data.get("dataVersion") or {}).get("counter", 0))
+        data = JsonObject.load(self.path)
+        if data is not None:
+            table = data.obj("topicConfigTable")
+            for name, _d in table.items():
+                cfg = TopicConfig.from_json(table.obj(name))
+                if cfg.topic_name != name:
+                    raise table.obj(name).error("topicName", f"{cfg.topic_name!r} is not the entry's name {name!r}")
+                try:
+                    check_topic(name, allow_system=True)
+                except MessageIllegalError as e:
+                    raise table.error(name, str(e)) from None
+                self.topics[name] = cfg
+            self._version = data.obj("dataVersion").int("counter", 0, 0)
 
     def get(self, topic: str) -> TopicConfig | None:
         return self.topics.get(topic)
@@ -112,8 +127,8 @@ class TopicConfigManager:
         check_topic(cfg.topic_name, allow_system=system or L.is_system_topic(cfg.topic_name))
         if cfg.message_type not in MESSAGE_TYPES:
             raise ConfigError(f"message type {cfg.message_type!r} is not one of {MESSAGE_TYPES}")
-        if not (1 <= cfg.write_queue_nums <= 1024 and 1 <= cfg.read_queue_nums <= 1024):
-            raise ConfigError("queue counts must be between 1 and 1024")
+        if not (1 <= cfg.write_queue_nums <= MAX_QUEUE_NUMS and 1 <= cfg.read_queue_nums <= MAX_QUEUE_NUMS):
+            raise ConfigError(f"queue counts must be between 1 and {MAX_QUEUE_NUMS}")
         with self._lock:
             existing = self.topics.get(cfg.topic_name)
             if existing is not None and existing == cfg:

@@ -1,7 +1,7 @@
 """Encoders of CommitLog records (:mod:`rmq_spark.store.record` defines the layout): from columns,
-vectorized with numpy and Arrow (:func:`encode_batch`), from lists of Python values with struct
-(:func:`encode_few`, :func:`encode_messages`), and one IPv4 record for the broker's one-message send
-(:func:`encode_one` / :func:`place_one`).  Every encoder writes the same bytes for the same message
+vectorized with numpy and Arrow (:func:`encode_columns`), from lists of Python values with struct
+(:func:`encode_lists`, :func:`encode_messages`), and one IPv4 record for the broker's one-message send
+(:func:`encode_v4_record` / :func:`place_v4_record`).  Every encoder writes the same bytes for the same message
 (``tests/store/test_put_paths.py`` holds them to it)."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _assemble_uniform(headers: np.ndarray, bodies: Sequence[bytes], body_len: in
     return out
 
 
-def encode_batch(
+def encode_columns(
     topics: Sequence[str] | str,
     queue_ids: Sequence[int] | np.ndarray | int,
     bodies: Sequence[bytes],
@@ -105,7 +105,7 @@ def encode_batch(
     set their sysflag bits automatically."""
     n = len(bodies)
     if 0 < n <= SMALL_BATCH and not isinstance(encoded_properties, np.ndarray):
-        return _encode_few(
+        return _encode_columns_few(
             topics, queue_ids, bodies, properties, encoded_properties, flags, sys_flags,
             born_timestamps, born_hosts, born_ports, reconsume_times, prepared_offsets,
             store_host, store_port, prop_crc, tags_codes,
@@ -260,11 +260,11 @@ def encode_batch(
     )
 
 
-def _encode_few(  # type: ignore[no-untyped-def]
+def _encode_columns_few(  # type: ignore[no-untyped-def]
     topics, queue_ids, bodies, properties, encoded_properties, flags, sys_flags, born_timestamps,
     born_hosts, born_ports, reconsume_times, prepared_offsets, store_host, store_port, prop_crc, tags_codes,
 ) -> EncodedBatch:
-    """:func:`encode_batch` of a few records in plain Python with struct (the same bytes: numpy's
+    """:func:`encode_columns` of a few records in plain Python with struct (the same bytes: numpy's
     per-call cost dominates at this size)."""
     n = len(bodies)
     if properties is None or len(properties) != n:
@@ -297,7 +297,7 @@ def encode_messages(  # type: ignore[no-untyped-def]
     )  # fmt: skip
 
 
-# One record to write, as the columns of :func:`encode_few` / :func:`encode_batch`: topic, queue id,
+# One record to write, as the columns of :func:`encode_lists` / :func:`encode_columns`: topic, queue id,
 # body, properties, the properties encoded (with their UNIQ_KEY), tagsCode, flag, sys flag, born
 # time, born host, born port, reconsume times, prepared transaction offset.
 Row = tuple[str, int, bytes, dict[str, str], bytes, int, int, int, int, str, int, int, int]
@@ -308,7 +308,7 @@ V4_SYS_FLAG_MASK = ~(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6)
 _FIXED_PARTS = POS_BODY_V4 + 2  # + the body, + PROPERTIES_LENGTH's properties
 
 
-def encode_few(  # type: ignore[no-untyped-def]
+def encode_lists(  # type: ignore[no-untyped-def]
     topics: Sequence[str], queue_ids: Sequence[int], bodies: Sequence[bytes],
     properties: Sequence[dict[str, str]], encoded_properties: Sequence[bytes],
     tags_codes: Sequence[int], flags: Sequence[int], sys_flags: Sequence[int],
@@ -381,14 +381,14 @@ def _encode_rows(  # type: ignore[no-untyped-def]
     )
 
 
-def encode_one(  # type: ignore[no-untyped-def]
+def encode_v4_record(  # type: ignore[no-untyped-def]
     topic: str, queue_id: int, body: bytes, encoded_properties: bytes, flag: int, sys_flag: int,
     born_ms: int, born_host: bytes, born_port: int, reconsume_times: int, prepared_offset: int,
     store_host: bytes, store_port: int, prop_crc: bool,
 ) -> bytearray | None:
     """One checked record with IPv4 born and store hosts (``sys_flag`` masked with
-    ``V4_SYS_FLAG_MASK``), as :func:`encode_few` encodes it; QUEUEOFFSET, PHYSICALOFFSET,
-    STORETIMESTAMP and the properties' CRC are left for :func:`place_one`.  None for an IPv6
+    ``V4_SYS_FLAG_MASK``), as :func:`encode_lists` encodes it; QUEUEOFFSET, PHYSICALOFFSET,
+    STORETIMESTAMP and the properties' CRC are left for :func:`place_v4_record`.  None for an IPv6
     host (the batch encoders handle those)."""
     if len(born_host) != 4 or len(store_host) != 4:
         return None
@@ -402,8 +402,8 @@ def encode_one(  # type: ignore[no-untyped-def]
     return bytearray().join((head, body, tfield, _SHORT.pack(len(pb)), pb))
 
 
-def place_one(buf: bytearray, queue_offset: int, phys: int, store_ts_ms: int, prop_crc: bool) -> None:
-    """Write the offsets and store time of an :func:`encode_one` record (and its CRC)."""
+def place_v4_record(buf: bytearray, queue_offset: int, phys: int, store_ts_ms: int, prop_crc: bool) -> None:
+    """Write the offsets and store time of an :func:`encode_v4_record` record (and its CRC)."""
     _QP.pack_into(buf, POS_QUEUE_OFFSET, queue_offset, phys)
     _TS.pack_into(buf, POS_STORE_TIMESTAMP_V4, store_ts_ms)
     if prop_crc:

@@ -87,7 +87,7 @@ class EncodedBatch:
         """Write PHYSICALOFFSET, QUEUEOFFSET and STORETIMESTAMP of every record (vectorized)."""
         n = len(self._sizes)
         if n <= SMALL_BATCH:
-            self.finalize_few(as_list(phys_offsets), as_list(queue_offsets), store_ts_ms)
+            self.finalize_lists(as_list(phys_offsets), as_list(queue_offsets), store_ts_ms)
             return
         sizes = self.sizes
         size = int(sizes[0])
@@ -125,7 +125,7 @@ class EncodedBatch:
             rows[:, at : at + 10] = _crc_digits(crcs)
         del rows
 
-    def finalize_few(self, phys_offsets: list[int], queue_offsets: list[int], store_ts_ms: int) -> None:
+    def finalize_lists(self, phys_offsets: list[int], queue_offsets: list[int], store_ts_ms: int) -> None:
         """:meth:`finalize` of a batch of at most ``SMALL_BATCH`` records, offsets given as lists."""
         rels, sizes, ts_positions = self._rel_pos, self._sizes, self._store_ts_pos
         if rels.__class__ is not list or sizes.__class__ is not list or ts_positions.__class__ is not list:

@@ -78,6 +78,8 @@ P_SHARDING_KEY = "__SHARDINGKEY"
 P_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 P_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
 TRANSIENT_PREFIX = "__RMQ.TRANSIENT."
+P_TRAN_CHECK_SOURCE = "TRAN_CHECK_SOURCE"  # half queue offset a check copy came from
+P_SPARK_SINK = "__RMQ_SPARK_SINK"  # <queryId>|<batchId>|<attempt> on every half of the Spark sink
 
 # --- system topics (TopicValidator) --------------------------------------------------------------
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"

@@ -7,7 +7,7 @@ import os
 import threading
 
 from rmq_spark.store import layout as L
-from rmq_spark.store.jsonfile import read_json, write_json_atomic
+from rmq_spark.store.jsonfile import JsonObject, write_json_atomic
 
 
 class ConsumerOffsetManager:
@@ -16,10 +16,19 @@ class ConsumerOffsetManager:
         self._lock = threading.Lock()
         self._table: dict[str, dict[int, int]] = {}
         self._dirty = False
-        data = read_json(self.path)
-        if data:
-            for key, queues in (data.get("offsetTable") or {}).items():
-                self._table[key] = {int(q): int(o) for q, o in queues.items()}
+        data = JsonObject.load(self.path)
+        if data is not None:
+            table = data.obj("offsetTable")
+            for key, _queues in table.items():
+                if "@" not in key:
+                    raise table.error(key, "is not 'topic@group'")
+                queues = table.obj(key)
+                offsets = {}
+                for q, _o in queues.items():
+                    if not q.isdigit():
+                        raise queues.error(q, "is not a queue id")
+                    offsets[int(q)] = queues.int(q, 0, -1)
+                self._table[key] = offsets
 
     @staticmethod
     def _key(group: str, topic: str) -> str:

@@ -43,10 +43,10 @@ from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.offsets import ConsumerOffsetManager
 from rmq_spark.store.encode import (
     V4_SYS_FLAG_MASK,
-    encode_batch,
-    encode_few,
+    encode_columns,
+    encode_lists,
     encode_messages,
-    encode_one,
+    encode_v4_record,
     Row,
 )
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
@@ -384,7 +384,7 @@ class MessageStore:
             batch = encode_messages(msgs, props_enc, now, self._store_host, cfg.store_port, cfg.append_prop_crc)
         else:
             topics = [m.topic for m in msgs]
-            batch = encode_batch(
+            batch = encode_columns(
                 topics[0] if topics.count(topics[0]) == len(topics) else topics,
                 [m.queue_id for m in msgs],
                 [m.body if m.body.__class__ is bytes else bytes(m.body) for m in msgs],
@@ -415,7 +415,7 @@ class MessageStore:
                 cfg = self.config
                 return PutResult(PutStatus.PUT_OK, AppendResult(phys, size, [phys], [qoff], now, self._store_host, cfg.store_port),
                                  [row[3].get(L.P_UNIQ_KEY)])  # fmt: skip
-        batch = self.encode_rows_few(rows)
+        batch = self.encode_rows(rows)
         return self._put_encoded(batch, batch.uniq_keys)
 
     def try_put_row(self, row: Row) -> tuple[int, int, int, int] | None:
@@ -431,7 +431,7 @@ class MessageStore:
         if topic in self.tags_code_rules or len(pb) + PROP_CRC_BYTES > L.PROPERTY_MAX_BYTES:
             return None
         sf &= V4_SYS_FLAG_MASK
-        buf = encode_one(topic, qid, body, pb, flag, sf, born_ms, host_bytes(born_host), born_port, rts, prep,
+        buf = encode_v4_record(topic, qid, body, pb, flag, sf, born_ms, host_bytes(born_host), born_port, rts, prep,
                          self._store_host, cfg.store_port, prop_crc)  # fmt: skip
         if buf is None:
             return None
@@ -465,7 +465,7 @@ class MessageStore:
                     listener(batch)
         return phys, size, qoff, now
 
-    def encode_rows_few(self, rows: Sequence[Row]) -> EncodedBatch:
+    def encode_rows(self, rows: Sequence[Row]) -> EncodedBatch:
         """The records of :meth:`put_rows`, encoded one by one (at most ``SMALL_BATCH`` of them)."""
         if not rows:
             raise StoreError("put_rows needs at least one row")
@@ -476,7 +476,7 @@ class MessageStore:
         if max(map(len, encs)) + reserve > L.PROPERTY_MAX_BYTES:
             for e in encs:
                 check_properties_size(e + bytes(reserve))
-        return encode_few(*cols, self._store_host, cfg.store_port, cfg.append_prop_crc)
+        return encode_lists(*cols, self._store_host, cfg.store_port, cfg.append_prop_crc)
 
     def _check_messages(self, msgs: Sequence[Message], allow_system: bool) -> None:
         """Topic names, bodies and queue ids (before anything is changed or written)."""
@@ -521,7 +521,7 @@ class MessageStore:
         check_properties_size(prefix + bytes(33) + self._crc_reserve)
         if n <= SMALL_BATCH:  # record by record (numpy's per-call cost dominates at this size)
             uniq = new_uniq_ids(n)
-            batch = encode_batch(
+            batch = encode_columns(
                 topic,
                 queue_id,
                 bodies,
@@ -541,7 +541,7 @@ class MessageStore:
         props2d[:, len(prefix) : len(prefix) + 32] = uniq2d
         props2d[:, -1] = 2
         uniq = split_ids(uniq2d)
-        batch = encode_batch(
+        batch = encode_columns(
             topic,
             queue_id,
             bodies,

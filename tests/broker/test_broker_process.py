@@ -100,7 +100,7 @@ def test_bad_flags_exit_2(tmp_path, capsys, flags, message):
 def test_bad_flag_exit_code_of_the_process(tmp_path):
     r = subprocess.run([*BROKER, "--store", str(tmp_path / "s"), "--flush", "sometimes"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "rmq-broker: error: flush must be" in r.stderr
+    assert r.returncode == 2 and "rmq-broker: error: --flush must be" in r.stderr
 
 
 def test_unusable_listen_address_exits_with_a_clear_error(tmp_path):
@@ -132,6 +132,49 @@ def test_config_file_json_and_key_value_flags_win(tmp_path):
         parse_args(["--store", "s", "--config", str(bad)])
     with pytest.raises(ConfigError, match="--store"):
         parse_args([])
+
+
+BAD_CONFIGS = [
+    ({"workers": "many"}, "key 'workers': 'many' is not a valid int"),
+    ({"workers": 2}, "key 'workers' must be at least 4, not 2"),
+    ({"flush": 1}, "key 'flush': 1 is not a valid str"),
+    ({"flush": "sometimes"}, "key 'flush' must be 'sync' or 'async', not 'sometimes'"),
+    ({"delay-levels": "1s 5x"}, "key 'delay-levels': delay level '5x'"),
+    ({"default_queue_nums": -5}, "key 'default_queue_nums' must be between 1 and 1024, not -5"),
+    ({"transaction-timeout": True}, "key 'transaction-timeout': True is not a valid float"),
+    ({"listen": ["a"]}, "key 'listen': an array is not a setting"),
+    ({"listen": "nowhere"}, "key 'listen': 'nowhere' is not HOST:PORT"),
+    ({"commitlog-segment-bytes": 12.5}, "key 'commitlog-segment-bytes': 12.5 is not a whole number"),
+    ({"store": 7}, "key 'store': 7 is not a directory name"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("data, problem", BAD_CONFIGS, ids=[p for _d, p in BAD_CONFIGS])
+def test_bad_config_values_name_the_file_and_the_key(tmp_path, data, problem):
+    j = tmp_path / "broker.json"
+    j.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as e:
+        parse_args(["--store", str(tmp_path / "s"), "--config", str(j)] if "store" not in data else ["--config", str(j)])
+    assert str(e.value).startswith(f"config file {j}: "), str(e.value)
+    assert problem in str(e.value)
+
+
+def test_a_store_that_is_a_file_is_named(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match=f"--store {a_file} is a file, not a store directory"):
+        parse_args(["--store", str(a_file)])
+    with pytest.raises(ConfigError, match=f"--store {a_file}/s lies under {a_file}, which is a file"):
+        parse_args(["--store", str(a_file / "s")])
+
+
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path, capsys):
+    bad = tmp_path / "latin1.conf"
+    bad.write_bytes("flush=sync\nbroker-name=Br\xf6ker\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"config file {bad} is not UTF-8 text: byte 25 \(line 2\)"):
+        parse_args(["--store", str(tmp_path / "s"), "--config", str(bad)])
+    assert main(["--store", str(tmp_path / "s"), "--config", str(bad)]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err
 
 
 def test_help_states_the_defaults_the_broker_uses(tmp_path):

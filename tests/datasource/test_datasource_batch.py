@@ -3,6 +3,7 @@ rows with and without it; fewer partitions with it)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -116,3 +117,51 @@ def test_read_paths_agree(spark, data):
     assert len(files) == 5 + 4 + 5  # queue 1 from offset 2
     assert rows(readPath="pull") == files
     assert rows(readPath="arrow") == files
+
+
+READ_ERRORS = [
+    (dict(topics="B1", startingOffsets='{"B1": {"0": 11}}'),
+     "option 'startingOffsets': offset 11 of topic B1 queue 0 is past the end of the queue, whose next offset is 10"),
+    (dict(topics="B1", endingOffsets='{"B1": {"2": 99}}'),
+     "option 'endingOffsets': offset 99 of topic B1 queue 2 is past the end of the queue, whose next offset is 10"),
+    (dict(topics="B1", startingOffsets='{"B1": {"1": 7}}', endingOffsets='{"B1": {"1": 3}}'),
+     "Beginning offset 7 is after the ending offset 3 for topic B1 queue 1"),
+    (dict(topics="B1", startingOffsets='{"B2": {"0": 1}}'),
+     "option 'startingOffsets' names topic 'B2', which this read does not subscribe to (topics=B1)"),
+    (dict(topics="B1", endingOffsets='{"B1": {"5": 1}}'),
+     "option 'endingOffsets' names queue B1/5, which is not subscribed: this read has queues 0-3 of topic 'B1'"),
+    (dict(assign='{"B1": [0]}', startingOffsets='{"B1": {"1": 1}}'),
+     "option 'startingOffsets' names queue B1/1, which is not subscribed: this read has only queue 0 of topic 'B1'"),
+    (dict(topics="B1", tags="|| ||"), "option 'tags': '|| ||' names no tag"),
+    (dict(topics="B1", startingTimestamp="2000", endingTimestamp="1000"),
+     "option 'startingTimestamp' (2000) is after 'endingTimestamp' (1000)"),
+]  # fmt: skip
+
+
+def test_reads_that_cannot_mean_anything_are_refused_by_name(spark, data):
+    """Offsets past a queue's end, a start after the end, offsets of topics or queues the read
+    does not subscribe to, a tag expression naming no tag: each was read as something (rows
+    clamped away or none at all); each is now an error naming the option, topic and queue."""
+    path, _ = data
+    for options, message in READ_ERRORS:
+        with pytest.raises(Exception, match=re.escape(message)):
+            read(spark, path, **options).collect()
+    # the limits themselves are fine: the end of a queue, an empty range
+    assert read(spark, path, topics="B1", startingOffsets='{"B1": {"0": 10}}', endingOffsets='{"B1": {"0": 10}}').count() == 20
+
+
+def test_a_read_never_creates_a_store_and_a_file_is_not_a_directory(spark, tmp_path):
+    missing = tmp_path / "no-store"
+    with pytest.raises(Exception, match=re.escape(f"option 'path': store directory {missing} does not exist (a batch read never creates a store")):
+        spark.read.format("rmq").option("path", str(missing)).option("topics", "T").load().collect()
+    assert not missing.exists()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a store")
+    with pytest.raises(Exception, match=re.escape(f"option 'path': {a_file} is a file, not a store directory")):
+        spark.read.format("rmq").option("path", str(a_file)).option("topics", "T").load().collect()
+    df = spark.createDataFrame([("x",)], "body string")
+    with pytest.raises(Exception, match=re.escape(f"option 'path': {a_file} is a file, not a store directory")):
+        df.write.format("rmq").option("path", str(a_file)).option("topic", "T").mode("append").save()
+    below = a_file / "store"
+    with pytest.raises(Exception, match=re.escape(f"option 'path': {below} lies under {a_file}, which is a file")):
+        df.write.format("rmq").option("path", str(below)).option("topic", "T").mode("append").save()

@@ -138,6 +138,27 @@ def test_abort_rolls_back_and_the_attempt_cannot_commit_later(broker):
     assert visible(c, "T") == sorted(f"n{i}".encode() for i in range(5))
 
 
+def test_an_abort_after_the_commit_record_finishes_the_commit(broker, monkeypatch):
+    """A commit that fails after its commit record (Spark then aborts the batch) never leaves the
+    batch in part: the abort finishes the commit, all the batch's rows at once."""
+    c = broker.client
+    offs = half(c, rows("T", 50), "q", 0, "a1")
+    ledger = broker.service.sink.ledger
+    real = ledger.commit_group
+    monkeypatch.setattr(
+        ledger, "commit_group", lambda offsets, expect=None: (_ for _ in ()).throw(StoreError("disk trouble"))
+    )
+    with pytest.raises(StoreError, match="disk trouble"):
+        c.commit_batch("q", 0, "a1", [offs])
+    assert visible(c, "T") == []
+    with pytest.raises(StoreError, match=r"batch 0 of query q is recorded as committed .* check-back commits them"):
+        c.abort_batch("q", 0, "a1", [offs])
+    monkeypatch.setattr(ledger, "commit_group", real)
+    assert c.abort_batch("q", 0, "a1", [offs]) == {"rolled_back": 0}
+    assert visible(c, "T") == sorted(f"m{i}".encode() for i in range(50))
+    assert c.commit_batch("q", 0, "a2", []) == {"outcome": "ALREADY_COMMITTED", "attempt": "a1"}
+
+
 def test_resolver_decides_orphans_by_the_same_attempt(broker):
     sink = broker.service.sink
     c = broker.client
@@ -246,7 +267,7 @@ def test_errors_cross_the_wire_as_their_classes(broker):
         c.send(pa.table({"topic": ["T"], "body": [b"x" * (4 * 1024 * 1024 + 1)], "tags": ["t"]}), {"mode": "normal"})
     with pytest.raises(MessageIllegalError, match="out of range"):
         c.send(rows("T", 1, queueId=pa.array([9], pa.int32())), {"mode": "normal"})
-    with pytest.raises(MessageIllegalError, match="null body"):
+    with pytest.raises(MessageIllegalError, match="body is null"):
         c.send(pa.table({"topic": ["T"], "body": pa.array([None], pa.binary())}), {"mode": "normal"})
     with pytest.raises(MessageIllegalError, match="no topic"):
         c.send(pa.table({"topic": pa.array([None], pa.string()), "body": [b"x"]}), {"mode": "normal"})
@@ -257,6 +278,37 @@ def test_errors_cross_the_wire_as_their_classes(broker):
     dead = InternalClient("127.0.0.1:1", timeout_s=2)
     with pytest.raises(BrokerUnavailableError):
         dead.ping(timeout_s=1)
+
+
+def test_a_bad_row_stores_and_prepares_none_of_its_send(broker):
+    """The rules of SendMessage hold for every row of a Send, checked before any is stored: a
+    reserved property key, an empty body, a delivery time beyond the timer's limit (which used
+    to be found only when the batch's halves were committed, after its commit record)."""
+    c = broker.client
+    now = broker.core.clock.now_ms()
+    limits = c.send(pa.table({"topic": pa.array([], pa.string()), "body": pa.array([], pa.binary())}), {"mode": "normal"})["limits"]
+    assert limits["body_max_bytes"] == 4 * 1024 * 1024 and limits["max_delay_ms"] == 3 * 24 * 3600 * 1000
+    assert abs(limits["now_ms"] - now) < 60_000
+    deliver = [None] * 100
+    deliver[57] = now + 10 * 24 * 3600 * 1000
+    props = [None] * 100
+    props[3] = [("a", "1"), ("UNIQ_KEY", "same")]
+    bodies = [f"m{i}".encode() for i in range(100)]
+    bad_tables = {
+        r"ILLEGAL_DELIVERY_TIME: column 'deliverTimestamp', row 57 of this send: .*the limit is 259200s":
+            rows("T", 100, deliverTimeMs=pa.array(deliver, pa.int64())),
+        r"ILLEGAL_MESSAGE_PROPERTY_KEY: column 'properties', row 3 of this send: property key 'UNIQ_KEY' is reserved":
+            rows("T", 100, properties=pa.array(props, pa.map_(pa.string(), pa.string()))),
+        r"MESSAGE_BODY_EMPTY: column 'body', row 99 of this send: message body is empty":
+            pa.table({"topic": ["T"] * 100, "body": bodies[:99] + [b""]}),
+    }  # fmt: skip
+    for match, table in bad_tables.items():
+        for header in ({"mode": "normal"}, {"mode": "half", "query_id": "q", "batch_id": 0, "attempt": "a"}):
+            with pytest.raises(MessageIllegalError, match=match):
+                c.send(table, header)
+    assert visible(c, "T") == []
+    store = broker.core.store
+    assert store.max_offset(L.TRANS_HALF_TOPIC, 0) == 0 and store.max_offset(L.TIMER_TOPIC, 0) == 0
 
 
 def test_consumer_offsets_and_times(broker):

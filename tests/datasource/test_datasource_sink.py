@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
+import time
 
 import pytest
 from pyspark.sql import functions as F
@@ -169,3 +170,111 @@ def test_sink_errors(spark, rmq, tmp_path):
             .writeStream.format("rmq").option("path", rmq).option("checkpointLocation", str(tmp_path / "c")).start()
         )
         q.awaitTermination(60)
+
+
+def test_a_bad_row_of_an_exactly_once_batch_commits_nothing(spark, rmq, tmp_path):
+    """A delivery time beyond the timer's limit in one row of 100: every row is checked before
+    anything is prepared, so the batch fails naming the column, the row and the limit (it used to
+    record the batch as committed, fail to commit its halves, then let 99 of them appear), and a
+    rerun from the same checkpoint fails the same way instead of skipping the batch."""
+    produce(rmq, "In", [f"m{i}" for i in range(100)], queueId=[0] * 100)
+    far_ms = int(time.time() * 1000) + 10 * 24 * 3600 * 1000
+    df = (
+        spark.readStream.format("rmq").option("path", rmq).option("topics", "In").option("startingOffsets", "earliest").load()
+        .select("body", F.when(F.col("queueOffset") == 57, F.timestamp_millis(F.lit(far_ms))).alias("deliverTimestamp"))
+    )
+    checkpoint = str(tmp_path / "ck")
+    for _ in range(2):
+        q = (
+            df.writeStream.format("rmq").option("path", rmq).option("topic", "Out")
+            .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+        )
+        with pytest.raises(Exception, match=r"ILLEGAL_DELIVERY_TIME: column 'deliverTimestamp', row 57 of partition 0: .*the limit is 259200s"):
+            q.awaitTermination(300)
+        assert not q.isActive
+        c = client(rmq)
+        assert c.sink_status(str(q.id))["batches"] == {}
+        hi, _ = c.offsets([L.TRANS_HALF_TOPIC])
+        assert sum(hi.get(L.TRANS_HALF_TOPIC, {}).values()) == 0, "nothing was prepared"
+        c.close()
+    assert read_topic(rmq, "Out").num_rows == 0
+
+
+BAD_ROWS = {
+    "reserved key": ("properties", {"UNIQ_KEY": "same"},
+                     r"ILLEGAL_MESSAGE_PROPERTY_KEY: column 'properties', row 40 of partition 0: property key 'UNIQ_KEY' is reserved"),
+    "delay key": ("properties", {"DELAY": "3"},
+                  r"ILLEGAL_MESSAGE_PROPERTY_KEY: column 'properties', row 40 of partition 0: property key 'DELAY' is reserved"),
+    "empty body": ("body", "", r"MESSAGE_BODY_EMPTY: column 'body', row 40 of partition 0: message body is empty"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("transactional", ["true", "false"])
+def test_the_sink_refuses_what_send_message_refuses_and_writes_none_of_the_partition(spark, rmq, transactional):
+    for name, (column, value, match) in BAD_ROWS.items():
+        rows = [(f"m{i}", {"k": str(i)}) for i in range(100)]
+        rows[40] = (value, rows[40][1]) if column == "body" else (rows[40][0], value)
+        df = spark.createDataFrame(rows, "body string, properties map<string,string>").coalesce(1)
+        topic = f"Bad{transactional}{len(match)}"
+        w = df.write.format("rmq").option("path", rmq).option("topic", topic).option("transactional", transactional)
+        with pytest.raises(Exception, match=match):
+            w.mode("append").save()
+        assert read_topic(rmq, topic).num_rows == 0, name
+
+
+def test_writes_from_another_python_thread_find_the_format(spark, rmq, tmp_path):
+    """Spark looks a write's format up in the JVM thread's active session, which the thread of a
+    new Python thread lacks (DATA_SOURCE_NOT_FOUND); after register(spark) writes work there."""
+    import rmq_spark
+
+    rmq_spark.register(spark)
+    produce(rmq, "ThreadIn", ["a", "b", "c"], queueId=[0, 0, 0])
+    batch = spark.createDataFrame([("x",), ("y",)], "body string")
+    stream = (
+        spark.readStream.format("rmq").option("path", rmq).option("topics", "ThreadIn")
+        .option("startingOffsets", "earliest").load().select("body")
+    )
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            batch.write.format("rmq").option("path", rmq).option("topic", "ThreadBatch").mode("append").save()
+            q = (
+                stream.writeStream.format("rmq").option("path", rmq).option("topic", "ThreadStream")
+                .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+            )
+            q.awaitTermination(300)
+        except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+            errors.append(e)
+
+    t = threading.Thread(target=write)
+    t.start()
+    t.join(600)
+    assert errors == []
+    assert sorted(read_topic(rmq, "ThreadBatch").column("body").to_pylist()) == [b"x", b"y"]
+    assert sorted(read_topic(rmq, "ThreadStream").column("body").to_pylist()) == [b"a", b"b", b"c"]
+
+
+def test_partition_rows_past_the_spill_size_wait_on_disk_and_come_back_whole(monkeypatch):
+    """A write task holds its checked rows until the whole partition is checked: past
+    SPILL_BYTES they go to a local Arrow file, and are sent back in order, whole."""
+    import pyarrow as pa
+
+    from rmq_spark.datasource import writer as W
+    from rmq_spark.store.validation import SendLimits
+
+    monkeypatch.setattr(W, "SPILL_BYTES", 4096)
+    rows = W.PartitionRows(lambda: SendLimits(now_ms=int(time.time() * 1000)), 0, {})
+    batches = [pa.table({"topic": ["T"] * 100, "body": [b"%d-%d" % (b, i) for i in range(100)]}) for b in range(5)]
+    for b in batches:
+        rows.add(b)
+    assert rows._spill is not None and os.path.exists(rows._spill[1])
+    spilled = rows._spill[0].name
+    back = pa.concat_tables(list(rows.chunks()))
+    assert back.column("body").to_pylist() == [x for b in batches for x in b.column("body").to_pylist()]
+    rows.close()
+    assert not os.path.exists(spilled)
+    bad = W.PartitionRows(lambda: SendLimits(now_ms=0), 7, {})
+    bad.add(batches[0])
+    with pytest.raises(Exception, match=r"MESSAGE_BODY_EMPTY: column 'body', row 103 of partition 7"):
+        bad.add(pa.table({"topic": ["T"] * 4, "body": [b"a", b"b", b"c", b""]}))

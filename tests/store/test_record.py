@@ -12,7 +12,7 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.hashing import java_string_hash
 from rmq_spark.store.message import UniqIdGenerator, decode_offset_msg_id, offset_msg_id, tags_code
 from rmq_spark.store.properties import decode_properties, encode_properties
-from rmq_spark.store.encode import encode_batch
+from rmq_spark.store.encode import encode_columns
 from rmq_spark.store.encoded import SMALL_BATCH
 from rmq_spark.store.record import (
     blank_record,
@@ -58,7 +58,7 @@ def golden_record(phys: int, qoff: int, store_ms: int) -> bytes:
 
 
 def encode_example(n: int = 1):
-    return encode_batch(
+    return encode_columns(
         ["FooBar"] * n,
         [3] * n,
         [bytes(range(32))] * n,
@@ -99,12 +99,12 @@ def test_few_and_many_record_encoders_write_the_same_bytes():
     )  # fmt: skip
     enc = [encode_properties(p) for p in props]
     qids = rng.integers(0, 8, n)
-    many = encode_batch(topics, qids, bodies, props, enc, born_hosts=hosts, store_host=bytes([1, 2, 3, 4]),
+    many = encode_columns(topics, qids, bodies, props, enc, born_hosts=hosts, store_host=bytes([1, 2, 3, 4]),
                         store_port=9, prop_crc=True, **cols)  # fmt: skip
     few_bufs = []
     for a in range(0, n, 4):
         part = {k: v[a : a + 4] for k, v in cols.items()}
-        few = encode_batch(topics[a : a + 4], qids[a : a + 4], bodies[a : a + 4], props[a : a + 4],
+        few = encode_columns(topics[a : a + 4], qids[a : a + 4], bodies[a : a + 4], props[a : a + 4],
                            enc[a : a + 4], born_hosts=hosts[a : a + 4], store_host=bytes([1, 2, 3, 4]),
                            store_port=9, prop_crc=True, **part)  # fmt: skip
         np.testing.assert_array_equal(few.sizes, many.sizes[a : a + 4])
@@ -121,7 +121,7 @@ def _few_chunks(topic, bodies, props, enc, store_host, phys, prop_crc):
     """The same records through the struct encoder, 4 at a time."""
     out = []
     for a in range(0, len(bodies), 4):
-        few = encode_batch(topic, 1, bodies[a : a + 4], props[a : a + 4], enc[a : a + 4],
+        few = encode_columns(topic, 1, bodies[a : a + 4], props[a : a + 4], enc[a : a + 4],
                            born_timestamps=5, store_host=store_host, store_port=9, prop_crc=prop_crc)  # fmt: skip
         few.finalize(phys[a : a + 4], np.arange(a, a + 4), 77)
         out.append(bytes(few.buf))
@@ -137,7 +137,7 @@ def test_columnar_encoder_with_record_crc_matches_the_struct_encoder(body_sizes)
     bodies = [rng.bytes(int(k)) for k in rng.integers(*body_sizes, n)]
     props = [{"TAGS": "t", "UNIQ_KEY": "%032X" % i} for i in range(n)]
     enc = [encode_properties(p) for p in props]
-    many = encode_batch("Topic", 1, bodies, props, enc, born_timestamps=5, store_host=bytes([1, 2, 3, 4]),
+    many = encode_columns("Topic", 1, bodies, props, enc, born_timestamps=5, store_host=bytes([1, 2, 3, 4]),
                         store_port=9, prop_crc=True)  # fmt: skip
     phys = many.rel_pos + 4096
     want = _few_chunks("Topic", bodies, props, enc, bytes([1, 2, 3, 4]), phys, True)
@@ -159,7 +159,7 @@ def test_fixed_width_properties_path_matches_the_struct_encoder():
     props = [{"TAGS": "x", "UNIQ_KEY": "%032X" % i} for i in range(n)]
     enc = [encode_properties(p) for p in props]
     rows = np.frombuffer(b"".join(enc), dtype=np.uint8).reshape(n, len(enc[0]))
-    many = encode_batch("Topic", 1, bodies, props, rows, born_timestamps=5, store_host=bytes([1, 2, 3, 4]),
+    many = encode_columns("Topic", 1, bodies, props, rows, born_timestamps=5, store_host=bytes([1, 2, 3, 4]),
                         store_port=9, prop_crc=True)  # fmt: skip
     phys = many.rel_pos + 100
     want = _few_chunks("Topic", bodies, props, enc, bytes([1, 2, 3, 4]), phys, True)
@@ -189,7 +189,7 @@ def test_decode_round_trip_and_check():
 
 def test_ipv6_hosts_add_12_bytes_each_and_round_trip():
     v6 = bytes(15) + b"\x01"
-    b = encode_batch(
+    b = encode_columns(
         ["T"], [0], [b"abc"], [{}], [b""], born_hosts=v6, born_ports=1, store_host=v6, store_port=2
     )
     assert b.sizes[0] == record_length(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6, 3, 1, 0) == 84 + 24 + 4 + 3 + 1 + 1 + 2
@@ -203,7 +203,7 @@ def test_ipv6_hosts_add_12_bytes_each_and_round_trip():
 
 def test_long_retry_topic_uses_magic_v2():
     topic = "%RETRY%" + "g" * 200
-    b = encode_batch([topic], [0], [b"x"], [{}], [b""])
+    b = encode_columns([topic], [0], [b"x"], [{}], [b""])
     b.finalize(np.array([0]), np.array([0]), 1)
     assert struct.unpack_from(">I", b.buf, 4)[0] == L.MAGIC_V2
     assert decode_record(b.buf, 0).topic == topic

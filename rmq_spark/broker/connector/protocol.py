@@ -16,7 +16,7 @@ Topics             Empty                       TopicsResponse
 Offsets            OffsetsRequest              OffsetsResponse (one atomic max snapshot, min)
 OffsetsForTimes    OffsetsForTimesRequest      OffsetsForTimesResponse (the bare topic map)
 ReadArrow          ReadArrowRequest            stream of Arrow IPC record batches
-Send               frame: SendHeader + rows    SendResponse
+Send               frame: SendHeader + rows    SendResponse (and the broker's send limits)
 CommitBatch        SinkBatchRequest            CommitBatchResponse
 AbortBatch         SinkBatchRequest            AbortBatchResponse
 CommitOffsets      CommitOffsetsRequest        Empty
@@ -197,8 +197,14 @@ class SendHeader(Document):
 
 @dataclass
 class SendResponse(Document):
+    """``limits``: the broker's rules for rows and its clock (``store.validation.SendLimits``'s
+    JSON), so that a writer can check a whole partition before it sends any of it; a Send of no
+    rows asks for them alone."""
+
+    OMIT_NONE: ClassVar[bool] = True
     count: int
     offsets: str  # half mode: the halves' CommitLog offsets, encoded (sink.encode_offsets)
+    limits: dict[str, Any] | None = None
 
 
 @dataclass

@@ -4,7 +4,8 @@
 (at-least-once) or as transactional half messages tagged with the sink key
 ``<queryId>|<batchId>|<attempt>`` (exactly-once); it returns the halves' CommitLog offsets.
 
-``commit_batch`` follows ``docs/semantics.md`` section 1, under one lock:
+``commit_batch`` follows ``docs/semantics.md`` section 1, under one lock (an abort of an attempt
+whose commit record is written finishes its commit instead: a batch is never left in part):
 
 1. a commit record for (query, batch) exists -> this is a replay: roll back this attempt's
    halves (``ALREADY_COMMITTED``);
@@ -34,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rmq_spark.errors import MessageIllegalError, StoreError
+from rmq_spark.errors import MessageIllegalError, PermissionDeniedError, StoreError
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.sinklog import SinkCommitLog
 from rmq_spark.broker.connector.ledger import HalfLedger, Outcome
@@ -43,9 +44,10 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.hashing import java_string_hash
 from rmq_spark.store.message import Message
 from rmq_spark.broker.access import Use, topic_name
+from rmq_spark.store.validation import SendLimits, check_rows
 
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
-P_SINK_KEY = "__RMQ_SPARK_SINK"  # <queryId>|<batchId>|<attempt> on every half of the sink
+P_SINK_KEY = L.P_SPARK_SINK  # <queryId>|<batchId>|<attempt> on every half of the sink
 ATTEMPT_IDLE_MS = 300_000  # an attempt silent this long, and not committed, is given up
 ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
 
@@ -92,25 +94,34 @@ class SinkService:
         return self.ledger
 
     # --- send ----------------------------------------------------------------------------------------------
+    def limits(self) -> SendLimits:
+        """The rules rows are checked against here, with this broker's clock."""
+        timer = getattr(self.core, "timer", None)
+        return SendLimits(
+            body_max_bytes=self.store.config.body_max_bytes,
+            max_delay_ms=int(timer.max_delay_ms) if timer is not None else None,
+            now_ms=self.core.clock.now_ms(),
+        )
+
     def send(self, header: P.SendHeader, table: pa.Table | None) -> P.SendResponse:
+        """Store the rows of one Send -- every row checked first (``check_rows``: the rules of
+        SendMessage), so a bad row stores none of them."""
+        limits = self.limits()
         if table is None or table.num_rows == 0:
-            return P.SendResponse(count=0, offsets="")
+            return P.SendResponse(count=0, offsets="", limits=limits.to_json())
         mode = header.mode
         if mode not in ("normal", "half"):
             raise MessageIllegalError(f"send mode must be 'normal' or 'half', not {mode!r}")
         unknown = set(table.column_names) - set(ROW_COLUMNS)
         if unknown:
             raise MessageIllegalError(f"unknown row columns {sorted(unknown)}")
+        if "topic" not in table.column_names or "body" not in table.column_names:
+            raise MessageIllegalError("a Send needs the row columns 'topic' and 'body'")
         table = table.combine_chunks()
         n = table.num_rows
-        topics = table.column("topic")
-        if topics.null_count:
-            raise MessageIllegalError("a row has no topic: set option 'topic' or the 'topic' column")
-        body = table.column("body")
-        if body.null_count:
-            raise MessageIllegalError("a row has a null body")
-        for t in pc.unique(topics).to_pylist():
-            topic_name(t, Use.WRITE)
+        check_rows(table, limits, where=" of this send")
+        for t in pc.unique(table.column("topic")).to_pylist():
+            topic_name(t, Use.WRITE)  # no retry, DLQ or system topic, as for any producer
         qids = self._queues(table)
         plain = self._plain(table)
         if mode == "normal" and plain:
@@ -229,9 +240,8 @@ class SinkService:
         out = []
         for i in range(n):
             p: dict[str, str] = {}
-            if props[i]:
+            if props[i]:  # keys checked (check_rows): none reserved
                 p.update((k, v) for k, v in props[i] if v is not None)
-                p.pop(P_SINK_KEY, None)
             if tags[i]:
                 p[L.P_TAGS] = tags[i]
             if keys[i]:
@@ -281,7 +291,20 @@ class SinkService:
         own = self._own(query_id, batch_id, attempt)
         with self._lock:
             if self.commits.lookup(query_id, batch_id) == attempt:
-                raise StoreError(f"sink attempt {attempt} of batch {batch_id} is committed; it cannot be aborted")
+                # the commit record is written, so the batch IS committed: a commit that failed
+                # after it (Spark aborts then) is finished here, never left in part
+                try:
+                    if halves:
+                        self._halves().commit_group(halves, own)
+                except PermissionDeniedError:
+                    raise  # halves of another attempt: nothing was ended
+                except Exception as e:
+                    raise StoreError(
+                        f"batch {batch_id} of query {query_id} is recorded as committed (attempt {attempt}) but "
+                        f"its messages could not be committed yet: {e}; the broker's check-back commits them"
+                    ) from e
+                self._last_send_ms.pop(attempt, None)
+                return P.AbortBatchResponse(rolled_back=0)
             if halves:
                 self._halves().check_own(halves, own)
             self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())

@@ -15,7 +15,7 @@ from rmq_spark.store import layout as L
 from rmq_spark.services.redelivery.records import StoredRecords
 from rmq_spark.store.message import host_bytes, new_uniq_ids
 from rmq_spark.store.properties import encode_properties
-from rmq_spark.store.encode import encode_batch
+from rmq_spark.store.encode import encode_columns
 from rmq_spark.store.encoded import EncodedBatch
 from rmq_spark.store.properties import PROP_CRC_BYTES
 from rmq_spark.store.validation import check_topic
@@ -79,7 +79,7 @@ def encode_redelivered(
             encoded[i] = encode_properties(properties[i])
     idx = np.asarray(rows, dtype=np.int64)
     shared = topics[0] if topics.count(topics[0]) == len(topics) else None
-    batch = encode_batch(
+    batch = encode_columns(
         shared if shared is not None else topics,
         queue_ids,
         [src.bodies[i] for i in rows],

@@ -43,7 +43,7 @@ import numpy as np
 from rmq_spark.errors import MessageIllegalError, RmqError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
-from rmq_spark.store.jsonfile import read_json
+from rmq_spark.store.jsonfile import JsonObject
 from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
 from rmq_spark.services.redelivery.patch import PATCH_MIN_MSGS, patch_redelivery
 from rmq_spark.services.redelivery.records import (
@@ -152,11 +152,11 @@ class ScheduleService(DeliveryLifecycle):
             "rmq-schedule", self.run_once, self.next_wait_ms, lambda: store.closed, round_gap_ms
         )
         store.add_listener(self._on_dispatch, self.TOPIC)
-        data = read_json(path) or {}
+        data = JsonObject.load(path) or JsonObject(path, {})
         self._load(data)
         pending = any(off < self._queue_end(q) for q, off in self.offsets.items())
         if pending:  # else no delivery can be missing from the saved progress
-            self.stats.reconciled += self._reconcile(int(data.get("commitLogOffset", 0)))
+            self.stats.reconciled += self._reconcile(data.int("commitLogOffset", 0, 0))
 
     # --- put hook ---------------------------------------------------------------------------------
     def transform(self, msg: Message) -> Message:
@@ -187,12 +187,12 @@ class ScheduleService(DeliveryLifecycle):
         return replace(msg, topic=L.SCHEDULE_TOPIC, queue_id=level - 1, properties=props)
 
     # --- state ------------------------------------------------------------------------------------
-    def _load(self, data: dict[str, Any]) -> None:
-        table = data.get("offsetTable") or {}
+    def _load(self, data: JsonObject) -> None:
+        table = data.obj("offsetTable")
         for q in range(len(self.levels_ms)):
             cq = self.store.consume_queue(L.SCHEDULE_TOPIC, q)
             lo, hi = (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
-            saved = int(table.get(str(q + 1), lo))
+            saved = table.int(str(q + 1), lo)  # out of the queue: clamped (correctDelayOffset)
             self.offsets[q] = min(max(saved, lo), hi)  # correctDelayOffset
 
     def _queue_end(self, q: int) -> int:

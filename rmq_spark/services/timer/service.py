@@ -57,7 +57,7 @@ from rmq_spark.errors import MessageIllegalError, RmqError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
 from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
-from rmq_spark.store.jsonfile import read_json
+from rmq_spark.store.jsonfile import JsonObject
 from rmq_spark.store.message import Message, new_uniq_id, tags_code
 from rmq_spark.store.reader import read_units_arrow
 from rmq_spark.store.encoded import EncodedBatch
@@ -168,7 +168,7 @@ class TimerService(DeliveryLifecycle):
             "rmq-timer", self.run_once, self.next_wait_ms, lambda: store.closed, round_gap_ms
         )
         store.add_listener(self._on_dispatch, self.TOPIC)
-        self._rebuild(read_json(path) or {})
+        self._rebuild(JsonObject.load(path) or JsonObject(path, {}))
 
     # --- put hook ---------------------------------------------------------------------------------
     def transform(self, msg: Message) -> Message:
@@ -316,12 +316,12 @@ class TimerService(DeliveryLifecycle):
         cq = self.store.consume_queue(L.TIMER_TOPIC, 0)
         return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
 
-    def _rebuild(self, data: dict[str, Any]) -> None:
+    def _rebuild(self, data: JsonObject) -> None:
         lo, hi = self._bounds()
-        w = min(max(int(data.get("queueOffset", lo)), lo), hi)
-        m = min(max(int(data.get("doneQueueOffset", w)), lo), hi)
-        t = int(data.get("doneTimeMs", -1))
-        d = int(data.get("commitLogOffset", 0))
+        w = min(max(data.int("queueOffset", lo), lo), hi)
+        m = min(max(data.int("doneQueueOffset", w), lo), hi)
+        t = data.int("doneTimeMs", -1)
+        d = data.int("commitLogOffset", 0, 0)
         self._done = (m, t, d)
         self._max_done_ms = t
         self._enqueued = w

@@ -54,7 +54,7 @@ REMOVE_TAG = "d"  # TransactionalMessageUtil.REMOVE_TAG
 OFFSET_SEPARATOR = ","
 OP_PULL_NUMS = 256  # op messages per pull (RocketMQ's OP_MSG_PULL_NUMS is 32)
 MAX_PROCESS_TIME_S = 60.0  # per queue per round (MAX_PROCESS_TIME_LIMIT)
-P_CHECK_SOURCE = "TRAN_CHECK_SOURCE"  # half queue offset a check copy came from
+P_CHECK_SOURCE = L.P_TRAN_CHECK_SOURCE  # half queue offset a check copy came from
 P_OP_ACTION = "TRAN_OP_ACTION"  # on op messages: COMMIT | ROLLBACK (see transaction.py)
 P_OP_GROUP = "TRAN_OP_GROUP"  # on a commit's op message: the real messages after it
 

@@ -18,7 +18,7 @@ from rmq_spark.errors import MessageIllegalError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import Message, MessageExt, host_bytes, new_uniq_ids, new_uniq_ids_array, split_ids, tags_code
 from rmq_spark.store.properties import encode_properties
-from rmq_spark.store.encode import encode_batch, Row
+from rmq_spark.store.encode import encode_columns, Row
 from rmq_spark.store.encoded import concat_encoded, EncodedBatch
 from rmq_spark.store.properties import PROP_CRC_BYTES
 from rmq_spark.store.record import HEADER_V4
@@ -248,7 +248,7 @@ def body_halves(
         w = 32 if isinstance(part, np.ndarray) else len(part)
         enc[:, at : at + w] = part if isinstance(part, np.ndarray) else np.frombuffer(part, dtype=np.uint8)
         at += w
-    batch = encode_batch(
+    batch = encode_columns(
         L.TRANS_HALF_TOPIC,
         0,
         bodies,
@@ -279,7 +279,7 @@ def encode_rows(store: MessageStore, rows: list[Row], tail: EncodedBatch | None 
             check_properties_size(e + bytes(reserve))
     one_queue = topics.count(topics[0]) == len(topics) and qids.count(qids[0]) == len(qids)
     one_host = hosts.count(hosts[0]) == len(hosts)
-    batch = encode_batch(
+    batch = encode_columns(
         topics[0] if one_queue else topics,
         qids[0] if one_queue else qids,
         bodies,

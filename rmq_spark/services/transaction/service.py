@@ -117,7 +117,7 @@ PATCH_COMMIT_MIN = 128  # commits of at least this many halves patch the halves'
 HALF_CACHE_ENTRIES = 65536  # stored halves kept in memory, so that ending them reads nothing
 _REMOVE_CODE = tags_code(C.REMOVE_TAG)
 _HOST = "127.0.0.1"  # born host of op messages (the Message default)
-# up to this many records are encoded straight from their rows (record.encode_few), as
+# up to this many records are encoded straight from their rows (record.encode_lists), as
 # store.put_messages encodes a batch of up to that size, rather than through the columns
 # encode_rows builds (measured at 32 records: prepare + commit 13.4 us/msg against 18.6)
 FEW_RECORDS = SMALL_BATCH
