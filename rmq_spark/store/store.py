@@ -596,7 +596,10 @@ class MessageStore:
         table = self.commitlog.queue_table
         for key, n in counts.items():
             if n:
-                cq = self._cqs.get(key) or self.consume_queue(*key, create=True)
+                cq = self._cqs.get(key)
+                if cq is None:
+                    with self.publish_lock:  # snapshots iterate the queues under it
+                        cq = self.consume_queue(*key, create=True)
                 cq.reserve(table.get(key, 0), n)
 
     def _publish(self, dispatch: DispatchBatch) -> None:
