@@ -113,7 +113,8 @@ class MappedFile:
         # bytes [0, allocated_bytes) have their blocks (see ensure_allocated); a loaded file may
         # have more, which a later fallocate over them finds at no cost
         self.allocated_bytes = 0
-        self.data_bytes = size_bytes if actual == 0 else data_end(self._fd, size_bytes)
+        # bytes [0, data_bytes) may be read (past it: holes, see data_end)
+        self.data_bytes = 0 if actual == 0 else data_end(self._fd, size_bytes)
         if writable and actual == 0:  # a new segment: its first blocks now, or DiskFullError
             try:
                 os.ftruncate(self._fd, size_bytes)

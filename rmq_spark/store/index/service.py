@@ -332,10 +332,10 @@ class IndexService:
             cut = take
             while cut > 0 and key_phys[done + cut - 1] == key_phys[done + cut]:
                 cut -= 1
-            if cut == 0 and f.index_count > 1:
-                f = self._writable_file(fresh=True)
-                return self._room_for(key_phys, done) if f.index_count == 1 else (f, take)
-            take = cut or take
+            if cut == 0 and f.index_count > 1:  # the record's keys go to a fresh file
+                self._writable_file(fresh=True)
+                return self._room_for(key_phys, done)
+            take = cut or take  # (0: one record has more keys than a whole file: split)
         return f, take
 
     def _writable_file(self, fresh: bool = False) -> IndexFile:
