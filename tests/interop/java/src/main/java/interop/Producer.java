@@ -96,6 +96,9 @@ final class Producer {
                         producer.sendOneway(msgs.get(i));
                         Out.event("sent-oneway").put("i", i).emit();
                     }
+                    // a oneway send is flushed by the channel in the background: shutdown closes
+                    // the channel, so wait as a running application would before it does
+                    Thread.sleep(1000);
                     return 0;
                 case "batch": {
                     SendResult r = producer.send(msgs);
