@@ -1,7 +1,7 @@
 """How a MessagingService handler is served: counted as activity, every fault answered as a status.
 
 :class:`Activity` counts the calls in progress (what ``--idle-exit-s`` watches); :func:`unary`
-and :func:`streaming` wrap a handler so that it is counted and that an exception escaping from
+and :func:`streaming` (:func:`astreaming` for one served on the event loop) wrap a handler so that it is counted and that an exception escaping from
 it becomes the response's status (:func:`rmq_spark.broker.codes.status_of`), never a gRPC error.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -18,7 +18,7 @@ from rocketmq.grpc_protocol import service_pb2 as S
 
 from rmq_spark.broker import codes
 
-__all__ = ["Activity", "unary", "streaming", "now_response"]
+__all__ = ["Activity", "unary", "streaming", "astreaming", "now_response"]
 
 
 class Activity:
@@ -109,6 +109,29 @@ def streaming(response_cls: type, with_timestamp: bool) -> Callable:  # type: ig
             self.activity.begin()
             try:
                 yield from fn(self, request, context)
+            except Exception as exc:
+                yield response_cls(status=codes.status_of(exc))
+                if with_timestamp:
+                    yield now_response(self)
+            finally:
+                self.activity.end()
+
+        return handler
+
+    return deco
+
+
+def astreaming(response_cls: type, with_timestamp: bool) -> Callable:  # type: ignore[type-arg]
+    """:func:`streaming` for a handler that is an async generator (served on the event loop: a
+    long poll waits there without holding a thread)."""
+
+    def deco(fn: Callable) -> Callable:  # type: ignore[type-arg]
+        @functools.wraps(fn)
+        async def handler(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            self.activity.begin()
+            try:
+                async for response in fn(self, request, context):
+                    yield response
             except Exception as exc:
                 yield response_cls(status=codes.status_of(exc))
                 if with_timestamp:

@@ -28,15 +28,17 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from rmq_spark.broker.codes import AckOutcome
 from rmq_spark.broker.popstate import MAIN, RETRY, GroupState, InFlight, OffsetSet, Pending, PopStateFile, QueueState
 from rmq_spark.broker.receipt import parse_receipt_handle, receipt_handle
 from rmq_spark.broker.revive import Move, dlq_topic, move_expired, retry_topic
+from rmq_spark.broker.wakeups import Wakeups
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
+from rmq_spark.store.dispatch import DispatchBatch
 from rmq_spark.filter import SqlFilter, TagFilter
 from rmq_spark.store.message import MessageExt
 from rmq_spark.store.status import GetStatus
@@ -101,7 +103,8 @@ class PopService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_persist_ms = 0
-        store.add_listener(self.notify, batch=False)
+        self.wakeups = Wakeups()  # long polls parked on the server's event loop, by topic
+        store.add_listener(self._on_dispatch)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -120,14 +123,26 @@ class PopService:
             self._thread.join(timeout=10)
         self.persist()
 
-    def notify(self) -> None:
+    def _on_dispatch(self, dispatch: DispatchBatch) -> None:
+        self.notify(dispatch.topics)
+
+    def notify(self, topics: Iterable[str] | None = None) -> None:
+        """Something a receive or pull may be waiting for happened to ``topics`` (to anything
+        when ``None``): wake the long polls that wait on them."""
         # the version moves first, then sleepers are woken: a waiter counts itself before it
         # compares versions (both under the lock), so either it sees the new version or this sees
-        # it counted, and takes the lock, which the waiter only lets go of inside wait()
+        # it counted, and takes the lock, which the waiter only lets go of inside wait(); the
+        # parked polls of the event loop follow the same order (rmq_spark.broker.wakeups)
         self._version += 1
         if self._waiting:
             with self._cond:
                 self._cond.notify_all()
+        self.wakeups.wake(topics)
+
+    @property
+    def closing(self) -> bool:
+        """The broker is stopping: long polls answer at once."""
+        return self._closing
 
     def _sleep(self, version: int, timeout_s: float) -> None:
         """Sleep up to ``timeout_s`` unless :attr:`version` moved past ``version`` (or closing)."""
@@ -365,7 +380,7 @@ class PopService:
             q.finish(off)
             self._commit(g, q)
         if e.msg_group is not None:
-            self.notify()  # its group may go on
+            self.notify((topic,))  # its group may go on
         return AckOutcome.OK
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> tuple[AckOutcome, str]:
@@ -442,6 +457,7 @@ class PopService:
         moves: list[Move] = []
         renewed = []
         requeued = 0
+        woken: set[str] = set()  # the topics whose receives may now find something
         at = 0  # the entry of ``due`` in hand: if anything raises, it and those after go back
         try:
             for at, (deadline, _seq, gname, key, off) in enumerate(due):
@@ -464,6 +480,8 @@ class PopService:
                         requeued += 1
                     else:
                         moves.append(Move(g, q, off, e.phys, e.size, e.reconsume, e.origin, last))
+                        woken.add(retry_topic(gname))
+                    woken.add(e.origin)
                     # out of flight only once it is pending or to be moved
                     del q.inflight[off]
                     q.untrack(e)
@@ -476,7 +494,7 @@ class PopService:
             if moves:
                 move_expired(self.store, moves, self._commit)
             if moves or requeued:
-                self.notify()
+                self.notify(woken)
         return len(moves) + requeued
 
     # --- offsets --------------------------------------------------------------------------------

@@ -14,12 +14,16 @@ Every call on the port, to either service, passes the one access seam
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import threading
+from collections.abc import Coroutine
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+import grpc.aio
 from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer_to_server
 
 from rmq_spark.broker.access import AccessInterceptor
@@ -36,6 +40,9 @@ __all__ = ["Broker", "ListenError"]
 
 log = logging.getLogger("rmq_spark.broker")
 
+T = TypeVar("T")
+
+
 class ListenError(RmqError):
     """The broker cannot serve on the address it was given (taken, or not an address of this
     host)."""
@@ -48,6 +55,113 @@ SERVER_OPTIONS = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
 )
+
+
+class _LoopThread:
+    """The event loop the gRPC server runs on, in a thread of its own (the broker is used from
+    plain threads: tests, ``__main__``)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="rmq-grpc-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = 60.0) -> T:
+        """Run ``coro`` on the loop and wait for its result."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout_s)
+        except futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"the server's event loop did not answer in {timeout_s}s") from None
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+_UNDECODABLE = object()  # what a request that does not parse becomes
+_UNDECODABLE_DETAILS = "Exception deserializing request!"  # grpc's threaded server's words
+
+
+def _lenient(deserializer: Any) -> Any:
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return deserializer(raw) if deserializer is not None else raw
+        except Exception:
+            return _UNDECODABLE
+
+    return deserialize
+
+
+class _Undecodable(grpc.aio.ServerInterceptor):
+    """A request that does not parse is answered INTERNAL, as grpc's threaded server answers it
+    (``grpc.aio`` would answer UNKNOWN and log the parser's traceback); like there, no handler
+    and no access check runs for it.  A request stream ends with that status at its bad message."""
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k) is not None)
+        inner = getattr(handler, kind)
+        wrap = _checked_stream_request if handler.request_streaming else _checked_request
+        return handler._replace(request_deserializer=_lenient(handler.request_deserializer), **{kind: wrap(inner)})
+
+
+def _checked_request(inner: Any) -> Any:
+    if inspect.isasyncgenfunction(inner):
+        async def agen(request: Any, context: Any) -> Any:
+            if request is _UNDECODABLE:
+                await context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
+            async for response in inner(request, context):
+                yield response
+
+        return agen
+    if inspect.iscoroutinefunction(inner):
+        async def coro(request: Any, context: Any) -> Any:
+            if request is _UNDECODABLE:
+                await context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
+            return await inner(request, context)
+
+        return coro
+
+    def threaded(request: Any, context: Any) -> Any:  # on a worker thread: abort has sent the status on return
+        if request is _UNDECODABLE:
+            context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
+            return iter(()) if inspect.isgeneratorfunction(inner) else None
+        return inner(request, context)
+
+    return threaded
+
+
+def _checked_stream_request(inner: Any) -> Any:
+    async def checked(requests: Any, context: Any) -> Any:
+        async for request in requests:
+            if request is _UNDECODABLE:
+                await context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
+            yield request
+
+    if inspect.isasyncgenfunction(inner):
+        async def agen(requests: Any, context: Any) -> Any:
+            async for response in inner(checked(requests, context), context):
+                yield response
+
+        return agen
+    if inspect.iscoroutinefunction(inner):
+        async def coro(requests: Any, context: Any) -> Any:
+            return await inner(checked(requests, context), context)
+
+        return coro
+    return inner  # a threaded handler of a request stream: none is mounted on the broker
 
 
 class _Counted(grpc.GenericRpcHandler):
@@ -101,27 +215,45 @@ class Broker:
             if internal is not None:
                 services.append(internal.connector.access())
             self.access = AccessInterceptor(acl, services)  # every call on the port passes it
-            self._server = grpc.server(
-                futures.ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="rmq-grpc"),
-                options=SERVER_OPTIONS,
-                interceptors=(self.access,),
-            )
-            add_MessagingServiceServicer_to_server(self.service, self._server)
-            if internal is not None:
-                self._server.add_generic_rpc_handlers((_Counted(internal, self.activity),))
-            try:
-                bound = self._server.add_insecure_port(self.options.listen)
-            except RuntimeError as e:
-                raise ListenError(f"cannot listen on {self.options.listen}: {e}") from None
-            if bound == 0:
-                raise ListenError(f"cannot listen on {self.options.listen}")
+            # store work runs on these threads; streams and long polls wait on the event loop
+            self._executor = futures.ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="rmq-grpc")
+            self.service.executor = self._executor
+            self._loop = _LoopThread()
+            self._server, bound = self._loop.call(self._serve(internal))
             self.host, self.port = host, bound
             self.service.set_endpoint(host, bound)
             self.service.start()
-            self._server.start()
+            self._loop.call(self._server.start())
         except BaseException:
+            self._close_loop()
             self.core.shutdown()
             raise
+
+    async def _serve(self, internal: grpc.GenericRpcHandler | None) -> tuple[grpc.aio.Server, int]:
+        """The server, made on the loop it runs on, bound to ``listen`` (not started)."""
+        server = grpc.aio.server(
+            migration_thread_pool=self._executor,
+            options=SERVER_OPTIONS,
+            interceptors=(_Undecodable(), self.access.aio()),
+        )
+        add_MessagingServiceServicer_to_server(self.service, server)
+        if internal is not None:
+            server.add_generic_rpc_handlers((_Counted(internal, self.activity),))
+        try:
+            bound = server.add_insecure_port(self.options.listen)
+        except RuntimeError as e:
+            raise ListenError(f"cannot listen on {self.options.listen}: {e}") from None
+        if bound == 0:
+            raise ListenError(f"cannot listen on {self.options.listen}")
+        return server, bound
+
+    def _close_loop(self) -> None:
+        loop = getattr(self, "_loop", None)
+        if loop is not None:
+            loop.close()
+        executor = getattr(self, "_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def endpoints(self) -> str:
@@ -143,7 +275,12 @@ class Broker:
                 return
             self._stopped = True
         self.service.close()
-        self._server.stop(grace_s).wait(grace_s + 5)
+        try:
+            self._loop.call(self._server.stop(grace_s), timeout_s=grace_s + 5)
+        except TimeoutError:
+            log.warning("the gRPC server did not stop in %.1fs", grace_s + 5)
+        finally:
+            self._close_loop()
         try:
             self.service.shutdown()
         finally:

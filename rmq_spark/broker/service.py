@@ -16,10 +16,11 @@ implement, follow the proto: a pull streams ``status``, the messages from ``offs
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2 as D
@@ -30,10 +31,10 @@ from rmq_spark.broker import codes
 from rmq_spark.broker.access import AUTHENTICATED, Need, ServiceAccess, Use, group_name, topic_name
 from rmq_spark.broker.auth import Perm
 from rmq_spark.broker.codes import Code, RpcStatusError
-from rmq_spark.broker.handler import Activity, now_response, streaming, unary
+from rmq_spark.broker.handler import Activity, astreaming, now_response, unary
 from rmq_spark.broker.messages import timestamp_ms, to_proto
 from rmq_spark.broker.options import BrokerOptions
-from rmq_spark.broker.pop import WAIT_SLICE_S, PopConfig, PopService
+from rmq_spark.broker.pop import PopConfig, PopService, retry_topic
 from rmq_spark.broker.producer import ProducerPath
 from rmq_spark.broker.telemetry import ClientRegistry, SettingsPolicy, serve_telemetry
 from rmq_spark.errors import ConfigError
@@ -52,6 +53,7 @@ _TYPE_OF = {"NORMAL": D.MessageType.NORMAL, "FIFO": D.MessageType.FIFO, "DELAY":
 _BROKER_MANAGED = ("%RETRY%", "%DLQ%")  # retry and dead-letter topics: never created by a client
 PULL_MAX_BYTES = 16 * 1024 * 1024
 _DEADLINE_MARGIN_S = 0.3  # answer a long poll this long before the client's deadline
+T = TypeVar("T")
 
 
 def _peer_host(context: grpc.ServicerContext) -> str:
@@ -87,6 +89,12 @@ class MessagingService(MessagingServiceServicer):
             long_polling_timeout_ms=options.long_polling_max_ms,
         )
         self.producer = ProducerPath(core, self.clients)
+        self.executor: Executor | None = None  # the server's worker threads (None: a thread per call)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a worker thread: what a handler served on the event loop does with the
+        store, which blocks."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def set_endpoint(self, host: str, port: int) -> None:
         """Where clients reach this broker (used when a request does not say)."""
@@ -211,7 +219,8 @@ class MessagingService(MessagingServiceServicer):
         self.clients.touch(meta[CLIENT_ID], request.client_type, group)
         return S.HeartbeatResponse(status=codes.ok())
 
-    def Telemetry(self, request_iterator: Iterator[S.TelemetryCommand], context: grpc.ServicerContext) -> Iterator[S.TelemetryCommand]:
+    async def Telemetry(self, request_iterator: AsyncIterator[S.TelemetryCommand],
+                        context: Any) -> AsyncIterator[S.TelemetryCommand]:
         self.activity.begin()
         try:
             try:
@@ -220,7 +229,8 @@ class MessagingService(MessagingServiceServicer):
                 yield S.TelemetryCommand(status=codes.status_of(exc))
                 return
             session = self.clients.touch(meta[CLIENT_ID])
-            yield from serve_telemetry(request_iterator, context, session, self.policy, self.is_fifo_group)
+            async for cmd in serve_telemetry(request_iterator, context, session, self.policy, self.is_fifo_group):
+                yield cmd
         finally:
             self.activity.end()
 
@@ -288,8 +298,8 @@ class MessagingService(MessagingServiceServicer):
         mq = self._message_queue(cfg, -1, self._endpoints(request.endpoints), request.topic.resource_namespace)
         return S.QueryAssignmentResponse(status=codes.ok(), assignments=[D.Assignment(message_queue=mq)])
 
-    @streaming(S.ReceiveMessageResponse, with_timestamp=True)
-    def ReceiveMessage(self, request: S.ReceiveMessageRequest, context: grpc.ServicerContext) -> Iterator[S.ReceiveMessageResponse]:
+    @astreaming(S.ReceiveMessageResponse, with_timestamp=True)
+    async def ReceiveMessage(self, request: S.ReceiveMessageRequest, context: Any) -> AsyncIterator[S.ReceiveMessageResponse]:
         meta = self._meta(context)
         group = group_name(request.group.name)
         name = topic_name(request.message_queue.topic.name, Use.READ)
@@ -310,17 +320,37 @@ class MessagingService(MessagingServiceServicer):
         wait_ms = self._wait_ms(request.long_polling_timeout, request.HasField("long_polling_timeout"), context)
         cid = meta[CLIENT_ID]
         self.clients.touch(cid, group=group)
-        cancelled = threading.Event()
-        context.add_callback(cancelled.set)
-        got = self.pop.receive(group, name, flt, batch, invisible_ms, client_id=cid,
-                               auto_renew=request.auto_renew, wait_ms=wait_ms, cancelled=cancelled)
         ns = request.message_queue.topic.resource_namespace
-        if got:
-            yield S.ReceiveMessageResponse(status=codes.ok())
+        pop = self.pop
+
+        def take() -> list[S.ReceiveMessageResponse]:
+            got = pop.pop(group, name, flt, batch, invisible_ms, client_id=cid, auto_renew=request.auto_renew)
+            if not got:
+                return []
+            out = [S.ReceiveMessageResponse(status=codes.ok())]
             for d in got:
-                yield S.ReceiveMessageResponse(message=to_proto(
+                out.append(S.ReceiveMessageResponse(message=to_proto(
                     d.message, topic=d.topic, namespace=ns, receipt_handle=d.handle,
-                    delivery_attempt=d.attempt, invisible_ms=d.invisible_ms))
+                    delivery_attempt=d.attempt, invisible_ms=d.invisible_ms)))
+            return out
+
+        # a long poll: the store work runs on the worker threads, the wait on the event loop
+        give_up = time.monotonic() + wait_ms / 1000
+        topics = (name, retry_topic(group))
+        while True:
+            version = pop.version
+            answer = await self.run(take)
+            if answer or pop.closing:
+                break
+            left = give_up - time.monotonic()
+            if left <= 0:
+                break
+            await pop.wakeups.wait(topics, left, lambda: pop.version == version and not pop.closing)
+            if pop.closing:
+                break
+        if answer:
+            for r in answer:
+                yield r
         else:
             yield S.ReceiveMessageResponse(status=codes.status(Code.MESSAGE_NOT_FOUND, "no new message"))
         yield now_response(self)
@@ -371,8 +401,8 @@ class MessagingService(MessagingServiceServicer):
         return S.ForwardMessageToDeadLetterQueueResponse(status=codes.status(code, text))
 
     # --- offset-based consumption ----------------------------------------------------------------------
-    @streaming(S.PullMessageResponse, with_timestamp=False)
-    def PullMessage(self, request: S.PullMessageRequest, context: grpc.ServicerContext) -> Iterator[S.PullMessageResponse]:
+    @astreaming(S.PullMessageResponse, with_timestamp=False)
+    async def PullMessage(self, request: S.PullMessageRequest, context: Any) -> AsyncIterator[S.PullMessageResponse]:
         self._meta(context)
         if request.group.name:
             group_name(request.group.name)  # a malformed group name is refused, as everywhere
@@ -387,32 +417,23 @@ class MessagingService(MessagingServiceServicer):
         wait_ms = self._wait_ms(request.long_polling_timeout, request.HasField("long_polling_timeout"), context)
         give_up = time.monotonic() + wait_ms / 1000
         topic = cfg.topic_name
+        ns = request.message_queue.topic.resource_namespace
+        pop = self.pop
+
+        def read() -> Any:
+            return self.store.get_messages(topic, qid, offset, max_msgs=batch, max_bytes=PULL_MAX_BYTES, message_filter=flt)
+
         while True:
-            version = self.pop.version
-            res = self.store.get_messages(topic, qid, offset, max_msgs=batch, max_bytes=PULL_MAX_BYTES, message_filter=flt)
+            version = pop.version
+            res = await self.run(read)
             at_end = res.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE,
                                     GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset == res.max_offset
             left = give_up - time.monotonic()
-            if not at_end or left <= 0 or not context.is_active():
+            if not at_end or left <= 0 or pop.closing:
                 break
-            self.pop.wait_change(version, min(left, WAIT_SLICE_S))
-        code = codes.get_code(res.status)
-        if res.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset > res.max_offset:
-            code = Code.ILLEGAL_OFFSET
-        if code == Code.ILLEGAL_OFFSET:
-            text = f"offset {offset} is outside [{res.min_offset}, {res.max_offset}] of {topic}/{qid}"
-        elif code == Code.MESSAGE_NOT_FOUND:
-            text = "no new message"
-        else:
-            text = "OK"
-        yield S.PullMessageResponse(status=codes.status(code, text))
-        ns = request.message_queue.topic.resource_namespace
-        for m in res.messages:
-            yield S.PullMessageResponse(message=to_proto(m, namespace=ns))
-        next_offset = res.next_begin_offset if res.status is not GetStatus.NO_MATCHED_LOGIC_QUEUE else offset
-        if code == Code.ILLEGAL_OFFSET:
-            next_offset = res.min_offset if offset < res.min_offset else res.max_offset
-        yield S.PullMessageResponse(next_offset=next_offset)
+            await pop.wakeups.wait((topic,), left, lambda: pop.version == version and not pop.closing)
+        for r in await self.run(_pull_answer, res, offset, topic, qid, ns):
+            yield r
 
     @unary(S.UpdateOffsetResponse)
     def UpdateOffset(self, request: S.UpdateOffsetRequest, context: grpc.ServicerContext) -> S.UpdateOffsetResponse:
@@ -458,6 +479,26 @@ class MessagingService(MessagingServiceServicer):
     def SyncLiteSubscription(self, request: Any, context: grpc.ServicerContext) -> S.SyncLiteSubscriptionResponse:
         self._meta(context)
         raise RpcStatusError(Code.NOT_IMPLEMENTED, "lite topics are not supported by this broker")
+
+
+def _pull_answer(res: Any, offset: int, topic: str, qid: int, ns: str) -> list[S.PullMessageResponse]:
+    """A pull's answer: its status, the messages, the next offset."""
+    code = codes.get_code(res.status)
+    if res.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset > res.max_offset:
+        code = Code.ILLEGAL_OFFSET
+    if code == Code.ILLEGAL_OFFSET:
+        text = f"offset {offset} is outside [{res.min_offset}, {res.max_offset}] of {topic}/{qid}"
+    elif code == Code.MESSAGE_NOT_FOUND:
+        text = "no new message"
+    else:
+        text = "OK"
+    out = [S.PullMessageResponse(status=codes.status(code, text))]
+    out.extend(S.PullMessageResponse(message=to_proto(m, namespace=ns)) for m in res.messages)
+    next_offset = res.next_begin_offset if res.status is not GetStatus.NO_MATCHED_LOGIC_QUEUE else offset
+    if code == Code.ILLEGAL_OFFSET:
+        next_offset = res.min_offset if offset < res.min_offset else res.max_offset
+    out.append(S.PullMessageResponse(next_offset=next_offset))
+    return out
 
 
 # --- access: what each method needs (read by rmq_spark.broker.access before the handler runs) ------
