@@ -1,8 +1,9 @@
 """How a MessagingService handler is served: counted as activity, every fault answered as a status.
 
 :class:`Activity` counts the calls in progress (what ``--idle-exit-s`` watches); :func:`unary`
-and :func:`streaming` (:func:`astreaming` for one served on the event loop) wrap a handler so that it is counted and that an exception escaping from
-it becomes the response's status (:func:`rmq_spark.broker.codes.status_of`), never a gRPC error.
+and :func:`astreaming` (a server-streaming handler, served on the event loop) wrap a handler so
+that it is counted and that an exception escaping from it becomes the response's status
+(:func:`rmq_spark.broker.codes.status_of`), never a gRPC error.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rocketmq.grpc_protocol import service_pb2 as S
 
 from rmq_spark.broker import codes
 
-__all__ = ["Activity", "unary", "streaming", "astreaming", "now_response"]
+__all__ = ["Activity", "unary", "astreaming", "now_response"]
 
 
 class Activity:
@@ -99,31 +100,10 @@ def unary(response_cls: type) -> Callable:  # type: ignore[type-arg]
     return deco
 
 
-def streaming(response_cls: type, with_timestamp: bool) -> Callable:  # type: ignore[type-arg]
-    """:func:`unary` for a server-streaming handler: the fault's status is the stream's last
-    answer (followed by the delivery timestamp when ``with_timestamp``, as ReceiveMessage ends)."""
-
-    def deco(fn: Callable) -> Callable:  # type: ignore[type-arg]
-        @functools.wraps(fn)
-        def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            self.activity.begin()
-            try:
-                yield from fn(self, request, context)
-            except Exception as exc:
-                yield response_cls(status=codes.status_of(exc))
-                if with_timestamp:
-                    yield now_response(self)
-            finally:
-                self.activity.end()
-
-        return handler
-
-    return deco
-
-
 def astreaming(response_cls: type, with_timestamp: bool) -> Callable:  # type: ignore[type-arg]
-    """:func:`streaming` for a handler that is an async generator (served on the event loop: a
-    long poll waits there without holding a thread)."""
+    """:func:`unary` for a server-streaming handler, an async generator served on the event loop
+    (a long poll waits there without holding a thread): the fault's status is the stream's last
+    answer (followed by the delivery timestamp when ``with_timestamp``, as ReceiveMessage ends)."""
 
     def deco(fn: Callable) -> Callable:  # type: ignore[type-arg]
         @functools.wraps(fn)

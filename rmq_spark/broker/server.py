@@ -10,6 +10,16 @@ also mounts the Spark connector's private service (``rmq_spark.broker.connector`
 Every call on the port, to either service, passes the one access seam
 (:class:`rmq_spark.broker.access.AccessInterceptor`): ``--acl`` applies to both alike.
 :meth:`stop` ends streams, stops the server, flushes and marks the store cleanly shut down.
+
+How calls are served (issue 17 item 12: a broker serves thousands of connected clients, each with
+a Telemetry stream open and long polls parked): the server is ``grpc.aio``'s, on an event loop in
+a thread of its own.  What may wait for long is served on that loop and holds no thread: the
+Telemetry streams (:func:`rmq_spark.broker.telemetry.serve_telemetry`), and ReceiveMessage and
+PullMessage, whose long polls park by topic (:mod:`rmq_spark.broker.wakeups`) until a write to
+their topics, the broker's stop or their time is up.  What blocks, the store work, runs on a
+bounded pool of worker threads (``--workers``): the other methods are the same threaded handlers
+as before (grpc.aio runs them on the pool), and the loop's handlers hand their store calls to it
+(:meth:`MessagingService.run`).  A worker is held only while it works, never while a call waits.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ wraps each one: a fault becomes a status through :mod:`rmq_spark.broker.codes`).
 transactions: :mod:`rmq_spark.broker.producer`; receive/ack: :mod:`rmq_spark.broker.pop`; clients
 and Telemetry: :mod:`rmq_spark.broker.telemetry`.
 
+Telemetry, ReceiveMessage and PullMessage are served on the server's event loop (their waiting
+holds no thread; their store work runs on the worker threads through :meth:`MessagingService.run`),
+the other methods on the worker threads (:mod:`rmq_spark.broker.server`).
+
 The offset RPCs (PullMessage, GetOffset, QueryOffset, UpdateOffset), which Apache's proxy does not
 implement, follow the proto: a pull streams ``status``, the messages from ``offset`` and
 ``next_offset``; GetOffset/UpdateOffset read and write the group's committed offset
@@ -17,7 +21,6 @@ implement, follow the proto: a pull streams ``status``, the messages from ``offs
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
@@ -27,20 +30,19 @@ from rocketmq.grpc_protocol import definition_pb2 as D
 from rocketmq.grpc_protocol import service_pb2 as S
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer
 
-from rmq_spark.broker import codes
+from rmq_spark.broker import codes, polling
 from rmq_spark.broker.access import AUTHENTICATED, Need, ServiceAccess, Use, group_name, topic_name
 from rmq_spark.broker.auth import Perm
 from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.broker.handler import Activity, astreaming, now_response, unary
-from rmq_spark.broker.messages import timestamp_ms, to_proto
+from rmq_spark.broker.messages import timestamp_ms
 from rmq_spark.broker.options import BrokerOptions
-from rmq_spark.broker.pop import PopConfig, PopService, retry_topic
+from rmq_spark.broker.pop import PopConfig, PopService
 from rmq_spark.broker.producer import ProducerPath
 from rmq_spark.broker.telemetry import ClientRegistry, SettingsPolicy, serve_telemetry
 from rmq_spark.errors import ConfigError
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.filter import make_filter
-from rmq_spark.store.status import GetStatus
 
 __all__ = ["MessagingService", "ACCESS_RULES", "SERVICE"]
 
@@ -51,7 +53,6 @@ ALL_TYPES = (D.MessageType.NORMAL, D.MessageType.FIFO, D.MessageType.DELAY, D.Me
 _TYPE_OF = {"NORMAL": D.MessageType.NORMAL, "FIFO": D.MessageType.FIFO, "DELAY": D.MessageType.DELAY,
             "TRANSACTION": D.MessageType.TRANSACTION}
 _BROKER_MANAGED = ("%RETRY%", "%DLQ%")  # retry and dead-letter topics: never created by a client
-PULL_MAX_BYTES = 16 * 1024 * 1024
 _DEADLINE_MARGIN_S = 0.3  # answer a long poll this long before the client's deadline
 T = TypeVar("T")
 
@@ -300,60 +301,8 @@ class MessagingService(MessagingServiceServicer):
 
     @astreaming(S.ReceiveMessageResponse, with_timestamp=True)
     async def ReceiveMessage(self, request: S.ReceiveMessageRequest, context: Any) -> AsyncIterator[S.ReceiveMessageResponse]:
-        meta = self._meta(context)
-        group = group_name(request.group.name)
-        name = topic_name(request.message_queue.topic.name, Use.READ)
-        cfg = self._topic(name)
-        if not cfg.readable:
-            raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} is not readable")
-        flt = self._filter(request.filter_expression)
-        if request.batch_size <= 0:
-            raise RpcStatusError(Code.BAD_REQUEST, f"batch size must be positive, not {request.batch_size}")
-        batch = min(request.batch_size, self.options.max_receive_batch)
-        if request.auto_renew:
-            invisible_ms = self.options.auto_renew_invisible_ms
-        elif not request.HasField("invisible_duration"):
-            raise RpcStatusError(Code.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required unless auto_renew is set")
-        else:
-            invisible_ms = request.invisible_duration.ToMilliseconds()
-            self._check_invisible(invisible_ms, self.options.min_invisible_ms)
-        wait_ms = self._wait_ms(request.long_polling_timeout, request.HasField("long_polling_timeout"), context)
-        cid = meta[CLIENT_ID]
-        self.clients.touch(cid, group=group)
-        ns = request.message_queue.topic.resource_namespace
-        pop = self.pop
-
-        def take() -> list[S.ReceiveMessageResponse]:
-            got = pop.pop(group, name, flt, batch, invisible_ms, client_id=cid, auto_renew=request.auto_renew)
-            if not got:
-                return []
-            out = [S.ReceiveMessageResponse(status=codes.ok())]
-            for d in got:
-                out.append(S.ReceiveMessageResponse(message=to_proto(
-                    d.message, topic=d.topic, namespace=ns, receipt_handle=d.handle,
-                    delivery_attempt=d.attempt, invisible_ms=d.invisible_ms)))
-            return out
-
-        # a long poll: the store work runs on the worker threads, the wait on the event loop
-        give_up = time.monotonic() + wait_ms / 1000
-        topics = (name, retry_topic(group))
-        while True:
-            version = pop.version
-            answer = await self.run(take)
-            if answer or pop.closing:
-                break
-            left = give_up - time.monotonic()
-            if left <= 0:
-                break
-            await pop.wakeups.wait(topics, left, lambda: pop.version == version and not pop.closing)
-            if pop.closing:
-                break
-        if answer:
-            for r in answer:
-                yield r
-        else:
-            yield S.ReceiveMessageResponse(status=codes.status(Code.MESSAGE_NOT_FOUND, "no new message"))
-        yield now_response(self)
+        async for response in polling.receive(self, request, context):
+            yield response
 
     def _check_invisible(self, ms: int, least_ms: int) -> None:
         if not least_ms <= ms <= self.options.max_invisible_ms:
@@ -403,37 +352,8 @@ class MessagingService(MessagingServiceServicer):
     # --- offset-based consumption ----------------------------------------------------------------------
     @astreaming(S.PullMessageResponse, with_timestamp=False)
     async def PullMessage(self, request: S.PullMessageRequest, context: Any) -> AsyncIterator[S.PullMessageResponse]:
-        self._meta(context)
-        if request.group.name:
-            group_name(request.group.name)  # a malformed group name is refused, as everywhere
-        cfg, qid = self._queue_of(request.message_queue)
-        offset = request.offset
-        if offset < 0:
-            raise RpcStatusError(Code.ILLEGAL_OFFSET, f"offset {offset} is negative")
-        if request.batch_size <= 0:
-            raise RpcStatusError(Code.BAD_REQUEST, f"batch size must be positive, not {request.batch_size}")
-        batch = min(request.batch_size, self.options.max_pull_batch)
-        flt = self._filter(request.filter_expression)
-        wait_ms = self._wait_ms(request.long_polling_timeout, request.HasField("long_polling_timeout"), context)
-        give_up = time.monotonic() + wait_ms / 1000
-        topic = cfg.topic_name
-        ns = request.message_queue.topic.resource_namespace
-        pop = self.pop
-
-        def read() -> Any:
-            return self.store.get_messages(topic, qid, offset, max_msgs=batch, max_bytes=PULL_MAX_BYTES, message_filter=flt)
-
-        while True:
-            version = pop.version
-            res = await self.run(read)
-            at_end = res.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE,
-                                    GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset == res.max_offset
-            left = give_up - time.monotonic()
-            if not at_end or left <= 0 or pop.closing:
-                break
-            await pop.wakeups.wait((topic,), left, lambda: pop.version == version and not pop.closing)
-        for r in await self.run(_pull_answer, res, offset, topic, qid, ns):
-            yield r
+        async for response in polling.pull(self, request, context):
+            yield response
 
     @unary(S.UpdateOffsetResponse)
     def UpdateOffset(self, request: S.UpdateOffsetRequest, context: grpc.ServicerContext) -> S.UpdateOffsetResponse:
@@ -479,26 +399,6 @@ class MessagingService(MessagingServiceServicer):
     def SyncLiteSubscription(self, request: Any, context: grpc.ServicerContext) -> S.SyncLiteSubscriptionResponse:
         self._meta(context)
         raise RpcStatusError(Code.NOT_IMPLEMENTED, "lite topics are not supported by this broker")
-
-
-def _pull_answer(res: Any, offset: int, topic: str, qid: int, ns: str) -> list[S.PullMessageResponse]:
-    """A pull's answer: its status, the messages, the next offset."""
-    code = codes.get_code(res.status)
-    if res.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset > res.max_offset:
-        code = Code.ILLEGAL_OFFSET
-    if code == Code.ILLEGAL_OFFSET:
-        text = f"offset {offset} is outside [{res.min_offset}, {res.max_offset}] of {topic}/{qid}"
-    elif code == Code.MESSAGE_NOT_FOUND:
-        text = "no new message"
-    else:
-        text = "OK"
-    out = [S.PullMessageResponse(status=codes.status(code, text))]
-    out.extend(S.PullMessageResponse(message=to_proto(m, namespace=ns)) for m in res.messages)
-    next_offset = res.next_begin_offset if res.status is not GetStatus.NO_MATCHED_LOGIC_QUEUE else offset
-    if code == Code.ILLEGAL_OFFSET:
-        next_offset = res.min_offset if offset < res.min_offset else res.max_offset
-    out.append(S.PullMessageResponse(next_offset=next_offset))
-    return out
 
 
 # --- access: what each method needs (read by rmq_spark.broker.access before the handler runs) ------

@@ -2,7 +2,8 @@
 sends to a client (orphaned-transaction recovery).
 
 Each client (keyed by its ``x-mq-client-id`` header) opens one bidirectional ``Telemetry`` stream
-per broker and writes its ``Settings`` on it.  For every settings command the broker answers with
+per broker and writes its ``Settings`` on it.  A stream is served on the server's event loop
+(:func:`serve_telemetry`) and holds no thread while it is open.  For every settings command the broker answers with
 ``TelemetryCommand{status OK, settings=<merged>}`` — the client's settings plus what the broker
 decides (retry policy, body size limit, FIFO, batch size, long-polling time), the fields the
 official clients need (reference ``grpc_protocol.md`` section 3).  The stream stays open; the
