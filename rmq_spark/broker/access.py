@@ -12,6 +12,12 @@
 3. authorizes the account for the need (:meth:`rmq_spark.broker.auth.AccessControl.authorize`);
 4. runs the handler with the caller known (:func:`caller`), for answers that depend on who asks.
 
+On the broker's ``grpc.aio`` server the seam is not a per-call interceptor (grpc.aio's
+interceptor chain costs a coroutine per step of every call, a fifth of a send's CPU): the server
+serves every method through one generic handler that passes each handler it finds through
+:meth:`AccessInterceptor.guard` (once per method; the checks above run in the guarded handler on
+every call), so a handler the server serves is a guarded one all the same.
+
 A refusal is answered as its service answers faults (:class:`ServiceAccess.refuse`: a RocketMQ
 status on the MessagingService, a gRPC status on the connector).  A method whose service declares
 no rule for it is refused (PERMISSION_DENIED): a new method cannot skip the check.
@@ -30,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import grpc.aio
 
 from rmq_spark.broker.auth import AccessControl, Account, Perm
 from rmq_spark.errors import IllegalGroupError, IllegalTopicError, MessageIllegalError, PermissionDeniedError
@@ -143,9 +148,10 @@ class ServiceAccess:
 
 
 class AccessInterceptor(grpc.ServerInterceptor):
-    """See the module docstring.  ``services``: every service mounted on the server.  It serves a
-    threaded ``grpc.server``; :meth:`aio` gives the same seam to a ``grpc.aio`` server (the
-    broker's), where a handler may be a coroutine or an async generator as well."""
+    """See the module docstring.  ``services``: every service mounted on the server.  As an
+    interceptor it serves a threaded ``grpc.server``; the broker's ``grpc.aio`` server passes every
+    handler it serves through :meth:`guard` instead (a handler there may be a coroutine or an
+    async generator as well)."""
 
     def __init__(self, acl: AccessControl | None, services: Iterable[ServiceAccess]) -> None:
         self.acl = acl
@@ -153,10 +159,6 @@ class AccessInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         return self.guard(continuation(details), details)
-
-    def aio(self) -> grpc.aio.ServerInterceptor:
-        """This seam as a ``grpc.aio`` server interceptor (the same rules, the same answers)."""
-        return _AioAccessInterceptor(self)
 
     def guard(self, handler: Any, details: grpc.HandlerCallDetails) -> Any:
         """``handler`` (of the method ``details`` names) with the access check in front."""
@@ -182,15 +184,6 @@ class AccessInterceptor(grpc.ServerInterceptor):
             for topic, perm in need.topics:
                 self.acl.authorize(account, topic=topic, need=perm)  # type: ignore[union-attr]
         _CALLER.set(Caller(account))
-
-
-class _AioAccessInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, seam: AccessInterceptor) -> None:
-        self.seam = seam
-        self.services = seam.services
-
-    async def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
-        return self.seam.guard(await continuation(details), details)
 
 
 def _metadata(context: grpc.ServicerContext) -> dict[str, str]:

@@ -28,6 +28,7 @@ import asyncio
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Coroutine
 from concurrent import futures
 from typing import Any, TypeVar
@@ -112,19 +113,15 @@ def _lenient(deserializer: Any) -> Any:
     return deserialize
 
 
-class _Undecodable(grpc.aio.ServerInterceptor):
-    """A request that does not parse is answered INTERNAL, as grpc's threaded server answers it
-    (``grpc.aio`` would answer UNKNOWN and log the parser's traceback); like there, no handler
-    and no access check runs for it.  A request stream ends with that status at its bad message."""
-
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k) is not None)
-        inner = getattr(handler, kind)
-        wrap = _checked_stream_request if handler.request_streaming else _checked_request
-        return handler._replace(request_deserializer=_lenient(handler.request_deserializer), **{kind: wrap(inner)})
+def _undecodable_checked(handler: Any) -> Any:
+    """``handler`` answering a request that does not parse INTERNAL, as grpc's threaded server
+    does (``grpc.aio`` would answer UNKNOWN and log the parser's traceback); like there, neither the
+    access check nor the handler runs for it.  A request stream ends with that status at its bad
+    message."""
+    kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k) is not None)
+    inner = getattr(handler, kind)
+    wrap = _checked_stream_request if handler.request_streaming else _checked_request
+    return handler._replace(request_deserializer=_lenient(handler.request_deserializer), **{kind: wrap(inner)})
 
 
 def _checked_request(inner: Any) -> Any:
@@ -172,6 +169,61 @@ def _checked_stream_request(inner: Any) -> Any:
 
         return coro
     return inner  # a threaded handler of a request stream: none is mounted on the broker
+
+
+# what runs on the event loop itself: handlers that touch memory only, never a file or a lock held
+# across I/O (a hop to a worker thread and back costs more than they do); with asynchronous flush
+# a send too (a store write never waits for the disk then).  The rest run on the worker threads.
+ON_THE_LOOP = ("Heartbeat", "AckMessage", "ChangeInvisibleDuration", "NotifyClientTermination", "QueryAssignment",
+               "GetOffset", "SyncLiteSubscription")
+
+
+class _LoopServed:
+    """The MessagingService as mounted: ``methods`` served on the event loop (the same handlers,
+    called there), every other attribute the service's own."""
+
+    def __init__(self, service: MessagingService, methods: tuple[str, ...]) -> None:
+        self._service = service
+        for name in methods:
+            setattr(self, name, _on_the_loop(getattr(service, name)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._service, name)
+
+
+def _on_the_loop(fn: Any) -> Any:
+    async def served(request: Any, context: Any) -> Any:
+        return fn(request, context)
+
+    return served
+
+
+class _Mounted(grpc.GenericRpcHandler):
+    """Every method the server serves: found in ``handlers`` (the services' generic handlers),
+    passed through the access seam and the undecodable-request check, made once per method.  The
+    one generic handler of the server, so no handler is served unguarded; a method no service has
+    stays UNIMPLEMENTED."""
+
+    def __init__(self, access: AccessInterceptor) -> None:
+        self.access = access
+        self.handlers: list[grpc.GenericRpcHandler] = []
+        self._served: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:  # what the generated add_..._to_server calls
+        self.handlers.extend(handlers)
+
+    def service(self, details: grpc.HandlerCallDetails) -> Any:
+        served = self._served.get(details.method)
+        if served is None:
+            for h in self.handlers:
+                found = h.service(details)
+                if found is not None:
+                    break
+            else:
+                return None
+            served = _undecodable_checked(self.access.guard(found, details))
+            self._served[details.method] = served
+        return served
 
 
 class _Counted(grpc.GenericRpcHandler):
@@ -235,20 +287,25 @@ class Broker:
             self.service.start()
             self._loop.call(self._server.start())
         except BaseException:
+            server = getattr(self, "_server", None)
+            if server is not None:  # bound, maybe started: let the port go
+                try:
+                    self._loop.call(server.stop(None), timeout_s=5)
+                except Exception:
+                    log.exception("the gRPC server did not stop")
             self._close_loop()
             self.core.shutdown()
             raise
 
     async def _serve(self, internal: grpc.GenericRpcHandler | None) -> tuple[grpc.aio.Server, int]:
         """The server, made on the loop it runs on, bound to ``listen`` (not started)."""
-        server = grpc.aio.server(
-            migration_thread_pool=self._executor,
-            options=SERVER_OPTIONS,
-            interceptors=(_Undecodable(), self.access.aio()),
-        )
-        add_MessagingServiceServicer_to_server(self.service, server)
+        server = grpc.aio.server(migration_thread_pool=self._executor, options=SERVER_OPTIONS)
+        mounted = _Mounted(self.access)  # every call passes the access seam (see _Mounted)
+        on_the_loop = ON_THE_LOOP + (("SendMessage",) if self.core.store.config.flush == "async" else ())
+        add_MessagingServiceServicer_to_server(_LoopServed(self.service, on_the_loop), mounted)
         if internal is not None:
-            server.add_generic_rpc_handlers((_Counted(internal, self.activity),))
+            mounted.add_generic_rpc_handlers((_Counted(internal, self.activity),))
+        server.add_generic_rpc_handlers((mounted,))
         try:
             bound = server.add_insecure_port(self.options.listen)
         except RuntimeError as e:
@@ -257,13 +314,18 @@ class Broker:
             raise ListenError(f"cannot listen on {self.options.listen}")
         return server, bound
 
-    def _close_loop(self) -> None:
+    def _close_loop(self, wait_s: float = 10.0) -> None:
+        """Stop the event loop, and the worker threads once the work they are doing is done (the
+        store is flushed and closed after this), waiting ``wait_s`` at most."""
         loop = getattr(self, "_loop", None)
         if loop is not None:
             loop.close()
         executor = getattr(self, "_executor", None)
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
+            deadline = time.monotonic() + wait_s
+            for t in list(getattr(executor, "_threads", ())):
+                t.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def endpoints(self) -> str:
