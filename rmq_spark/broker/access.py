@@ -13,7 +13,7 @@
 4. runs the handler with the caller known (:func:`caller`), for answers that depend on who asks.
 
 On the broker's ``grpc.aio`` server the seam is not a per-call interceptor (grpc.aio's
-interceptor chain costs a coroutine per step of every call, a fifth of a send's CPU): the server
+interceptor chain costs a coroutine per step of every call, about a sixth of a send's CPU): the server
 serves every method through one generic handler that passes each handler it finds through
 :meth:`AccessInterceptor.guard` (once per method; the checks above run in the guarded handler on
 every call), so a handler the server serves is a guarded one all the same.
