@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import threading
 import time
 from collections.abc import Coroutine
@@ -68,12 +69,25 @@ SERVER_OPTIONS = (
 )
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop when it is installed (each call costs less of it), asyncio's otherwise;
+    RMQ_BROKER_LOOP=asyncio asks for asyncio's."""
+    if os.environ.get("RMQ_BROKER_LOOP", "") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 class _LoopThread:
     """The event loop the gRPC server runs on, in a thread of its own (the broker is used from
     plain threads: tests, ``__main__``)."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_loop()
         self._thread = threading.Thread(target=self._run, name="rmq-grpc-loop", daemon=True)
         self._thread.start()
 
