@@ -20,6 +20,11 @@ their topics, the broker's stop or their time is up.  What blocks, the store wor
 bounded pool of worker threads (``--workers``): the other methods are the same threaded handlers
 as before (grpc.aio runs them on the pool), and the loop's handlers hand their store calls to it
 (:meth:`MessagingService.run`).  A worker is held only while it works, never while a call waits.
+Handlers that only touch memory, and sends under asynchronous flush, run on the loop itself
+(:data:`ON_THE_LOOP`): handing them to a worker and back would cost more than they do.  The loop
+is uvloop's when it is installed (a dependency on Linux and macOS): grpc.aio's machinery per call
+then costs what the threaded server's did.  Every handler is reached through the server's one
+generic handler, which passes it through the access seam (:class:`_Mounted`).
 """
 
 from __future__ import annotations
