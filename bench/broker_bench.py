@@ -8,10 +8,12 @@ rmq-broker, next to the same client against a no-op MessagingService in the same
 3. receive+ack: SimpleConsumer threads each receiving batches of 32 and acking every message
    (``SimpleConsumer.receive`` / ``ack``), draining messages stored beforehand.
 
-Both servers run as separate processes (the client has its own), with the same gRPC server
-settings (thread pool, options); the no-op one answers routes, settings and heartbeats as the
-broker does, acknowledges sends without storing them, returns the same prepared batch of 32
-messages to every receive and accepts every ack.  The broker runs with its defaults but for a
+Both servers run as separate processes (the client has its own), with the same gRPC options;
+the broker serves on grpc.aio (streams and long polls on its event loop, store work on 128 worker
+threads), the no-op peer on grpc's threaded server with 128 threads, the plain way to serve gRPC
+from Python (what the broker did before issue 17 item 12).  The no-op one answers routes,
+settings and heartbeats as the broker does, acknowledges sends without storing them, returns the
+same prepared batch of 32 messages to every receive and accepts every ack.  The broker runs with its defaults but for a
 smaller CommitLog segment and a 1 s long poll: asynchronous flush (RocketMQ's ASYNC_FLUSH
 default; ``--flush sync`` would wait for an fdatasync per write), the index service on.  Goal
 (issue): send rate >= 80% of the no-op peer's.

@@ -12,6 +12,12 @@
 3. authorizes the account for the need (:meth:`rmq_spark.broker.auth.AccessControl.authorize`);
 4. runs the handler with the caller known (:func:`caller`), for answers that depend on who asks.
 
+On the broker's ``grpc.aio`` server the seam is not a per-call interceptor (grpc.aio's
+interceptor chain costs a coroutine per step of every call, about a sixth of a send's CPU): the server
+serves every method through one generic handler that passes each handler it finds through
+:meth:`AccessInterceptor.guard` (once per method; the checks above run in the guarded handler on
+every call), so a handler the server serves is a guarded one all the same.
+
 A refusal is answered as its service answers faults (:class:`ServiceAccess.refuse`: a RocketMQ
 status on the MessagingService, a gRPC status on the connector).  A method whose service declares
 no rule for it is refused (PERMISSION_DENIED): a new method cannot skip the check.
@@ -24,7 +30,8 @@ from __future__ import annotations
 
 import contextvars
 import enum
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,14 +148,20 @@ class ServiceAccess:
 
 
 class AccessInterceptor(grpc.ServerInterceptor):
-    """See the module docstring.  ``services``: every service mounted on the server."""
+    """See the module docstring.  ``services``: every service mounted on the server.  As an
+    interceptor it serves a threaded ``grpc.server``; the broker's ``grpc.aio`` server passes every
+    handler it serves through :meth:`guard` instead (a handler there may be a coroutine or an
+    async generator as well)."""
 
     def __init__(self, acl: AccessControl | None, services: Iterable[ServiceAccess]) -> None:
         self.acl = acl
         self.services = {s.service: s for s in services}
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(details)
+        return self.guard(continuation(details), details)
+
+    def guard(self, handler: Any, details: grpc.HandlerCallDetails) -> Any:
+        """``handler`` (of the method ``details`` names) with the access check in front."""
         if handler is None:
             return None  # UNIMPLEMENTED, as before
         service, _, method = details.method.lstrip("/").rpartition("/")
@@ -177,20 +190,53 @@ def _metadata(context: grpc.ServicerContext) -> dict[str, str]:
     return {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
 
 
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+
+
+def _first(responses: list[Any]) -> Any:
+    """The one answer of a refused unary call (none: the refusal aborted the call)."""
+    return responses[0] if responses else None
+
+
 def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: str, rule: Rule | None) -> Any:
+    # a threaded handler is checked on its thread, one served on the event loop on the loop (the
+    # check reads names and headers, it does not block); a request stream (Telemetry) has nothing
+    # to read before it opens, so its rule is None
     if handler.unary_unary is not None:
         inner_uu = handler.unary_unary
+        if _is_async(inner_uu):
+            async def async_unary_unary(request: Any, context: Any) -> Any:
+                try:
+                    seam.admit(svc, method, rule, request, context)
+                except Exception as exc:
+                    return _first(svc.refuse(method, exc, context))
+                return await inner_uu(request, context)
+
+            return handler._replace(unary_unary=async_unary_unary)
 
         def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
             try:
                 seam.admit(svc, method, rule, request, context)
             except Exception as exc:  # a refusal, answered as the service answers faults
-                return svc.refuse(method, exc, context)[0]
+                return _first(svc.refuse(method, exc, context))
             return inner_uu(request, context)
 
         return handler._replace(unary_unary=unary_unary)
     if handler.unary_stream is not None:
         inner_us = handler.unary_stream
+        if _is_async(inner_us):
+            async def async_unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                try:
+                    seam.admit(svc, method, rule, request, context)
+                except Exception as exc:
+                    for response in svc.refuse(method, exc, context):
+                        yield response
+                    return
+                async for response in inner_us(request, context):
+                    yield response
+
+            return handler._replace(unary_stream=async_unary_stream)
 
         def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             try:
@@ -201,9 +247,20 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
             yield from inner_us(request, context)
 
         return handler._replace(unary_stream=unary_stream)
-    # a request stream (Telemetry): nothing to read before the stream opens, so the rule is None
     if handler.stream_stream is not None:
         inner_ss = handler.stream_stream
+        if _is_async(inner_ss):
+            async def async_stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+                try:
+                    seam.admit(svc, method, None, None, context)
+                except Exception as exc:
+                    for response in svc.refuse(method, exc, context):
+                        yield response
+                    return
+                async for response in inner_ss(requests, context):
+                    yield response
+
+            return handler._replace(stream_stream=async_stream_stream)
 
         def stream_stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
             try:
@@ -215,12 +272,21 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
 
         return handler._replace(stream_stream=stream_stream)
     inner_su = handler.stream_unary
+    if _is_async(inner_su):
+        async def async_stream_unary(requests: AsyncIterator[Any], context: Any) -> Any:
+            try:
+                seam.admit(svc, method, None, None, context)
+            except Exception as exc:
+                return _first(svc.refuse(method, exc, context))
+            return await inner_su(requests, context)
+
+        return handler._replace(stream_unary=async_stream_unary)
 
     def stream_unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         try:
             seam.admit(svc, method, None, None, context)
         except Exception as exc:
-            return svc.refuse(method, exc, context)[0]
+            return _first(svc.refuse(method, exc, context))
         return inner_su(requests, context)
 
     return handler._replace(stream_unary=stream_unary)
@@ -228,9 +294,21 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
 
 def _no_rule(handler: Any, path: str) -> Any:
     """A method no service declared a rule for: refused, whatever it is."""
+    details = f"{path} has no access rule; the broker refuses it"
+    kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k) is not None)
+    if _is_async(getattr(handler, kind)):
+        async def refuse_async(_request: Any, context: Any) -> None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, details)
+
+        return handler._replace(**{kind: refuse_async})
+    if kind in ("unary_stream", "stream_stream"):
+        def refuse_stream(_request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, details)
+            yield from ()
+
+        return handler._replace(**{kind: refuse_stream})
 
     def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{path} has no access rule; the broker refuses it")
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, details)
 
-    kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k) is not None)
     return handler._replace(**{kind: refuse})

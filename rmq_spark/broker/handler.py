@@ -1,8 +1,9 @@
 """How a MessagingService handler is served: counted as activity, every fault answered as a status.
 
 :class:`Activity` counts the calls in progress (what ``--idle-exit-s`` watches); :func:`unary`
-and :func:`streaming` wrap a handler so that it is counted and that an exception escaping from
-it becomes the response's status (:func:`rmq_spark.broker.codes.status_of`), never a gRPC error.
+and :func:`astreaming` (a server-streaming handler, served on the event loop) wrap a handler so
+that it is counted and that an exception escaping from it becomes the response's status
+(:func:`rmq_spark.broker.codes.status_of`), never a gRPC error.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -18,7 +19,7 @@ from rocketmq.grpc_protocol import service_pb2 as S
 
 from rmq_spark.broker import codes
 
-__all__ = ["Activity", "unary", "streaming", "now_response"]
+__all__ = ["Activity", "unary", "astreaming", "now_response"]
 
 
 class Activity:
@@ -99,16 +100,18 @@ def unary(response_cls: type) -> Callable:  # type: ignore[type-arg]
     return deco
 
 
-def streaming(response_cls: type, with_timestamp: bool) -> Callable:  # type: ignore[type-arg]
-    """:func:`unary` for a server-streaming handler: the fault's status is the stream's last
+def astreaming(response_cls: type, with_timestamp: bool) -> Callable:  # type: ignore[type-arg]
+    """:func:`unary` for a server-streaming handler, an async generator served on the event loop
+    (a long poll waits there without holding a thread): the fault's status is the stream's last
     answer (followed by the delivery timestamp when ``with_timestamp``, as ReceiveMessage ends)."""
 
     def deco(fn: Callable) -> Callable:  # type: ignore[type-arg]
         @functools.wraps(fn)
-        def handler(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        async def handler(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
             self.activity.begin()
             try:
-                yield from fn(self, request, context)
+                async for response in fn(self, request, context):
+                    yield response
             except Exception as exc:
                 yield response_cls(status=codes.status_of(exc))
                 if with_timestamp:

@@ -34,7 +34,9 @@ flag (config-file key)             meaning                                  defa
 --timer-precision-ms N             timer message precision                  100
 --timer-max-delay-s S              furthest delivery time accepted          259200 (3 days)
 --broker-name NAME                 broker name in routes                    rmq-spark-broker
---workers N                        gRPC worker threads                      128
+--workers N                        threads for the store work of calls      128
+                                   (streams and long polls wait on the
+                                   event loop and hold none)
 --remoting-listen HOST:PORT        RocketMQ remoting protocol (Java and     127.0.0.1:10911 [*]
                                    other remoting clients, mqadmin)
 --namesrv-listen HOST:PORT         the NameServer of this broker            127.0.0.1:9876 [*]
@@ -82,7 +84,7 @@ class BrokerOptions:
     idle_exit_s: float = 0.0
     acl_path: str | None = None
     acl_window_ms: int = 15 * 60 * 1000  # rmq_spark.broker.auth.DATE_WINDOW_MS
-    workers: int = 128
+    workers: int = 128  # threads for calls' store work (rmq_spark.broker.server)
     max_receive_batch: int = 1024
     max_pull_batch: int = 10_000
     # remoting protocol and NameServer (rmq_spark.remoting): off unless an address is given
@@ -129,7 +131,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("timer-precision-ms", int, "precision of timer (delivery-time) messages (default 100)"),
     ("timer-max-delay-s", int, "furthest delivery time accepted, in seconds (default 259200: 3 days)"),
     ("broker-name", str, "broker name shown in routes (default rmq-spark-broker)"),
-    ("workers", int, "gRPC worker threads (default 128)"),
+    ("workers", int, "threads for the store work of calls; open streams and long polls hold none (default 128)"),
     ("remoting-listen", str, f"HOST:PORT of the remoting protocol (default {DEFAULT_REMOTING_LISTEN}; port 0 when "
                              "--listen's port is 0)"),
     ("namesrv-listen", str, f"HOST:PORT of this broker's NameServer (default {DEFAULT_NAMESRV_LISTEN}; port 0 when "

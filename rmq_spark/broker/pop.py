@@ -16,6 +16,10 @@ ForwardMessageToDeadLetterQueue do to a consumer group (RocketMQ 5's pop, as the
 - ``auto_renew`` (push consumers): the deadline is extended while the client is alive; a client
   that says goodbye gets its messages released.
 
+A receive that finds nothing long-polls on the server's event loop (the service's
+ReceiveMessage): it parks in :attr:`PopService.wakeups` under its topic and its group's retry
+topic, and :meth:`PopService.notify` wakes it when a write, an ack or an expiry touches them.
+
 Queue state and persistence: :mod:`rmq_spark.broker.popstate`.  Time comes from the injected
 clock; :meth:`PopService.revive_once` does one round of expiry (a background thread calls it),
 and the retry / DLQ copies are written by :mod:`rmq_spark.broker.revive`.
@@ -27,16 +31,17 @@ import heapq
 import itertools
 import logging
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from rmq_spark.broker.codes import AckOutcome
 from rmq_spark.broker.popstate import MAIN, RETRY, GroupState, InFlight, OffsetSet, Pending, PopStateFile, QueueState
 from rmq_spark.broker.receipt import parse_receipt_handle, receipt_handle
 from rmq_spark.broker.revive import Move, dlq_topic, move_expired, retry_topic
+from rmq_spark.broker.wakeups import Wakeups
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
+from rmq_spark.store.dispatch import DispatchBatch
 from rmq_spark.filter import SqlFilter, TagFilter
 from rmq_spark.store.message import MessageExt
 from rmq_spark.store.status import GetStatus
@@ -47,7 +52,6 @@ __all__ = ["PopConfig", "PopService", "Delivery", "retry_topic", "dlq_topic"]
 log = logging.getLogger("rmq_spark.broker.pop")
 
 PENDING_CAP = 2048  # read-ahead held back per queue (FIFO groups blocked behind a message)
-WAIT_SLICE_S = 0.5  # long polls re-check cancellation this often
 
 
 @dataclass
@@ -94,14 +98,13 @@ class PopService:
         self._heap_lock = threading.Lock()
         self._seq = itertools.count(1)
         self._epoch = format(clock.now_ms(), "x")
-        self._cond = threading.Condition()
         self._version = 0
-        self._waiting = 0  # long polls asleep on _cond (counted under it)
         self._closing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_persist_ms = 0
-        store.add_listener(self.notify, batch=False)
+        self.wakeups = Wakeups()  # long polls parked on the server's event loop, by topic
+        store.add_listener(self._on_dispatch)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -120,36 +123,25 @@ class PopService:
             self._thread.join(timeout=10)
         self.persist()
 
-    def notify(self) -> None:
-        # the version moves first, then sleepers are woken: a waiter counts itself before it
-        # compares versions (both under the lock), so either it sees the new version or this sees
-        # it counted, and takes the lock, which the waiter only lets go of inside wait()
-        self._version += 1
-        if self._waiting:
-            with self._cond:
-                self._cond.notify_all()
+    def _on_dispatch(self, dispatch: DispatchBatch) -> None:
+        self.notify(dispatch.topics)
 
-    def _sleep(self, version: int, timeout_s: float) -> None:
-        """Sleep up to ``timeout_s`` unless :attr:`version` moved past ``version`` (or closing)."""
-        with self._cond:
-            self._waiting += 1
-            try:
-                if self._version == version and not self._closing:
-                    self._cond.wait(timeout_s)
-            finally:
-                self._waiting -= 1
+    def notify(self, topics: Iterable[str] | None = None) -> None:
+        """Something a receive or pull may be waiting for happened to ``topics`` (to anything
+        when ``None``): wake the long polls that wait on them.  The version moves first, then
+        the polls are woken (the order :mod:`rmq_spark.broker.wakeups` relies on)."""
+        self._version += 1
+        self.wakeups.wake(topics)
+
+    @property
+    def closing(self) -> bool:
+        """The broker is stopping: long polls answer at once."""
+        return self._closing
 
     @property
     def version(self) -> int:
         """Changes whenever messages are published, acked or revived (for long polling)."""
         return self._version
-
-    def wait_change(self, version: int, timeout_s: float) -> bool:
-        """Wait until :attr:`version` moves past ``version``; False on timeout or when closing."""
-        if timeout_s <= 0 or self._closing:
-            return False
-        self._sleep(version, timeout_s)
-        return self._version != version and not self._closing
 
     def _run(self) -> None:
         interval_s = self.config.revive_interval_ms / 1000
@@ -202,31 +194,6 @@ class PopService:
             g.queues.pop((RETRY, topic, queue_id), None)
 
     # --- receive --------------------------------------------------------------------------------
-    def receive(
-        self,
-        group: str,
-        topic: str,
-        message_filter: object,
-        batch: int,
-        invisible_ms: int,
-        *,
-        client_id: str = "",
-        auto_renew: bool = False,
-        wait_ms: int = 0,
-        cancelled: threading.Event | None = None,
-    ) -> list[Delivery]:
-        """Pop, long-polling up to ``wait_ms`` (real time) while nothing is there."""
-        give_up = time.monotonic() + wait_ms / 1000
-        while True:
-            version = self._version
-            out = self.pop(group, topic, message_filter, batch, invisible_ms, client_id=client_id, auto_renew=auto_renew)
-            if out or self._closing or (cancelled is not None and cancelled.is_set()):
-                return out
-            remaining = give_up - time.monotonic()
-            if remaining <= 0:
-                return out
-            self._sleep(version, min(remaining, WAIT_SLICE_S))  # in slices: a cancelled call lets go soon
-
     def pop(
         self,
         group: str,
@@ -365,7 +332,7 @@ class PopService:
             q.finish(off)
             self._commit(g, q)
         if e.msg_group is not None:
-            self.notify()  # its group may go on
+            self.notify((topic,))  # its group may go on
         return AckOutcome.OK
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> tuple[AckOutcome, str]:
@@ -442,6 +409,7 @@ class PopService:
         moves: list[Move] = []
         renewed = []
         requeued = 0
+        woken: set[str] = set()  # the topics whose receives may now find something
         at = 0  # the entry of ``due`` in hand: if anything raises, it and those after go back
         try:
             for at, (deadline, _seq, gname, key, off) in enumerate(due):
@@ -464,6 +432,8 @@ class PopService:
                         requeued += 1
                     else:
                         moves.append(Move(g, q, off, e.phys, e.size, e.reconsume, e.origin, last))
+                        woken.add(retry_topic(gname))
+                    woken.add(e.origin)
                     # out of flight only once it is pending or to be moved
                     del q.inflight[off]
                     q.untrack(e)
@@ -476,7 +446,7 @@ class PopService:
             if moves:
                 move_expired(self.store, moves, self._commit)
             if moves or requeued:
-                self.notify()
+                self.notify(woken)
         return len(moves) + requeued
 
     # --- offsets --------------------------------------------------------------------------------

@@ -10,16 +10,37 @@ also mounts the Spark connector's private service (``rmq_spark.broker.connector`
 Every call on the port, to either service, passes the one access seam
 (:class:`rmq_spark.broker.access.AccessInterceptor`): ``--acl`` applies to both alike.
 :meth:`stop` ends streams, stops the server, flushes and marks the store cleanly shut down.
+
+How calls are served (issue 17 item 12: a broker serves thousands of connected clients, each with
+a Telemetry stream open and long polls parked): the server is ``grpc.aio``'s, on an event loop in
+a thread of its own.  What may wait for long is served on that loop and holds no thread: the
+Telemetry streams (:func:`rmq_spark.broker.telemetry.serve_telemetry`), and ReceiveMessage and
+PullMessage, whose long polls park by topic (:mod:`rmq_spark.broker.wakeups`) until a write to
+their topics, the broker's stop or their time is up.  What blocks, the store work, runs on a
+bounded pool of worker threads (``--workers``): the other methods are the same threaded handlers
+as before (grpc.aio runs them on the pool), and the loop's handlers hand their store calls to it
+(:meth:`MessagingService.run`).  A worker is held only while it works, never while a call waits.
+Handlers that only touch memory, and sends under asynchronous flush, run on the loop itself
+(:data:`ON_THE_LOOP`): handing them to a worker and back would cost more than they do.  The loop
+is uvloop's when it is installed (a dependency on Linux and macOS): grpc.aio's machinery per call
+then costs what the threaded server's did.  Every handler is reached through the server's one
+generic handler, which passes it through the access seam (:class:`_Mounted`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
+import os
 import threading
+import time
+from collections.abc import Coroutine
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+import grpc.aio
 from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer_to_server
 
 from rmq_spark.broker.access import AccessInterceptor
@@ -36,6 +57,9 @@ __all__ = ["Broker", "ListenError"]
 
 log = logging.getLogger("rmq_spark.broker")
 
+T = TypeVar("T")
+
+
 class ListenError(RmqError):
     """The broker cannot serve on the address it was given (taken, or not an address of this
     host)."""
@@ -48,6 +72,177 @@ SERVER_OPTIONS = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
 )
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop when it is installed (each call costs less of it), asyncio's otherwise;
+    RMQ_BROKER_LOOP=asyncio asks for asyncio's."""
+    if os.environ.get("RMQ_BROKER_LOOP", "") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+class _LoopThread:
+    """The event loop the gRPC server runs on, in a thread of its own (the broker is used from
+    plain threads: tests, ``__main__``)."""
+
+    def __init__(self) -> None:
+        self.loop = _new_loop()
+        self._thread = threading.Thread(target=self._run, name="rmq-grpc-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = 60.0) -> T:
+        """Run ``coro`` on the loop and wait for its result."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout_s)
+        except futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"the server's event loop did not answer in {timeout_s}s") from None
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+_UNDECODABLE = object()  # what a request that does not parse becomes
+_UNDECODABLE_DETAILS = "Exception deserializing request!"  # grpc's threaded server's words
+
+
+def _lenient(deserializer: Any) -> Any:
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return deserializer(raw) if deserializer is not None else raw
+        except Exception:
+            return _UNDECODABLE
+
+    return deserialize
+
+
+def _undecodable_checked(handler: Any) -> Any:
+    """``handler`` answering a request that does not parse INTERNAL, as grpc's threaded server
+    does (``grpc.aio`` would answer UNKNOWN and log the parser's traceback); like there, neither the
+    access check nor the handler runs for it.  A request stream ends with that status at its bad
+    message."""
+    kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k) is not None)
+    inner = getattr(handler, kind)
+    wrap = _checked_stream_request if handler.request_streaming else _checked_request
+    return handler._replace(request_deserializer=_lenient(handler.request_deserializer), **{kind: wrap(inner)})
+
+
+def _checked_request(inner: Any) -> Any:
+    if inspect.isasyncgenfunction(inner):
+        async def agen(request: Any, context: Any) -> Any:
+            if request is _UNDECODABLE:
+                await context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
+            async for response in inner(request, context):
+                yield response
+
+        return agen
+    if inspect.iscoroutinefunction(inner):
+        async def coro(request: Any, context: Any) -> Any:
+            if request is _UNDECODABLE:
+                await context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
+            return await inner(request, context)
+
+        return coro
+
+    def threaded(request: Any, context: Any) -> Any:  # on a worker thread: abort has sent the status on return
+        if request is _UNDECODABLE:
+            context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
+            return iter(()) if inspect.isgeneratorfunction(inner) else None
+        return inner(request, context)
+
+    return threaded
+
+
+def _checked_stream_request(inner: Any) -> Any:
+    async def checked(requests: Any, context: Any) -> Any:
+        async for request in requests:
+            if request is _UNDECODABLE:
+                await context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
+            yield request
+
+    if inspect.isasyncgenfunction(inner):
+        async def agen(requests: Any, context: Any) -> Any:
+            async for response in inner(checked(requests, context), context):
+                yield response
+
+        return agen
+    if inspect.iscoroutinefunction(inner):
+        async def coro(requests: Any, context: Any) -> Any:
+            return await inner(checked(requests, context), context)
+
+        return coro
+    return inner  # a threaded handler of a request stream: none is mounted on the broker
+
+
+# what runs on the event loop itself: handlers that touch memory only, never a file or a lock held
+# across I/O (a hop to a worker thread and back costs more than they do); with asynchronous flush
+# a send too (a store write never waits for the disk then).  The rest run on the worker threads.
+ON_THE_LOOP = ("Heartbeat", "AckMessage", "ChangeInvisibleDuration", "NotifyClientTermination", "QueryAssignment",
+               "GetOffset", "SyncLiteSubscription")
+
+
+class _LoopServed:
+    """The MessagingService as mounted: ``methods`` served on the event loop (the same handlers,
+    called there), every other attribute the service's own."""
+
+    def __init__(self, service: MessagingService, methods: tuple[str, ...]) -> None:
+        self._service = service
+        for name in methods:
+            setattr(self, name, _on_the_loop(getattr(service, name)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._service, name)
+
+
+def _on_the_loop(fn: Any) -> Any:
+    async def served(request: Any, context: Any) -> Any:
+        return fn(request, context)
+
+    return served
+
+
+class _Mounted(grpc.GenericRpcHandler):
+    """Every method the server serves: found in ``handlers`` (the services' generic handlers),
+    passed through the access seam and the undecodable-request check, made once per method.  The
+    one generic handler of the server, so no handler is served unguarded; a method no service has
+    stays UNIMPLEMENTED."""
+
+    def __init__(self, access: AccessInterceptor) -> None:
+        self.access = access
+        self.handlers: list[grpc.GenericRpcHandler] = []
+        self._served: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:  # what the generated add_..._to_server calls
+        self.handlers.extend(handlers)
+
+    def service(self, details: grpc.HandlerCallDetails) -> Any:
+        served = self._served.get(details.method)
+        if served is None:
+            for h in self.handlers:
+                found = h.service(details)
+                if found is not None:
+                    break
+            else:
+                return None
+            served = _undecodable_checked(self.access.guard(found, details))
+            self._served[details.method] = served
+        return served
 
 
 class _Counted(grpc.GenericRpcHandler):
@@ -109,24 +304,15 @@ class Broker:
             if internal is not None:
                 services.append(internal.connector.access())
             self.access = AccessInterceptor(acl, services)  # every call on the port passes it
-            self._server = grpc.server(
-                futures.ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="rmq-grpc"),
-                options=SERVER_OPTIONS,
-                interceptors=(self.access,),
-            )
-            add_MessagingServiceServicer_to_server(self.service, self._server)
-            if internal is not None:
-                self._server.add_generic_rpc_handlers((_Counted(internal, self.activity),))
-            try:
-                bound = self._server.add_insecure_port(self.options.listen)
-            except RuntimeError as e:
-                raise ListenError(f"cannot listen on {self.options.listen}: {e}") from None
-            if bound == 0:
-                raise ListenError(f"cannot listen on {self.options.listen}")
+            # store work runs on these threads; streams and long polls wait on the event loop
+            self._executor = futures.ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="rmq-grpc")
+            self.service.executor = self._executor
+            self._loop = _LoopThread()
+            self._server, bound = self._loop.call(self._serve(internal))
             self.host, self.port = host, bound
             self.service.set_endpoint(host, bound)
             self.service.start()
-            self._server.start()
+            self._loop.call(self._server.start())
             if sockets is not None:
                 from rmq_spark.broker.remoting import RemotingService
 
@@ -139,6 +325,13 @@ class Broker:
                 self.remoting.stop()
             elif sockets is not None:
                 sockets.close()
+            server = getattr(self, "_server", None)
+            if server is not None:  # bound, maybe started: let the port go
+                try:
+                    self._loop.call(server.stop(None), timeout_s=5)
+                except Exception:
+                    log.exception("the gRPC server did not stop")
+            self._close_loop()
             self.core.shutdown()
             raise
 
@@ -156,6 +349,36 @@ class Broker:
             raise ListenError(f"cannot listen on {opts.remoting_listen} / {opts.namesrv_listen}: {e}") from None
         config.store.store_port = sockets.broker_port
         return sockets
+
+    async def _serve(self, internal: grpc.GenericRpcHandler | None) -> tuple[grpc.aio.Server, int]:
+        """The server, made on the loop it runs on, bound to ``listen`` (not started)."""
+        server = grpc.aio.server(migration_thread_pool=self._executor, options=SERVER_OPTIONS)
+        mounted = _Mounted(self.access)  # every call passes the access seam (see _Mounted)
+        on_the_loop = ON_THE_LOOP + (("SendMessage",) if self.core.store.config.flush == "async" else ())
+        add_MessagingServiceServicer_to_server(_LoopServed(self.service, on_the_loop), mounted)
+        if internal is not None:
+            mounted.add_generic_rpc_handlers((_Counted(internal, self.activity),))
+        server.add_generic_rpc_handlers((mounted,))
+        try:
+            bound = server.add_insecure_port(self.options.listen)
+        except RuntimeError as e:
+            raise ListenError(f"cannot listen on {self.options.listen}: {e}") from None
+        if bound == 0:
+            raise ListenError(f"cannot listen on {self.options.listen}")
+        return server, bound
+
+    def _close_loop(self, wait_s: float = 10.0) -> None:
+        """Stop the event loop, and the worker threads once the work they are doing is done (the
+        store is flushed and closed after this), waiting ``wait_s`` at most."""
+        loop = getattr(self, "_loop", None)
+        if loop is not None:
+            loop.close()
+        executor = getattr(self, "_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+            deadline = time.monotonic() + wait_s
+            for t in list(getattr(executor, "_threads", ())):
+                t.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def endpoints(self) -> str:
@@ -199,7 +422,12 @@ class Broker:
         self.service.close()
         if self.remoting is not None:
             self.remoting.stop()
-        self._server.stop(grace_s).wait(grace_s + 5)
+        try:
+            self._loop.call(self._server.stop(grace_s), timeout_s=grace_s + 5)
+        except TimeoutError:
+            log.warning("the gRPC server did not stop in %.1fs", grace_s + 5)
+        finally:
+            self._close_loop()
         try:
             self.service.shutdown()
         finally:

@@ -8,6 +8,10 @@ wraps each one: a fault becomes a status through :mod:`rmq_spark.broker.codes`).
 transactions: :mod:`rmq_spark.broker.producer`; receive/ack: :mod:`rmq_spark.broker.pop`; clients
 and Telemetry: :mod:`rmq_spark.broker.telemetry`.
 
+Telemetry, ReceiveMessage and PullMessage are served on the server's event loop (their waiting
+holds no thread; their store work runs on the worker threads through :meth:`MessagingService.run`),
+the other methods on the worker threads (:mod:`rmq_spark.broker.server`).
+
 The offset RPCs (PullMessage, GetOffset, QueryOffset, UpdateOffset), which Apache's proxy does not
 implement, follow the proto: a pull streams ``status``, the messages from ``offset`` and
 ``next_offset``; GetOffset/UpdateOffset read and write the group's committed offset
@@ -16,30 +20,29 @@ implement, follow the proto: a pull streams ``status``, the messages from ``offs
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2 as D
 from rocketmq.grpc_protocol import service_pb2 as S
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer
 
-from rmq_spark.broker import codes
+from rmq_spark.broker import codes, polling
 from rmq_spark.broker.access import AUTHENTICATED, Need, ServiceAccess, Use, group_name, topic_name
 from rmq_spark.broker.auth import Perm
 from rmq_spark.broker.codes import Code, RpcStatusError
-from rmq_spark.broker.handler import Activity, now_response, streaming, unary
-from rmq_spark.broker.messages import timestamp_ms, to_proto
+from rmq_spark.broker.handler import Activity, astreaming, now_response, unary
+from rmq_spark.broker.messages import timestamp_ms
 from rmq_spark.broker.options import BrokerOptions
-from rmq_spark.broker.pop import WAIT_SLICE_S, PopConfig, PopService
+from rmq_spark.broker.pop import PopConfig, PopService
 from rmq_spark.broker.producer import ProducerPath
 from rmq_spark.broker.telemetry import ClientRegistry, SettingsPolicy, serve_telemetry
 from rmq_spark.errors import ConfigError
 from rmq_spark.store.config import TopicConfig
 from rmq_spark.filter import make_filter
-from rmq_spark.store.status import GetStatus
 
 __all__ = ["MessagingService", "ACCESS_RULES", "SERVICE"]
 
@@ -50,8 +53,8 @@ ALL_TYPES = (D.MessageType.NORMAL, D.MessageType.FIFO, D.MessageType.DELAY, D.Me
 _TYPE_OF = {"NORMAL": D.MessageType.NORMAL, "FIFO": D.MessageType.FIFO, "DELAY": D.MessageType.DELAY,
             "TRANSACTION": D.MessageType.TRANSACTION}
 _BROKER_MANAGED = ("%RETRY%", "%DLQ%")  # retry and dead-letter topics: never created by a client
-PULL_MAX_BYTES = 16 * 1024 * 1024
 _DEADLINE_MARGIN_S = 0.3  # answer a long poll this long before the client's deadline
+T = TypeVar("T")
 
 
 def _peer_host(context: grpc.ServicerContext) -> str:
@@ -87,6 +90,12 @@ class MessagingService(MessagingServiceServicer):
             long_polling_timeout_ms=options.long_polling_max_ms,
         )
         self.producer = ProducerPath(core, self.clients)
+        self.executor: Executor | None = None  # the server's worker threads (None: a thread per call)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a worker thread: what a handler served on the event loop does with the
+        store, which blocks."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def set_endpoint(self, host: str, port: int) -> None:
         """Where clients reach this broker (used when a request does not say)."""
@@ -211,7 +220,8 @@ class MessagingService(MessagingServiceServicer):
         self.clients.touch(meta[CLIENT_ID], request.client_type, group)
         return S.HeartbeatResponse(status=codes.ok())
 
-    def Telemetry(self, request_iterator: Iterator[S.TelemetryCommand], context: grpc.ServicerContext) -> Iterator[S.TelemetryCommand]:
+    async def Telemetry(self, request_iterator: AsyncIterator[S.TelemetryCommand],
+                        context: Any) -> AsyncIterator[S.TelemetryCommand]:
         self.activity.begin()
         try:
             try:
@@ -220,7 +230,8 @@ class MessagingService(MessagingServiceServicer):
                 yield S.TelemetryCommand(status=codes.status_of(exc))
                 return
             session = self.clients.touch(meta[CLIENT_ID])
-            yield from serve_telemetry(request_iterator, context, session, self.policy, self.is_fifo_group)
+            async for cmd in serve_telemetry(request_iterator, context, session, self.policy, self.is_fifo_group):
+                yield cmd
         finally:
             self.activity.end()
 
@@ -288,42 +299,10 @@ class MessagingService(MessagingServiceServicer):
         mq = self._message_queue(cfg, -1, self._endpoints(request.endpoints), request.topic.resource_namespace)
         return S.QueryAssignmentResponse(status=codes.ok(), assignments=[D.Assignment(message_queue=mq)])
 
-    @streaming(S.ReceiveMessageResponse, with_timestamp=True)
-    def ReceiveMessage(self, request: S.ReceiveMessageRequest, context: grpc.ServicerContext) -> Iterator[S.ReceiveMessageResponse]:
-        meta = self._meta(context)
-        group = group_name(request.group.name)
-        name = topic_name(request.message_queue.topic.name, Use.READ)
-        cfg = self._topic(name)
-        if not cfg.readable:
-            raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} is not readable")
-        flt = self._filter(request.filter_expression)
-        if request.batch_size <= 0:
-            raise RpcStatusError(Code.BAD_REQUEST, f"batch size must be positive, not {request.batch_size}")
-        batch = min(request.batch_size, self.options.max_receive_batch)
-        if request.auto_renew:
-            invisible_ms = self.options.auto_renew_invisible_ms
-        elif not request.HasField("invisible_duration"):
-            raise RpcStatusError(Code.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required unless auto_renew is set")
-        else:
-            invisible_ms = request.invisible_duration.ToMilliseconds()
-            self._check_invisible(invisible_ms, self.options.min_invisible_ms)
-        wait_ms = self._wait_ms(request.long_polling_timeout, request.HasField("long_polling_timeout"), context)
-        cid = meta[CLIENT_ID]
-        self.clients.touch(cid, group=group)
-        cancelled = threading.Event()
-        context.add_callback(cancelled.set)
-        got = self.pop.receive(group, name, flt, batch, invisible_ms, client_id=cid,
-                               auto_renew=request.auto_renew, wait_ms=wait_ms, cancelled=cancelled)
-        ns = request.message_queue.topic.resource_namespace
-        if got:
-            yield S.ReceiveMessageResponse(status=codes.ok())
-            for d in got:
-                yield S.ReceiveMessageResponse(message=to_proto(
-                    d.message, topic=d.topic, namespace=ns, receipt_handle=d.handle,
-                    delivery_attempt=d.attempt, invisible_ms=d.invisible_ms))
-        else:
-            yield S.ReceiveMessageResponse(status=codes.status(Code.MESSAGE_NOT_FOUND, "no new message"))
-        yield now_response(self)
+    @astreaming(S.ReceiveMessageResponse, with_timestamp=True)
+    async def ReceiveMessage(self, request: S.ReceiveMessageRequest, context: Any) -> AsyncIterator[S.ReceiveMessageResponse]:
+        async for response in polling.receive(self, request, context):
+            yield response
 
     def _check_invisible(self, ms: int, least_ms: int) -> None:
         if not least_ms <= ms <= self.options.max_invisible_ms:
@@ -371,48 +350,10 @@ class MessagingService(MessagingServiceServicer):
         return S.ForwardMessageToDeadLetterQueueResponse(status=codes.status(code, text))
 
     # --- offset-based consumption ----------------------------------------------------------------------
-    @streaming(S.PullMessageResponse, with_timestamp=False)
-    def PullMessage(self, request: S.PullMessageRequest, context: grpc.ServicerContext) -> Iterator[S.PullMessageResponse]:
-        self._meta(context)
-        if request.group.name:
-            group_name(request.group.name)  # a malformed group name is refused, as everywhere
-        cfg, qid = self._queue_of(request.message_queue)
-        offset = request.offset
-        if offset < 0:
-            raise RpcStatusError(Code.ILLEGAL_OFFSET, f"offset {offset} is negative")
-        if request.batch_size <= 0:
-            raise RpcStatusError(Code.BAD_REQUEST, f"batch size must be positive, not {request.batch_size}")
-        batch = min(request.batch_size, self.options.max_pull_batch)
-        flt = self._filter(request.filter_expression)
-        wait_ms = self._wait_ms(request.long_polling_timeout, request.HasField("long_polling_timeout"), context)
-        give_up = time.monotonic() + wait_ms / 1000
-        topic = cfg.topic_name
-        while True:
-            version = self.pop.version
-            res = self.store.get_messages(topic, qid, offset, max_msgs=batch, max_bytes=PULL_MAX_BYTES, message_filter=flt)
-            at_end = res.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE,
-                                    GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset == res.max_offset
-            left = give_up - time.monotonic()
-            if not at_end or left <= 0 or not context.is_active():
-                break
-            self.pop.wait_change(version, min(left, WAIT_SLICE_S))
-        code = codes.get_code(res.status)
-        if res.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset > res.max_offset:
-            code = Code.ILLEGAL_OFFSET
-        if code == Code.ILLEGAL_OFFSET:
-            text = f"offset {offset} is outside [{res.min_offset}, {res.max_offset}] of {topic}/{qid}"
-        elif code == Code.MESSAGE_NOT_FOUND:
-            text = "no new message"
-        else:
-            text = "OK"
-        yield S.PullMessageResponse(status=codes.status(code, text))
-        ns = request.message_queue.topic.resource_namespace
-        for m in res.messages:
-            yield S.PullMessageResponse(message=to_proto(m, namespace=ns))
-        next_offset = res.next_begin_offset if res.status is not GetStatus.NO_MATCHED_LOGIC_QUEUE else offset
-        if code == Code.ILLEGAL_OFFSET:
-            next_offset = res.min_offset if offset < res.min_offset else res.max_offset
-        yield S.PullMessageResponse(next_offset=next_offset)
+    @astreaming(S.PullMessageResponse, with_timestamp=False)
+    async def PullMessage(self, request: S.PullMessageRequest, context: Any) -> AsyncIterator[S.PullMessageResponse]:
+        async for response in polling.pull(self, request, context):
+            yield response
 
     @unary(S.UpdateOffsetResponse)
     def UpdateOffset(self, request: S.UpdateOffsetRequest, context: grpc.ServicerContext) -> S.UpdateOffsetResponse:

@@ -2,7 +2,8 @@
 sends to a client (orphaned-transaction recovery).
 
 Each client (keyed by its ``x-mq-client-id`` header) opens one bidirectional ``Telemetry`` stream
-per broker and writes its ``Settings`` on it.  For every settings command the broker answers with
+per broker and writes its ``Settings`` on it.  A stream is served on the server's event loop
+(:func:`serve_telemetry`) and holds no thread while it is open.  For every settings command the broker answers with
 ``TelemetryCommand{status OK, settings=<merged>}`` — the client's settings plus what the broker
 decides (retry policy, body size limit, FIFO, batch size, long-polling time), the fields the
 official clients need (reference ``grpc_protocol.md`` section 3).  The stream stays open; the
@@ -12,12 +13,13 @@ any time, and the producer answers with an ``EndTransaction`` RPC.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2 as D
@@ -76,26 +78,39 @@ class SettingsPolicy:
 
 
 class TelemetryStream:
-    """The broker's side of one open Telemetry stream: a queue of commands to write."""
+    """The broker's side of one open Telemetry stream: a queue of commands to write, drained by
+    the stream's coroutine on the server's event loop.  :meth:`send` and :meth:`close` may be
+    called from any thread (the transaction check-back writes from its own)."""
 
     def __init__(self) -> None:
-        self._outbox: queue.Queue[S.TelemetryCommand | None] = queue.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._outbox: asyncio.Queue[S.TelemetryCommand | None] = asyncio.Queue()
         self.closed = False
 
     def send(self, cmd: S.TelemetryCommand) -> bool:
         if self.closed:
             return False
-        self._outbox.put(cmd)
+        self._put(cmd)
         return True
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._outbox.put(None)
+            self._put(None)
 
-    def __iter__(self) -> Iterator[S.TelemetryCommand]:
+    def _put(self, item: S.TelemetryCommand | None) -> None:
+        if threading.get_ident() == self._loop_thread:
+            self._outbox.put_nowait(item)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._outbox.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the stream is over
+            self.closed = True
+
+    async def __aiter__(self) -> AsyncIterator[S.TelemetryCommand]:
         while True:
-            cmd = self._outbox.get()
+            cmd = await self._outbox.get()
             if cmd is None:
                 return
             yield cmd
@@ -183,41 +198,50 @@ class ClientRegistry:
             st.close()
 
 
-def serve_telemetry(
-    request_iterator: Iterator[S.TelemetryCommand],
-    context: grpc.ServicerContext,
+async def serve_telemetry(
+    request_iterator: AsyncIterator[S.TelemetryCommand],
+    context: Any,
     session: ClientSession,
     policy: SettingsPolicy,
     is_fifo: Callable[[str | None, list[str]], bool],
-) -> Iterator[S.TelemetryCommand]:
-    """The response side of a Telemetry call; reads the client's commands on a helper thread."""
+) -> AsyncIterator[S.TelemetryCommand]:
+    """The response side of a Telemetry call, on the server's event loop: the client's commands
+    are read by a second task; an open stream holds no thread."""
     stream = TelemetryStream()
     old, session.stream = session.stream, stream
     if old is not None:
         old.close()  # the latest stream of a client wins
-    context.add_callback(stream.close)
 
-    def read() -> None:
+    async def read() -> None:
         try:
-            for cmd in request_iterator:
+            async for cmd in request_iterator:
                 session.last_seen_s = time.monotonic()
                 reply = _answer(cmd, session, policy, is_fifo)
                 if reply is not None:
                     stream.send(reply)
-        except grpc.RpcError:
-            pass  # the client went away
-        except Exception:
-            log.exception("telemetry stream of %s failed", session.client_id)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            if not _ended(exc):
+                log.exception("telemetry stream of %s failed", session.client_id)
         finally:
             stream.close()
 
-    threading.Thread(target=read, name=f"telemetry-{session.client_id[:32]}", daemon=True).start()
+    reader = asyncio.get_running_loop().create_task(read())
     try:
-        yield from stream
+        async for cmd in stream:
+            yield cmd
     finally:
         stream.close()
+        reader.cancel()
         if session.stream is stream:
             session.last_seen_s = time.monotonic()
+
+
+def _ended(exc: BaseException) -> bool:
+    """An error of gRPC's own: the call ended under the reader (the client went away, the
+    server stopped)."""
+    return isinstance(exc, grpc.RpcError) or type(exc).__module__.startswith("grpc")
 
 
 def _answer(

@@ -440,3 +440,52 @@ def test_a_method_without_a_rule_is_refused():
             assert e.value.code() == SC.PERMISSION_DENIED and "no access rule" in e.value.details()
     finally:
         server.stop(0)
+
+
+def test_a_method_without_a_rule_is_refused_on_the_aio_server():
+    """The same on the broker's grpc.aio server, where the seam guards every handler the server's
+    one generic handler finds (threaded handlers and ones served on the event loop alike)."""
+    import asyncio
+
+    from rmq_spark.broker.access import AccessInterceptor, ServiceAccess
+    from rmq_spark.broker.server import _Mounted
+
+    async def on_the_loop(req, ctx):
+        return b"ok"
+
+    async def streamed(req, ctx):
+        yield b"ok"
+
+    served = grpc.method_handlers_generic_handler("demo.Service", {
+        "Ruled": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
+        "RuledOnTheLoop": grpc.unary_unary_rpc_method_handler(on_the_loop),
+        "Forgotten": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
+        "ForgottenOnTheLoop": grpc.unary_unary_rpc_method_handler(on_the_loop),
+        "ForgottenStream": grpc.unary_stream_rpc_method_handler(streamed),
+    })
+    access = ServiceAccess("demo.Service", {"Ruled": None, "RuledOnTheLoop": None}, refuse=lambda m, exc, ctx: [b"refused"])
+
+    async def scenario() -> None:
+        from concurrent import futures
+
+        mounted = _Mounted(AccessInterceptor(None, [access]))
+        mounted.add_generic_rpc_handlers((served,))
+        server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(2))
+        server.add_generic_rpc_handlers((mounted,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                for ok in ("Ruled", "RuledOnTheLoop"):
+                    assert await ch.unary_unary(f"/demo.Service/{ok}")(b"", timeout=10) == b"ok"
+                for refused in ("Forgotten", "ForgottenOnTheLoop"):
+                    with pytest.raises(grpc.aio.AioRpcError) as e:
+                        await ch.unary_unary(f"/demo.Service/{refused}")(b"", timeout=10)
+                    assert e.value.code() == SC.PERMISSION_DENIED and "no access rule" in e.value.details()
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await ch.unary_stream("/demo.Service/ForgottenStream")(b"", timeout=10).read()
+                assert e.value.code() == SC.PERMISSION_DENIED
+        finally:
+            await server.stop(0)
+
+    asyncio.run(scenario())

@@ -36,6 +36,9 @@ from rmq_spark.store import layout as L
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    """End the call with the fault's status.  A threaded server's ``abort`` raises; the broker's
+    ``grpc.aio`` server, running these handlers on its worker threads, has sent the status when
+    it returns: the handler then returns, and the server ends the call as aborted."""
     code, error_name, detail = codes.connector_fault(exc)
     if error_name:
         context.set_trailing_metadata(((P.ERROR_METADATA_KEY, error_name),))
@@ -170,12 +173,12 @@ def _unary(method: P.Method, fn: Callable[..., P.Document]) -> grpc.RpcMethodHan
         def call(request: bytes) -> P.Document:
             return fn(method.request.decode(request))
 
-    def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
+    def handler(request: bytes, context: grpc.ServicerContext) -> bytes | None:
         try:
             return call(request).encode()
         except Exception as exc:  # translated to a status code at this seam
             _abort(context, exc)
-            raise  # unreachable: abort raises
+            return None  # the call is aborted (see _abort)
 
     return grpc.unary_unary_rpc_method_handler(handler, request_deserializer=codec.identity, response_serializer=codec.identity)
 
@@ -205,7 +208,7 @@ def _decode(method: str, request: bytes) -> Any:
 
 def _refuse(_method: str, exc: BaseException, context: grpc.ServicerContext) -> list[Any]:
     _abort(context, exc)
-    raise AssertionError("unreachable: abort raises")
+    return []  # the call is aborted: no answer (see _abort)
 
 
 def _read(topics: Any) -> Need:
