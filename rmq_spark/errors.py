@@ -13,6 +13,7 @@ __all__ = [
     "MessageIllegalError",
     "StoreError",
     "CorruptStoreError",
+    "DiskFullError",
     "StoreLockedError",
     "FilterExpressionError",
     "IllegalTopicError",
@@ -69,6 +70,16 @@ class CorruptStoreError(StoreError):
         super().__init__(message)
         self.path = path
         self.position = position
+
+
+class DiskFullError(StoreError):
+    """The store's filesystem has no space left (ENOSPC, EDQUOT) for a write; names the file.
+    Nothing was changed: the write fails, reads go on (RocketMQ answers SERVICE_NOT_AVAILABLE
+    when its disk is full)."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class StoreLockedError(StoreError):

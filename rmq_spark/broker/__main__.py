@@ -55,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"rmq-broker: idle for {idle_exit_s:g}s, exiting", file=sys.stderr, flush=True)
                 break
     finally:
-        broker.stop()
+        try:
+            broker.stop()
+        except (RmqError, OSError) as e:  # a full disk: the state not saved is named, no traceback
+            print(f"rmq-broker: stopped, but not cleanly: {e}", file=sys.stderr, flush=True)
+            return 1
     return 0
 
 

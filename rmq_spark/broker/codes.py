@@ -19,6 +19,7 @@ IllegalGroupError                ILLEGAL_CONSUMER_GROUP       INVALID_ARGUMENT  
 FilterExpressionError            ILLEGAL_FILTER_EXPRESSION    INVALID_ARGUMENT     BadRequest
 MessageIllegalError              BAD_REQUEST                  INVALID_ARGUMENT     BadRequest
 ConfigError                      BAD_REQUEST                  INVALID_ARGUMENT     BadRequest
+DiskFullError                    INTERNAL_SERVER_ERROR        RESOURCE_EXHAUSTED   InternalError
 CorruptStoreError                INTERNAL_SERVER_ERROR        DATA_LOSS            InternalError
 StoreError                       INTERNAL_SERVER_ERROR        FAILED_PRECONDITION  InternalError
 RmqError                         INTERNAL_SERVER_ERROR        INTERNAL             InternalError
@@ -45,6 +46,7 @@ from rmq_spark.errors import (
     AuthenticationError,
     ConfigError,
     CorruptStoreError,
+    DiskFullError,
     FilterExpressionError,
     IllegalGroupError,
     IllegalTopicError,
@@ -148,6 +150,9 @@ FAULT_CODES: tuple[FaultCode, ...] = (
     FaultCode(FilterExpressionError, Code.ILLEGAL_FILTER_EXPRESSION, _SC.INVALID_ARGUMENT),
     FaultCode(MessageIllegalError, Code.BAD_REQUEST, _SC.INVALID_ARGUMENT),
     FaultCode(ConfigError, Code.BAD_REQUEST, _SC.INVALID_ARGUMENT),
+    # RocketMQ answers SERVICE_NOT_AVAILABLE when its disk is full; the gRPC protocol has no
+    # such code: INTERNAL_SERVER_ERROR, the message saying the disk is full
+    FaultCode(DiskFullError, Code.INTERNAL_SERVER_ERROR, _SC.RESOURCE_EXHAUSTED),
     FaultCode(CorruptStoreError, Code.INTERNAL_SERVER_ERROR, _SC.DATA_LOSS),
     FaultCode(StoreError, Code.INTERNAL_SERVER_ERROR, _SC.FAILED_PRECONDITION),
     FaultCode(RmqError, Code.INTERNAL_SERVER_ERROR, _SC.INTERNAL),
@@ -185,7 +190,9 @@ def status_of(exc: BaseException) -> D.Status:
         return status(exc.code, exc.message)
     row = _fault_code(exc)
     if row is not None:
-        if row.code == Code.INTERNAL_SERVER_ERROR:
+        if isinstance(exc, DiskFullError):  # an operational fault, named in its message
+            log.warning("refused: %s", exc)
+        elif row.code == Code.INTERNAL_SERVER_ERROR:
             log.error("internal error: %s", exc, exc_info=exc)
         return status(row.code, str(exc) or type(exc).__name__)
     log.error("internal error: %r", exc, exc_info=exc)

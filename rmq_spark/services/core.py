@@ -7,8 +7,11 @@ message to ``rmq_sys_wheel_timer``, a transactional one to the half topic) and s
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
+
+from rmq_spark.errors import DiskFullError
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
@@ -23,6 +26,8 @@ from rmq_spark.services.transaction.service import TransactionService
 from rmq_spark.store.index.service import IndexService
 from rmq_spark.services.config import BrokerConfig
 from rmq_spark.store.store import MessageStore, PutResult
+
+log = logging.getLogger("rmq_spark.services")
 
 # the services, built in this order, each ``Cls(store, config, clock)``.  Transactions come first:
 # a transactional message that also asks for a delay is stored as a half as it is, and the delay
@@ -94,7 +99,10 @@ class BrokerCore:
 
     def shutdown(self) -> None:
         for svc in reversed(self.services):
-            svc.shutdown()
+            try:
+                svc.shutdown()
+            except DiskFullError as e:  # its progress on disk stays that of its last save
+                log.error("%s: state not saved on shutdown: %s", type(svc).__name__, e)
         self.store.shutdown()
 
     def crash(self) -> None:

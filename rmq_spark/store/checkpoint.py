@@ -8,20 +8,32 @@
     24  masterFlushedOffset  (RocketMQ HA; unused here, kept 0)
     32  confirmPhyOffset     CommitLog bytes known durable (everything below survived a crash)
     40  dispatchedOffset     CommitLog offset up to which ConsumeQueues/index are durable
-    48  magic "RMQSPCK1"     this extension's version
+    48  magic "RMQSPCK2"     this extension's version ("RMQSPCK1": the same without the CRC)
+    56  crc32                of bytes 0 .. 55
+
+A checkpoint whose CRC does not match (or whose magic is damaged) is logged, naming the file,
+and read as none: recovery then scans the whole CommitLog, checking every record, instead of
+trusting offsets that may be wrong.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
 
+from zlib_ng.zlib_ng import crc32
+
 from rmq_spark.store import layout as L
+from rmq_spark.store.mapped import allocate
 
 CHECKPOINT_BYTES = 4096
-CHECKPOINT_MAGIC = b"RMQSPCK1"
+CHECKPOINT_MAGIC = b"RMQSPCK2"
+CHECKPOINT_MAGIC_V1 = b"RMQSPCK1"  # without the CRC
 _FIELDS = struct.Struct(">qqqqqq8s")
+_CRC = struct.Struct(">I")
+log = logging.getLogger("rmq_spark.store")
 
 
 class StoreCheckpoint:
@@ -29,8 +41,13 @@ class StoreCheckpoint:
         self.path = os.path.join(root, L.CHECKPOINT_FILE)
         exists = os.path.exists(self.path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if os.fstat(self._fd).st_size != CHECKPOINT_BYTES:
-            os.ftruncate(self._fd, CHECKPOINT_BYTES)
+        try:
+            if os.fstat(self._fd).st_size != CHECKPOINT_BYTES:
+                os.ftruncate(self._fd, CHECKPOINT_BYTES)
+            allocate(self._fd, 0, CHECKPOINT_BYTES, self.path)  # a full disk: an error, not a SIGBUS
+        except BaseException:
+            os.close(self._fd)
+            raise
         self._mm = mmap.mmap(self._fd, CHECKPOINT_BYTES)
         self.physic_msg_timestamp = 0
         self.logics_msg_timestamp = 0
@@ -47,8 +64,16 @@ class StoreCheckpoint:
                 self.dispatched_offset,
                 magic,
             ) = _FIELDS.unpack_from(self._mm, 0)
-            if magic != CHECKPOINT_MAGIC:
-                # a RocketMQ checkpoint (or a fresh file): our offsets are unknown
+            crc = _CRC.unpack_from(self._mm, _FIELDS.size)[0]
+            sound = (magic == CHECKPOINT_MAGIC and crc == crc32(self._mm[: _FIELDS.size])) or magic == CHECKPOINT_MAGIC_V1
+            if not sound:
+                if magic != bytes(8):  # not RocketMQ's (nor a fresh file): damaged
+                    log.error(
+                        "%s: the checkpoint is damaged (magic %r, CRC %08x); recovery checks the whole CommitLog",
+                        self.path, magic, crc,
+                    )
+                    self.physic_msg_timestamp = self.logics_msg_timestamp = self.index_msg_timestamp = 0
+                # our offsets are unknown
                 self.confirm_phy_offset = 0
                 self.dispatched_offset = 0
 
@@ -68,6 +93,7 @@ class StoreCheckpoint:
             self.dispatched_offset,
             CHECKPOINT_MAGIC,
         )
+        _CRC.pack_into(self._mm, _FIELDS.size, crc32(self._mm[: _FIELDS.size]))
         self._mm.flush()
 
     def close(self) -> None:

@@ -21,8 +21,11 @@ from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.record import (
     store_timestamp_at,
     blank_record,
+    POS_MAGIC,
+    POS_PHYSICAL_OFFSET,
     check_record,
     decode_record,
+    verify_record,
     RecordCheck,
 )
 
@@ -30,6 +33,7 @@ import struct
 
 _TS = struct.Struct(">q")
 _INT = struct.Struct(">i")
+_MAGIC = struct.Struct(">I")
 
 
 class AppendResult:
@@ -105,6 +109,8 @@ class CommitLog:
         self._tags_code_for = tags_code_for  # the store's tagsCode rules, for tags_code_topics
         self._tags_code_topics = tags_code_topics
         self.last_store_timestamp_ms = 0
+        # reads require the whole-record CRC property (the store writes it on every record)
+        self.force_prop_crc = False
 
     # --- append -------------------------------------------------------------------------------------
     def append(self, batch: EncodedBatch) -> tuple[AppendResult, DispatchBatch]:
@@ -144,6 +150,8 @@ class CommitLog:
             chunks.append((i, j, base))
             seg_pos += int(ends[j - 1]) - done_before
             i = j
+        # the blocks (and segments) it needs, before anything changes: a full disk fails here
+        self.mfq.reserve(mf.from_offset + mf.wrote_position, seg_from + seg_pos)
         base = int(phys[0]) if n else mf.from_offset + mf.wrote_position
         # queue offsets: consecutive per (topic, queue); PREPARED/ROLLBACK records take 0
         tran = batch.sys_flags & L.TRANSACTION_MASK
@@ -186,6 +194,8 @@ class CommitLog:
         if mf.wrote_position + total + L.END_FILE_MIN_BLANK_BYTES > self.segment_bytes:
             return None
         base = mf.from_offset + mf.wrote_position
+        if mf.wrote_position + total > mf.allocated_bytes:  # a full disk: fail before offsets
+            mf.ensure_allocated(mf.wrote_position + total)
         rel, qids, sflags = batch._rel_pos, batch._queue_ids, batch._sys_flags  # noqa: SLF001 - list columns
         if rel.__class__ is not list or qids.__class__ is not list or sflags.__class__ is not list:
             rel, qids, sflags = as_list(rel), as_list(qids), as_list(sflags)
@@ -221,6 +231,8 @@ class CommitLog:
         if pos + len(buf) + L.END_FILE_MIN_BLANK_BYTES > self.segment_bytes:
             return None
         phys = mf.from_offset + pos
+        if pos + len(buf) > mf.allocated_bytes:  # a full disk: fail before the queue offset
+            mf.ensure_allocated(pos + len(buf))
         tran = sys_flag & L.TRANSACTION_MASK
         if tran == L.TRANSACTION_NOT_TYPE or tran == L.TRANSACTION_COMMIT_TYPE:
             table = self.queue_table
@@ -284,15 +296,45 @@ class CommitLog:
 
     # --- reads ----------------------------------------------------------------------------------------
     def read_record(self, offset: int, size: int | None = None, read_body: bool = True) -> MessageExt | None:
+        """The record at ``offset``, checked (:func:`verify_record`: CRCs, size, position) before
+        it is decoded.  None when ``offset`` is outside the log.  Damage raises
+        :class:`CorruptStoreError` naming the segment and position; so does any mismatch when the
+        caller knows the ``size`` (it comes from an index: a record must be there), while bytes
+        that do not even start a record at an offset given without a size are None (no record
+        there: an offset from outside, such as a client's handle)."""
         mf = self.mfq.find(offset)
         if mf is None:
             return None
         pos = offset - mf.from_offset
-        if size is None:
-            size = _INT.unpack_from(mf.mm, pos)[0]
-        if size <= 0 or pos + size > mf.wrote_position:
+        limit = mf.wrote_position
+        if pos >= limit:
             return None
+        why = verify_record(mf.mm, pos, limit, offset, size, self.force_prop_crc)
+        if why:
+            if size is None and not self._starts_record(mf, pos, offset):
+                return None
+            raise self.corrupt(offset, why)
         return decode_record(mf.mm, pos, read_body=read_body)
+
+    def _starts_record(self, mf, pos: int, offset: int) -> bool:  # type: ignore[no-untyped-def]
+        """Does a record header (magic and its own offset) start at ``pos``?"""
+        if pos + POS_PHYSICAL_OFFSET + 8 > mf.size_bytes:
+            return False
+        magic = _MAGIC.unpack_from(mf.mm, pos + POS_MAGIC)[0]
+        at = _TS.unpack_from(mf.mm, pos + POS_PHYSICAL_OFFSET)[0]
+        return magic in (L.MAGIC_V1, L.MAGIC_V2) and at == offset
+
+    def corrupt(self, offset: int, why: str) -> CorruptStoreError:
+        """The error for a damaged record at CommitLog ``offset``: its segment and position."""
+        mf = self.mfq.find(offset)
+        path = mf.path if mf is not None else self.mfq.directory
+        pos = offset - mf.from_offset if mf is not None else offset
+        return CorruptStoreError(
+            f"{path}: corrupt CommitLog record at position {pos} (offset {offset}): {why}; "
+            "it is not served",
+            path,
+            pos,
+        )
 
     def store_timestamp(self, offset: int) -> int:
         """STORETIMESTAMP of the record at ``offset`` (-1 if none)."""
@@ -334,8 +376,8 @@ class CommitLog:
                 continue
             stopped = False
             while True:
-                kind, size, reason = check_record(
-                    mf.mm, pos, mf.size_bytes, check_crc=True, force_prop_crc=force_prop_crc
+                kind, size, reason = check_record(  # never into a hole (see mapped.data_end)
+                    mf.mm, pos, max(pos, mf.data_bytes), check_crc=True, force_prop_crc=force_prop_crc
                 )
                 if kind == RecordCheck.VALID:
                     collector.add(mf.mm, pos, mf.from_offset + pos)
@@ -348,8 +390,12 @@ class CommitLog:
                 stop_reason = reason if kind == RecordCheck.INVALID else "no record"
                 stop_path = mf.path
                 stopped = True
-                if kind == RecordCheck.INVALID and self._valid_data_after(mf, pos, force_prop_crc):
-                    confirmed_offset = max(confirmed_offset, mf.from_offset + pos + 1)
+                later = self.valid_record_after(mf, pos, force_prop_crc)
+                if later is not None:
+                    # a valid record follows: the log was written past here, this is damage
+                    # inside it, not a torn tail (whatever the checkpoint says)
+                    stop_reason += f"; a valid record follows at offset {later}"
+                    confirmed_offset = max(confirmed_offset, later)
                 break
             if stopped:
                 break
@@ -371,20 +417,29 @@ class CommitLog:
         self.last_store_timestamp_ms = max(self.last_store_timestamp_ms, collector.last_store_ts)
         return end
 
-    def _valid_data_after(self, mf, pos: int, force_prop_crc: bool) -> bool:  # type: ignore[no-untyped-def]
-        """Is there a valid record after the invalid one at ``pos``?  Then the damage is inside
-        the log, not a torn tail: the record's own size field (if sane) says where the next one
-        starts; a later segment that starts with a valid record counts too."""
-        total = _INT.unpack_from(mf.mm, pos)[0] if pos + 4 <= mf.size_bytes else 0
-        if 0 < total and pos + total + 8 <= mf.size_bytes:
-            kind, _, _ = check_record(mf.mm, pos + total, mf.size_bytes, True, force_prop_crc)
-            if kind in (RecordCheck.VALID, RecordCheck.BLANK):
-                return True
-        later = [f for f in self.mfq.files if f.from_offset > mf.from_offset]
-        if later:
-            kind, _, _ = check_record(later[0].mm, 0, later[0].size_bytes, True, force_prop_crc)
-            return kind == RecordCheck.VALID
-        return False
+    def valid_record_after(self, mf, pos: int, force_prop_crc: bool) -> int | None:  # type: ignore[no-untyped-def]
+        """The CommitLog offset of the first valid record after ``pos`` of segment ``mf`` (in it
+        or in a later segment), None if there is none: then what stopped a scan at ``pos`` is
+        the end of the log (a torn tail), else damage inside it.  Candidates are found by their
+        MAGICCODE (``mmap.find``), not by the damaged record's own size field, which may be the
+        damaged part; each is held to :func:`check_record` with its CRCs."""
+        magics = [struct.pack(">I", m) for m in (L.MAGIC_V1, L.MAGIC_V2)]
+        files = self.mfq.files
+        for seg in files[files.index(mf):]:
+            start = pos + 1 if seg is mf else 0
+            hits = []
+            limit = seg.data_bytes  # never into a hole (see mapped.data_end)
+            for magic in magics:
+                at = seg.mm.find(magic, start + 4, limit)
+                while at >= 0:
+                    kind, _, _ = check_record(seg.mm, at - 4, limit, True, force_prop_crc)
+                    if kind == RecordCheck.VALID:
+                        hits.append(at - 4)
+                        break
+                    at = seg.mm.find(magic, at + 1, limit)
+            if hits:
+                return seg.from_offset + min(hits)
+        return None
 
     def iter_records(self, start: int = 0) -> Iterator[MessageExt]:
         """Every valid record from ``start`` on (tests and tools)."""

@@ -42,6 +42,7 @@ class ConsumeQueue:
         self.directory = os.path.join(root, L.CONSUMEQUEUE_DIR, topic, str(queue_id))
         self.mfq = MappedFileQueue(self.directory, units_per_segment * U, writable=writable)
         self.max_phys_end = 0  # CommitLog end (offset + size) of the last unit
+        self.damage: str | None = None  # what recovery cut that was no torn tail (file, position)
 
     # --- offsets ------------------------------------------------------------------------------------
     @property
@@ -60,7 +61,7 @@ class ConsumeQueue:
         if files:
             mf = files[-1]
             pos = mf.wrote_position
-            if mf.from_offset + pos == queue_offset * U and pos + U <= mf.size_bytes:
+            if mf.from_offset + pos == queue_offset * U and pos + U <= mf.allocated_bytes:
                 # the unit's bytes are zero (fresh or truncated): offset and tagsCode, then the
                 # size; moving wrote_position past the whole unit publishes it to readers
                 _UNIT_NO_SIZE.pack_into(mf.mm, pos, phys, 0, tags_code)
@@ -124,6 +125,18 @@ class ConsumeQueue:
             done += k
         self.max_phys_end = int(phys[-1]) + int(sizes[-1])
 
+    def has_room(self, n: int) -> bool:
+        """Do ``n`` more units fit the last segment?"""
+        files = self.mfq.files
+        return bool(files) and files[-1].wrote_position + n * U <= files[-1].allocated_bytes
+
+    def reserve(self, first_queue_offset: int, n: int) -> None:
+        """Segments for units ``[first_queue_offset, +n)`` made ahead (see
+        :meth:`MappedFileQueue.reserve`): a full disk fails here, before the CommitLog append."""
+        if not self.has_room(n):
+            start = max(first_queue_offset, self.max_offset)
+            self.mfq.reserve(start * U, (start + n) * U)
+
     def flush(self) -> None:
         self.mfq.flush()
 
@@ -145,6 +158,13 @@ class ConsumeQueue:
             parts.append(np.frombuffer(mf.mm, dtype=CQ_UNIT, count=(b - a) // U, offset=a).copy())
             pos = mf.from_offset + b
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def unit_location(self, queue_offset: int) -> tuple[str, int]:
+        """The segment file and byte position of unit ``queue_offset`` (for error messages)."""
+        mf = self.mfq.find(queue_offset * U)
+        if mf is None:
+            return self.directory, queue_offset * U
+        return mf.path, queue_offset * U - mf.from_offset
 
     def unit(self, queue_offset: int) -> tuple[int, int, int] | None:
         u = self.units(queue_offset, queue_offset + 1)
@@ -177,7 +197,7 @@ class ConsumeQueue:
             return
         for i in range(max(0, len(files) - 3), len(files)):
             mf = files[i]
-            arr = np.frombuffer(mf.mm, dtype=CQ_UNIT)
+            arr = np.frombuffer(mf.mm, dtype=CQ_UNIT, count=mf.data_bytes // U)  # not the holes
             valid = (arr["offset"] >= 0) & (arr["size"] > 0)
             if i == 0 and mf.from_offset == 0:
                 pass
@@ -188,7 +208,16 @@ class ConsumeQueue:
                 self.max_phys_end = int(last["offset"]) + int(last["size"])
             del arr, valid
             mf.wrote_position = mf.flushed_position = n_valid * U
-            if n_valid < len(np.frombuffer(mf.mm, dtype=CQ_UNIT)):
+            if len(bad) and self.damage is None:
+                rest = np.frombuffer(mf.mm, dtype=np.uint8, count=mf.data_bytes)[(n_valid + 1) * U :]
+                later = any(np.frombuffer(f.mm, dtype=np.uint8, count=f.data_bytes).any() for f in files[i + 1 :])
+                if rest.any() or later:  # units follow the bad one: not a torn tail
+                    self.damage = (
+                        f"{mf.path}: unit {mf.from_offset // U + n_valid} of {self.topic}/{self.queue_id} "
+                        f"at position {n_valid * U} is not a unit (offset < 0 or size <= 0) and units follow it"
+                    )
+                del rest
+            if n_valid < mf.size_bytes // U:
                 # later files (if any) are past a hole: drop them
                 for later in files[i + 1 :]:
                     later.destroy()
@@ -201,7 +230,7 @@ class ConsumeQueue:
         """Reader side: learn the current end from the files (binary search on size > 0)."""
         self.mfq.refresh()
         for mf in self.mfq.files:
-            arr = np.frombuffer(mf.mm, dtype=CQ_UNIT)
+            arr = np.frombuffer(mf.mm, dtype=CQ_UNIT, count=mf.refresh_data_bytes() // U)
             sizes = arr["size"]
             lo, hi = 0, len(arr)
             while lo < hi:

@@ -1,5 +1,12 @@
-"""Atomic JSON config files: write a temp file, fsync, rename; keep ``<file>.bak`` of the
-previous content and fall back to it when the file is damaged (as RocketMQ's ConfigManager).
+"""Atomic JSON config files, each kept twice and checked on load.
+
+A write goes to ``<file>`` and then to ``<file>.bak`` (RocketMQ's ConfigManager name), each through a
+temp file, fsync and rename, so both hold the current content; each carries a CRC32 of its data
+under :data:`CHECKSUM_KEY` (an extra top-level key, which RocketMQ's readers ignore).  A load takes
+the first copy whose checksum holds: a damaged file, even one whose damage leaves valid JSON (a
+digit flipped in an offset), is told apart and the other copy read, with a log line naming the
+damaged file.  Files without a checksum (written by RocketMQ or an older version) are read as
+before: the file, else its ``.bak``.  A full disk raises :class:`DiskFullError`.
 
 A file that parses is read through :class:`JsonObject`, whose typed getters check each value as it
 is taken: a wrong type or an out-of-range value is a :class:`~rmq_spark.errors.ConfigError` naming
@@ -10,26 +17,34 @@ not between 1 and 1024``), never a bare ``TypeError`` from deep inside a loader.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from typing import Any
 
-from rmq_spark.errors import ConfigError, CorruptStoreError
+from zlib_ng.zlib_ng import crc32
 
+from rmq_spark.errors import ConfigError, CorruptStoreError
+from rmq_spark.store.mapped import is_no_space, make_dirs, no_space
+
+log = logging.getLogger("rmq_spark.store")
+
+CHECKSUM_KEY = "rmqSparkCrc32"
 _UNQUOTED_INT_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
 
 
-def write_json_atomic(path: str, data: Any) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    text = json.dumps(data, indent=2, sort_keys=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    if os.path.exists(path):
-        os.replace(path, f"{path}.bak")
-    os.replace(tmp, path)
+def _checksum(data: Any) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return f"{crc32(canonical.encode()):08x}"
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    """Write the object ``data`` to ``path`` and its copy ``path.bak``, each atomically."""
+    make_dirs(os.path.dirname(path))
+    body = {k: v for k, v in data.items() if k != CHECKSUM_KEY}
+    text = json.dumps({**body, CHECKSUM_KEY: _checksum(body)}, indent=2, sort_keys=True).encode()
+    for target in (path, f"{path}.bak"):
+        _replace(target, text)
     dfd = os.open(os.path.dirname(path), os.O_RDONLY)
     try:
         os.fsync(dfd)
@@ -37,21 +52,60 @@ def write_json_atomic(path: str, data: Any) -> None:
         os.close(dfd)
 
 
+def _replace(target: str, text: bytes) -> None:
+    tmp = f"{target}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(text)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if is_no_space(e):
+            raise no_space(target, e) from None
+        raise
+
+
 def read_json(path: str) -> Any | None:
-    """The file's content, its ``.bak`` if the file is missing or damaged, or None if neither."""
-    errors = []
+    """The content of the first of ``path``, ``path.bak`` whose checksum holds; without checksums,
+    the first that parses; None if neither exists.  Both damaged: :class:`CorruptStoreError`."""
+    errors: list[str] = []
+    unchecked: list[Any] = []
+    ours = False  # a copy carried a checksum: ours, so one without is damaged too
     for candidate in (path, f"{path}.bak"):
         if not os.path.exists(candidate):
             continue
         try:
-            with open(candidate, encoding="utf-8") as f:
-                text = f.read()
+            with open(candidate, "rb") as f:
+                text = f.read().decode("utf-8")
             # RocketMQ (fastjson) writes integer map keys unquoted
-            return json.loads(_UNQUOTED_INT_KEY.sub(r'\1"\2"\3', text))
+            data = json.loads(_UNQUOTED_INT_KEY.sub(r'\1"\2"\3', text))
         except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
             errors.append(f"{candidate}: {e}")
-    if errors:
-        raise CorruptStoreError("; ".join(errors), path, 0)
+            continue
+        want = data.pop(CHECKSUM_KEY, None) if isinstance(data, dict) else None
+        if want is None:
+            unchecked.append(data)
+            continue
+        ours = True
+        if want != _checksum(data):
+            errors.append(f"{candidate}: checksum {want!r} does not match its content")
+            continue
+        if errors or unchecked:
+            log.error("%s is damaged (%s); its copy %s is read", path, "; ".join(errors) or "no checksum", candidate)
+        return data
+    if unchecked and not ours:
+        return unchecked[0]
+    if errors or unchecked:
+        raise CorruptStoreError("; ".join(errors) or f"{path}: no copy has a valid checksum", path, 0)
     return None
 
 

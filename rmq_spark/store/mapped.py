@@ -7,6 +7,7 @@ writer's bytes through the shared page cache.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
@@ -14,7 +15,7 @@ import re
 import numpy as np
 from collections.abc import Iterator
 
-from rmq_spark.errors import CorruptStoreError, StoreError
+from rmq_spark.errors import CorruptStoreError, DiskFullError, StoreError
 from rmq_spark.store import layout as L
 
 _NAME = re.compile(r"^\d{20}$")
@@ -23,6 +24,61 @@ _NAME = re.compile(r"^\d{20}$")
 # 600-byte copy ~1 us against ~6 us for the system call; at 256 KiB the page faults make the copy
 # 3x slower than pwrite)
 MMAP_WRITE_MAX_BYTES = 16 * 1024
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_space(path: str, e: OSError) -> DiskFullError:
+    """The :class:`DiskFullError` for an ENOSPC / EDQUOT writing ``path``."""
+    return DiskFullError(f"{path}: no space left on the device ({e.strerror or e}); writes fail, reads go on", path)
+
+
+def is_no_space(e: OSError) -> bool:
+    return e.errno in _NO_SPACE
+
+
+def make_dirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, a full disk raising :class:`DiskFullError`."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        if is_no_space(e):
+            raise no_space(path, e) from None
+        raise
+
+
+# blocks are allocated this far ahead of the write frontier (one fallocate per this many bytes)
+ALLOCATE_AHEAD_BYTES = 256 * 1024
+
+
+def allocate(fd: int, start: int, end: int, path: str) -> None:
+    """Give bytes ``[start, end)`` of the file their blocks now (``posix_fallocate``), not when a
+    mapped page is first written: on a full disk a store through a mapping into a hole is a
+    SIGBUS that kills the process with no word, while here it is a :class:`DiskFullError`
+    naming the file.  Blocks already there cost nothing (a full disk does not fail them)."""
+    if end <= start:
+        return
+    try:
+        os.posix_fallocate(fd, start, end - start)
+    except OSError as e:
+        if is_no_space(e):
+            raise no_space(path, e) from None
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        # a filesystem without fallocate: the file stays sparse
+
+
+def data_end(fd: int, size_bytes: int) -> int:
+    """Where the file's first hole starts (its size if none): bytes past it were never given
+    blocks, so they read as zeros, and a scan must not touch them: on tmpfs even a read fault
+    on a shared mapping allocates a page, which on a full filesystem is a SIGBUS.  Files are
+    allocated from their start on (:meth:`MappedFile.ensure_allocated`), so one hole ends the
+    data."""
+    try:
+        return min(size_bytes, os.lseek(fd, 0, os.SEEK_HOLE))
+    except OSError:  # no SEEK_HOLE here: the file reads as a whole
+        return size_bytes
 
 
 def zero_range(mm: mmap.mmap, start: int, end: int, chunk_bytes: int = 8 << 20) -> None:
@@ -46,15 +102,28 @@ class MappedFile:
         flags = os.O_RDWR if writable else os.O_RDONLY
         if writable and not os.path.exists(path):
             flags |= os.O_CREAT
+        created = bool(flags & os.O_CREAT)
         self._fd = os.open(path, flags, 0o644)
         actual = os.fstat(self._fd).st_size
-        if actual == 0 and writable:
-            os.ftruncate(self._fd, size_bytes)
-        elif actual != size_bytes:
+        if actual not in (0, size_bytes) or (actual == 0 and not writable):
             os.close(self._fd)
             raise CorruptStoreError(
                 f"{path}: segment is {actual} bytes, expected {size_bytes}", path, actual
             )
+        # bytes [0, allocated_bytes) have their blocks (see ensure_allocated); a loaded file may
+        # have more, which a later fallocate over them finds at no cost
+        self.allocated_bytes = 0
+        # bytes [0, data_bytes) may be read (past it: holes, see data_end)
+        self.data_bytes = 0 if actual == 0 else data_end(self._fd, size_bytes)
+        if writable and actual == 0:  # a new segment: its first blocks now, or DiskFullError
+            try:
+                os.ftruncate(self._fd, size_bytes)
+                self.ensure_allocated(1)
+            except BaseException:
+                os.close(self._fd)
+                if created:
+                    os.unlink(path)
+                raise
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         self.mm = mmap.mmap(self._fd, size_bytes, access=access)
         # bytes [0, wrote_position) hold data; [0, flushed_position) are durable
@@ -64,6 +133,20 @@ class MappedFile:
     @property
     def end_offset(self) -> int:
         return self.from_offset + self.size_bytes
+
+    def ensure_allocated(self, end: int) -> None:
+        """Blocks for bytes up to ``end`` (and :data:`ALLOCATE_AHEAD_BYTES` beyond), before they
+        are written: :class:`DiskFullError` on a full disk, and nothing written."""
+        if end > self.allocated_bytes:
+            upto = min(self.size_bytes, max(end, self.allocated_bytes + ALLOCATE_AHEAD_BYTES))
+            allocate(self._fd, self.allocated_bytes, upto, self.path)
+            self.allocated_bytes = upto
+            self.data_bytes = max(self.data_bytes, upto)
+
+    def refresh_data_bytes(self) -> int:
+        """A reader's look at how far the file has blocks now (the writer allocates ahead)."""
+        self.data_bytes = data_end(self._fd, self.size_bytes)
+        return self.data_bytes
 
     @property
     def remaining_bytes(self) -> int:
@@ -77,6 +160,8 @@ class MappedFile:
         end = pos + len(data)
         if end > self.size_bytes:
             raise StoreError(f"{self.path}: write of {len(data)} bytes at {pos} past the end")
+        if end > self.allocated_bytes:
+            self.ensure_allocated(end)
         if end - pos <= MMAP_WRITE_MAX_BYTES:
             # a small write: a copy into the mapping costs far less than a system call
             self.mm[pos:end] = data
@@ -120,6 +205,8 @@ class MappedFileQueue:
         self.segment_bytes = segment_bytes
         self.writable = writable
         self.files: list[MappedFile] = []
+        # segments created ahead by :meth:`reserve`, taken by :meth:`new_file` in order
+        self._spare: list[MappedFile] = []
 
     # --- loading --------------------------------------------------------------------------------
     def load(self) -> None:
@@ -188,17 +275,47 @@ class MappedFileQueue:
         return self.files[-1] if self.files else None
 
     def new_file(self, start_offset: int | None = None) -> MappedFile:
-        """Create the segment that follows the last one (or the one holding ``start_offset``)."""
+        """Create the segment that follows the last one (or the one holding ``start_offset``);
+        one :meth:`reserve` made ahead is taken instead."""
         if self.files:
             offset = self.files[-1].end_offset
         else:
             base = start_offset or 0
             offset = base - base % self.segment_bytes
-        os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, L.offset_to_file_name(offset))
-        mf = MappedFile(path, offset, self.segment_bytes, writable=True)
+        if self._spare and self._spare[0].from_offset == offset:
+            mf = self._spare.pop(0)
+        else:
+            self._drop_spare()
+            mf = self._create(offset)
         self.files.append(mf)
         return mf
+
+    def _create(self, offset: int) -> MappedFile:
+        make_dirs(self.directory)
+        path = os.path.join(self.directory, L.offset_to_file_name(offset))
+        return MappedFile(path, offset, self.segment_bytes, writable=True)
+
+    def reserve(self, start: int, end: int) -> None:
+        """Make sure bytes ``[start, end)`` (from the end of the log on) have their segments and
+        blocks before anything is written or any offset handed out: on a full disk this raises
+        :class:`DiskFullError` and nothing has changed.  Segments made here are kept aside until
+        :meth:`new_file` takes them (a crash leaves them as empty segments after the log's end,
+        which recovery removes)."""
+        for mf in self.files[-1:] + self._spare:
+            if mf.from_offset < end and start < mf.end_offset:
+                mf.ensure_allocated(min(end, mf.end_offset) - mf.from_offset)
+        last = self._spare[-1] if self._spare else (self.files[-1] if self.files else None)
+        offset = last.end_offset if last is not None else start - start % self.segment_bytes
+        while offset < end:
+            mf = self._create(offset)
+            self._spare.append(mf)
+            mf.ensure_allocated(min(end, mf.end_offset) - offset)
+            offset += self.segment_bytes
+
+    def _drop_spare(self) -> None:
+        for mf in self._spare:
+            mf.destroy()
+        self._spare = []
 
     def find(self, offset: int) -> MappedFile | None:
         """The segment holding ``offset`` (None if outside)."""
@@ -238,19 +355,22 @@ class MappedFileQueue:
                 keep.append(mf)
             elif mf.from_offset <= offset:
                 pos = offset - mf.from_offset
-                zero_range(mf.mm, pos, mf.size_bytes)
+                zero_range(mf.mm, pos, max(pos, mf.data_bytes))  # past data_bytes: zeros already
                 mf.wrote_position = mf.flushed_position = pos
                 keep.append(mf)
             else:
                 mf.destroy()
         self.files = keep
+        self._drop_spare()
 
     def delete_all(self) -> None:
         for mf in self.files:
             mf.destroy()
         self.files = []
+        self._drop_spare()
 
     def close(self) -> None:
-        for mf in self.files:
+        for mf in self.files + self._spare:
             mf.close()
         self.files = []
+        self._spare = []

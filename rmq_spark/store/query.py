@@ -24,7 +24,6 @@ from rmq_spark.errors import RmqError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.index.service import IndexService
 from rmq_spark.store.message import MessageExt, decode_offset_msg_id
-from rmq_spark.store.record import check_record, decode_record, RecordCheck
 
 __all__ = ["Boundary", "MessageIdError", "MessageQuery", "MAX_TIME_MS"]
 
@@ -65,22 +64,15 @@ class MessageQuery:
         return self.index
 
     # --- records -----------------------------------------------------------------------------
-    def read_at(self, commitlog_offset: int, verify_crc: bool = False) -> MessageExt | None:
-        """The record starting at ``commitlog_offset``; None when no valid record starts there."""
+    def read_at(self, commitlog_offset: int, verify_crc: bool = True) -> MessageExt | None:
+        """The record starting at ``commitlog_offset``; None when no record starts there.  A
+        record that starts there but is damaged raises :class:`CorruptStoreError` (file and
+        position): an index or an id led to it, and it is never served (``verify_crc`` is kept
+        for callers; every read checks the CRCs)."""
         cl = self.store.commitlog
         if not cl.min_offset <= commitlog_offset < cl.max_offset:
             return None
-        mf = cl.mfq.find(commitlog_offset)
-        if mf is None:
-            return None
-        pos = commitlog_offset - mf.from_offset
-        kind, _, _ = check_record(mf.mm, pos, mf.wrote_position, check_crc=verify_crc)
-        if kind != RecordCheck.VALID:
-            return None
-        m = decode_record(mf.mm, pos)
-        if m.commitlog_offset != commitlog_offset:  # a record copied from elsewhere: not this one
-            return None
-        return m
+        return cl.read_record(commitlog_offset)
 
     # --- ids ---------------------------------------------------------------------------------
     def by_offset_msg_id(self, msg_id: str) -> MessageExt | None:

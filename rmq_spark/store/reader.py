@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
+from rmq_spark.store.consistency import check_units
 from rmq_spark.store.consumequeue import CQ_UNIT, ConsumeQueue
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import offset_msg_ids
@@ -209,11 +210,16 @@ def read_units_arrow(
     store_host: bytes | None = None,
     store_port: int = 0,
     columns: Sequence[str] | None = None,
+    verify: bool = True,
+    force_prop_crc: bool = False,
 ) -> pa.RecordBatch:
     """Records named by ConsumeQueue ``units`` (queue offsets ``first_queue_offset, ...``).
 
     ``columns`` (default: all of MESSAGE_SCHEMA, in its order) limits the work to what is asked:
-    the properties are not parsed at all unless a column derived from them is wanted."""
+    the properties are not parsed at all unless a column derived from them is wanted.  With
+    ``verify`` (the default) the records are first held to the units (:func:`check_units`:
+    layout, position, queue and CRC), so damage raises :class:`CorruptStoreError` with its file
+    and position instead of being read."""
     n_all = len(units)
     if n_all == 0:
         return empty_batch(columns)
@@ -230,6 +236,11 @@ def read_units_arrow(
     if n > 1 and bool((phys[1:] < phys[:-1]).any()):  # a queue's records are in log order; be safe
         order = np.argsort(phys, kind="stable")
         phys, qoffs = phys[order], qoffs[order]
+    if verify:
+        sizes = units["size"].astype(np.int64)
+        if tag_check:
+            sizes = sizes[keep]
+        check_units(commitlog, phys, sizes if order is None else sizes[order], topic, queue_id, qoffs, force_prop_crc)
     want = set(MESSAGE_SCHEMA.names if columns is None else columns)
     need = set(want)
     if tag_check:
@@ -307,12 +318,15 @@ def read_queue_arrow(
     store_host: bytes | None = None,
     store_port: int = 0,
     columns: Sequence[str] | None = None,
+    verify: bool = True,
+    force_prop_crc: bool = False,
 ) -> pa.RecordBatch:
     """Messages ``[start, end)`` of one queue (clamped to what the queue holds)."""
     first = max(start, cq.min_offset)
     units = cq.units(first, end)
     return read_units_arrow(
-        commitlog, units, topic, queue_id, first, tag_filter, sql_filter, store_host, store_port, columns
+        commitlog, units, topic, queue_id, first, tag_filter, sql_filter, store_host, store_port, columns,
+        verify, force_prop_crc,
     )
 
 
@@ -453,4 +467,7 @@ def _detect_segment_bytes(directory: str) -> int | None:
     return None
 
 
-__all__: Sequence[str] = ["MESSAGE_SCHEMA", "StoreReader", "read_queue_arrow", "read_units_arrow", "chunk_bounds", "empty_batch", "CQ_UNIT"]
+__all__: Sequence[str] = [
+    "MESSAGE_SCHEMA", "StoreReader", "check_units", "read_queue_arrow", "read_units_arrow", "chunk_bounds", "empty_batch",
+    "CQ_UNIT",
+]

@@ -104,6 +104,12 @@ _BLANK = struct.Struct(">iI")
 _HEAD1 = struct.Struct(">iIiiiqqiq")  # total..born timestamp (48 bytes)
 _TS = struct.Struct(">q")
 _MID = struct.Struct(">iqi")  # reconsume, prepared offset, body len (after store host)
+_PHYS = struct.Struct(">q")
+_MIN_RECORD_BYTES = POS_BODY_V4 + 1 + 2  # a v1 record with an empty body, topic and properties
+_CHECK_HEAD = np.dtype(
+    {name: HEADER_V4.fields[name] for name in HEADER_V4.names[: HEADER_V4.names.index("sys_flag") + 1]}
+)  # TOTALSIZE .. SYSFLAG: the fields before the first host, gathered at once
+_POW10 = 10 ** np.arange(10, dtype=np.int64)  # the record CRC's digits, least significant first
 
 
 def body_crc(body: bytes) -> int:
@@ -222,6 +228,117 @@ def check_record(  # type: ignore[no-untyped-def]
         elif force_prop_crc:
             return RecordCheck.INVALID, 0, "record CRC property missing"
     return RecordCheck.VALID, total, ""
+
+
+def verify_record(  # type: ignore[no-untyped-def]
+    buf, pos: int, limit: int, phys: int, size: int | None = None, force_prop_crc: bool = False
+) -> str:
+    """Why the bytes at ``pos`` are not the record an index says is at CommitLog offset ``phys``
+    (of ``size`` bytes when given), or ``""`` when they are: :func:`check_record` with its CRCs,
+    then TOTALSIZE and PHYSICALOFFSET held to what the index says.  The check of every read that
+    serves a client (zeroed or overwritten records are never decoded into messages)."""
+    kind, total, reason = check_record(buf, pos, limit, check_crc=True, force_prop_crc=force_prop_crc)
+    if kind == RecordCheck.END:
+        return "zero bytes where a record should be"
+    if kind != RecordCheck.VALID:
+        return reason or "a BLANK record where a message should be"
+    if size is not None and total != size:
+        return f"record size {total}, the index says {size}"
+    at = _PHYS.unpack_from(buf, pos + POS_PHYSICAL_OFFSET)[0]
+    if at != phys:
+        return f"the record says it is at offset {at}"
+    return ""
+
+
+def check_records(  # type: ignore[no-untyped-def]
+    buf: np.ndarray,
+    limit: int,
+    pos: np.ndarray,
+    sizes: np.ndarray,
+    phys: np.ndarray,
+    force_prop_crc: bool = False,
+    topic: bytes | None = None,
+    queue_id: int = 0,
+    queue_offsets: np.ndarray | None = None,
+    check_crc: bool = True,
+) -> np.ndarray:
+    """:func:`verify_record` of many records of one mapped segment at once, and (with ``topic``)
+    that each belongs to ``topic``/``queue_id`` at its queue offset: the mask of those that fail.
+    The bounds, the fixed header (one gather), MAGICCODE, TOTALSIZE, PHYSICALOFFSET and the
+    lengths that lay the record out are checked with numpy (positions clamped, so garbage fields
+    never read outside the segment); then one CRC per record, over the whole record when it
+    carries the ``__CRC32#`` property (which covers the body, the body CRC and every header
+    field), else over the body; ``check_crc=False`` leaves the CRCs out (a start's check of every
+    unit).  ``buf`` is the segment's bytes as uint8, readable up to ``limit``."""
+    from rmq_spark.store.views import _at
+
+    n = len(pos)
+    pos = pos.astype(np.int64, copy=False)
+    sizes = sizes.astype(np.int64, copy=False)
+    ok = (pos >= 0) & (sizes >= _MIN_RECORD_BYTES) & (pos + sizes <= limit)
+    all_in = bool(ok.all())
+    p = pos if all_in else np.where(ok, pos, 0)
+    end = p + (sizes if all_in else np.where(ok, sizes, _MIN_RECORD_BYTES))
+    head = _at(buf, f"V{_CHECK_HEAD.itemsize}")[p].view(_CHECK_HEAD)
+    ok &= head["total_size"] == end - p
+    magic = head["magic"]
+    v2 = magic == L.MAGIC_V2
+    ok &= (magic == L.MAGIC_V1) | v2
+    ok &= head["physical_offset"] == phys
+    if queue_offsets is not None:
+        ok &= (head["queue_id"] == queue_id) & (head["queue_offset"] == queue_offsets)
+    body_at = p + POS_BODY_V4
+    v6 = head["sys_flag"] & (L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6)
+    if v6.any():
+        sys_flag = head["sys_flag"]
+        body_at += np.where(sys_flag & L.FLAG_BORNHOST_V6, HOST_V6_EXTRA, 0)
+        body_at += np.where(sys_flag & L.FLAG_STOREHOST_V6, HOST_V6_EXTRA, 0)
+        ok &= body_at + 1 + 2 <= end
+        body_at = np.where(ok, body_at, p + POS_BODY_V4)
+    body_len = _at(buf, ">i4")[body_at - 4].astype(np.int64)
+    body_end = body_at + body_len
+    ok &= (body_len >= 0) & (body_end + 1 + 2 <= end)
+    if not ok.all():
+        body_end = np.where(ok, body_end, p)
+    if v2.any():
+        topic_len = np.where(v2, _at(buf, ">u2")[body_end], buf[body_end]).astype(np.int64)
+        topic_at = body_end + np.where(v2, 2, 1)
+    else:
+        topic_len = buf[body_end].astype(np.int64)
+        topic_at = body_end + 1
+    props_len_at = topic_at + topic_len
+    ok &= props_len_at + 2 <= end
+    props_len = _at(buf, ">u2")[np.where(ok, props_len_at, p)].astype(np.int64)
+    ok &= props_len_at + 2 + props_len == end
+    if topic is not None:
+        ok &= topic_len == len(topic)
+        if len(topic):
+            names = _at(buf, f"V{len(topic)}")[np.where(ok, topic_at, p)]
+            ok &= names == np.frombuffer(topic, dtype=f"V{len(topic)}")[0]
+    if not check_crc:
+        return ~ok
+    # the whole-record CRC where the property is there, else the body CRC
+    crc_at = end - PROP_CRC_BYTES
+    has_prop = ok & (props_len >= PROP_CRC_BYTES)
+    width = len(PROP_CRC_PREFIX)
+    prefix = np.frombuffer(PROP_CRC_PREFIX, dtype=f"V{width}")[0]
+    has_prop &= _at(buf, f"V{width}")[np.where(has_prop, crc_at, p)] == prefix
+    if force_prop_crc:
+        ok &= has_prop
+    digits = _at(buf, "V10")[np.where(has_prop, end - 11, p)].view(np.uint8).reshape(n, 10) - np.uint8(48)
+    ok &= ~has_prop | ((digits <= 9).all(axis=1) & (buf[end - 1] == 2))
+    want = np.where(has_prop, digits @ _POW10, head["body_crc"])
+    lo = np.where(has_prop, p, body_at)
+    hi = np.where(has_prop, crc_at, body_end)
+    rows = np.flatnonzero(ok)
+    mv = memoryview(buf)
+    got = np.fromiter(
+        (crc32(mv[a:b]) & 0x7FFFFFFF for a, b in zip(lo[rows].tolist(), hi[rows].tolist())),
+        dtype=np.int64,
+        count=len(rows),
+    )
+    ok[rows] = got == want[rows]
+    return ~ok
 
 
 def decode_record(buf, pos: int, read_body: bool = True) -> MessageExt:  # type: ignore[no-untyped-def]

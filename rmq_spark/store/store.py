@@ -20,15 +20,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError, StoreLockedError
+from rmq_spark.errors import (
+    ConfigError,
+    CorruptStoreError,
+    DiskFullError,
+    MessageIllegalError,
+    StoreError,
+    StoreLockedError,
+)
 from rmq_spark.store import layout as L
 from rmq_spark.store.checkpoint import StoreCheckpoint
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.commitlog import AppendResult, CommitLog
 from rmq_spark.store.config import TopicConfigManager
+from rmq_spark.store.consistency import check_consume_queues
 from rmq_spark.store.consumequeue import ConsumeQueue
-from rmq_spark.store.dispatch import ConsumeQueueDispatcher, DispatchBatch, Dispatcher
+from rmq_spark.store.dispatch import ConsumeQueueDispatcher, DispatchBatch, Dispatcher, as_list, group_by_queue
 from rmq_spark.store.flush import AsyncFlushService, GroupCommitService
+from rmq_spark.store.mapped import is_no_space, make_dirs
 from rmq_spark.store.message import Message, MessageExt, host_bytes, new_uniq_ids, new_uniq_ids_array, split_ids, tags_code
 from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.offsets import ConsumerOffsetManager
@@ -119,7 +128,7 @@ class MessageStore:
         self.config = config or StoreConfig()
         self.clock = clock
         self.tags_code_rules: dict[str, TagsCodeRule] = dict(tags_code_rules or {})
-        os.makedirs(self.root, exist_ok=True)
+        make_dirs(self.root)
         self._lock_fd = _lock_directory(self.root)
         self._closed = False
         try:
@@ -146,6 +155,7 @@ class MessageStore:
             tags_code_for=self._special_tags_code,
             tags_code_topics=self.tags_code_rules.keys(),
         )
+        self.commitlog.force_prop_crc = cfg.append_prop_crc
         self.publish_lock = threading.RLock()
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._pending: list[DispatchBatch] = []  # sync flush: appended, not yet durable
@@ -166,8 +176,7 @@ class MessageStore:
         self.commitlog.mfq.load()
         self._load_consume_queues()
         self._recover()
-        with open(abort_path, "w") as f:
-            f.write(str(os.getpid()))
+        _write_marker(abort_path, str(os.getpid()))
         self._flush_service: AsyncFlushService | None = None
         self._group_commit: GroupCommitService | None = None
         if start_services:
@@ -202,7 +211,14 @@ class MessageStore:
         with self.commitlog.put_lock:
             self._dispatch_pending(self.commitlog.max_offset)
             self.flush_all(True)
-            self.offsets.persist()
+            try:
+                self.offsets.persist()
+            except DiskFullError as e:  # the offsets on disk stay those of the last persist
+                log.error("consumer offsets not saved on shutdown: %s", e)
+            for d in self.dispatchers:  # a clean stop: what they keep can be checked on start
+                seal = getattr(d, "seal", None)
+                if seal is not None:
+                    seal()
             self._close_files()
         os.unlink(os.path.join(self.root, L.ABORT_FILE))
         self._release_lock()
@@ -284,15 +300,33 @@ class MessageStore:
             for cq in self._cqs.values():
                 cq.destroy()
             self._cqs.clear()
-            end = cl.recover(cl.min_offset, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch)
+            end = cl.recover(
+                cl.min_offset, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch,
+                force_prop_crc=self.config.append_prop_crc,
+            )
         for cq in self._cqs.values():
             if cq.max_phys_end > end:
                 cq.truncate_dirty(end)
+        problems = [cq.damage for cq in self._cqs.values() if cq.damage]
+        problems += check_consume_queues(self._cqs, cl.mfq, end, self.config.append_prop_crc)
+        if problems:
+            for problem in problems:
+                log.error("%s; the ConsumeQueues are rebuilt from the CommitLog, checked again", problem)
+            self._rebuild_consume_queues(end)
         cl.queue_table = {k: cq.max_offset for k, cq in self._cqs.items()}
         self.dispatched_offset = end
         cp.confirm_phy_offset = end
         cp.dispatched_offset = end
         self.flush_all(True)
+
+    def _rebuild_consume_queues(self, end: int) -> None:
+        """Every ConsumeQueue dropped and rebuilt from the CommitLog, every record checked again
+        with its CRCs: the log is durable up to ``end``, so damage in it stops the store."""
+        for cq in self._cqs.values():
+            cq.destroy()
+        self._cqs.clear()
+        cl = self.commitlog
+        cl.recover(cl.min_offset, end, self.config.truncate_corrupt, self._redispatch, force_prop_crc=self.config.append_prop_crc)
 
     def _redispatch(self, batch: DispatchBatch) -> None:
         batch.tags_codes = np.fromiter(
@@ -406,6 +440,9 @@ class MessageStore:
         cl = self.commitlog
         size = len(buf)
         with cl.put_lock:
+            cq = self._cqs.get((topic, qid))
+            if cq is None or not cq.has_room(1):
+                self._reserve_units([topic], [qid], [sf])
             placed = cl.append_one(buf, topic, qid, sf, prop_crc)
             if placed is None:
                 return None
@@ -529,6 +566,7 @@ class MessageStore:
             raise StoreError(f"store {self.root} is shut down")
         cl = self.commitlog
         with cl.put_lock:
+            self._reserve_units(batch.topics, batch._queue_ids, batch._sys_flags)  # noqa: SLF001
             result, dispatch = cl.append(batch)
             if self.config.flush == "async":
                 self._publish(dispatch)
@@ -539,6 +577,30 @@ class MessageStore:
             if not self._group_commit.wait_durable(result.end_offset):
                 return PutResult(PutStatus.FLUSH_DISK_TIMEOUT, result, uniq_keys)
         return PutResult(PutStatus.PUT_OK, result, uniq_keys)
+
+    def _reserve_units(self, topics: list[str], queue_ids, sys_flags) -> None:  # type: ignore[no-untyped-def]
+        """The ConsumeQueue segments the records about to be appended need, made before the
+        append (caller holds the put lock): on a full disk the put fails here, nothing written,
+        no queue offset taken."""
+        counts: dict[tuple[str, int], int] = {}
+        if len(topics) > SMALL_BATCH:
+            flags = np.asarray(sys_flags) & L.TRANSACTION_MASK
+            consumable = (flags == L.TRANSACTION_NOT_TYPE) | (flags == L.TRANSACTION_COMMIT_TYPE)
+            for key, idx in group_by_queue(topics, np.asarray(queue_ids)).items():
+                counts[key] = int(consumable[idx].sum())
+        else:
+            for t, q, f in zip(topics, as_list(queue_ids), as_list(sys_flags)):
+                tran = f & L.TRANSACTION_MASK
+                if tran == L.TRANSACTION_NOT_TYPE or tran == L.TRANSACTION_COMMIT_TYPE:
+                    counts[(t, q)] = counts.get((t, q), 0) + 1
+        table = self.commitlog.queue_table
+        for key, n in counts.items():
+            if n:
+                cq = self._cqs.get(key)
+                if cq is None:
+                    with self.publish_lock:  # snapshots iterate the queues under it
+                        cq = self.consume_queue(*key, create=True)
+                cq.reserve(table.get(key, 0), n)
 
     def _publish(self, dispatch: DispatchBatch) -> None:
         with self.publish_lock:
@@ -691,6 +753,8 @@ class MessageStore:
                 if m is None:
                     self._unreadable_unit(cq, next_offset - 1, phys, size)
                     continue
+                if m.topic != topic or m.queue_id != queue_id or m.queue_offset != next_offset - 1:
+                    raise self._wrong_unit(cq, next_offset - 1, m)
                 if match_msg is not None and not match_msg(m):
                     continue
                 out.append(m)
@@ -714,6 +778,17 @@ class MessageStore:
             phys - mf.from_offset, mf.path,
         )  # fmt: skip
 
+    def _wrong_unit(self, cq: ConsumeQueue, queue_offset: int, m: MessageExt) -> CorruptStoreError:
+        """A ConsumeQueue unit that points at a valid record of another queue or offset."""
+        path, pos = cq.unit_location(queue_offset)
+        return CorruptStoreError(
+            f"{path}: ConsumeQueue unit {queue_offset} of {cq.topic}/{cq.queue_id} at position {pos} "
+            f"points at CommitLog offset {m.commitlog_offset}, the record of {m.topic}/{m.queue_id} "
+            f"offset {m.queue_offset}; it is not served",
+            path,
+            pos,
+        )
+
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, **kw: object):  # type: ignore[no-untyped-def]
         """Messages ``[start, end)`` of one queue as a ``pyarrow.RecordBatch`` (source schema)."""
         from rmq_spark.store.reader import read_queue_arrow
@@ -723,6 +798,7 @@ class MessageStore:
             from rmq_spark.store.reader import empty_batch
 
             return empty_batch(kw.get("columns"))  # type: ignore[arg-type]
+        kw.setdefault("force_prop_crc", self.config.append_prop_crc)
         return read_queue_arrow(self.commitlog.mfq, cq, topic, queue_id, start, end, **kw)
 
 
@@ -740,6 +816,33 @@ def _lock_directory(root: str) -> int:
             f"store directory {root} is in use by another process (pid {owner}); "
             "one broker owns a store at a time"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    except OSError as e:  # the pid is for people; a full disk must not stop a start
+        if not is_no_space(e):
+            raise
     return fd
+
+
+def _write_marker(path: str, text: str) -> None:
+    """The abort marker: without it a crash would pass for a clean stop, so a store that cannot
+    create it does not start.  The pid inside is for people: on a full disk the marker stays
+    empty (a new file needs an inode, not a block)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError as e:
+        if is_no_space(e):
+            raise DiskFullError(
+                f"{path}: no space left on the device for the store's abort marker; free space and start "
+                "again (the store does not start without it: a crash would pass for a clean stop)",
+                path,
+            ) from None
+        raise
+    try:
+        os.write(fd, text.encode())
+    except OSError as e:
+        if not is_no_space(e):
+            raise
+    finally:
+        os.close(fd)

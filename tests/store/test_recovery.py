@@ -294,6 +294,7 @@ def test_reader_process_reads_while_writer_appends(store_dir):
 
 def test_checkpoint_file_layout(store_dir):
     import struct
+    import zlib
 
     clock = FakeClock(1_700_000_000_000)
     s = MessageStore(store_dir, StoreConfig(**SMALL), clock=clock)
@@ -306,5 +307,6 @@ def test_checkpoint_file_layout(store_dir):
     physic, logics, index, master, confirm, dispatched = struct.unpack_from(">qqqqqq", raw, 0)
     assert physic == logics == 1_700_000_000_000 and master == 0
     assert confirm == dispatched == end
-    assert raw[48:56] == b"RMQSPCK1"
-    assert not any(raw[56:])
+    assert raw[48:56] == b"RMQSPCK2"
+    assert struct.unpack_from(">I", raw, 56)[0] == zlib.crc32(raw[:56])
+    assert not any(raw[60:])

@@ -13,7 +13,7 @@ from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import host_bytes
 from rmq_spark.store.properties import CRC_KEY, decode_properties
-from rmq_spark.store.record import HEADER_V4, decode_record
+from rmq_spark.store.record import HEADER_V4, decode_record, verify_record
 
 if TYPE_CHECKING:
     from rmq_spark.store.store import MessageStore
@@ -83,14 +83,18 @@ def read_records(store: MessageStore, phys: np.ndarray, sizes: np.ndarray) -> St
     heads: list[tuple] = []  # one HEADER_V4 tuple per record
     mfq = store.commitlog.mfq
     unpack = _HEADER.unpack_from
+    force_crc = store.commitlog.force_prop_crc
     mf = None
-    for offset in np.asarray(phys, dtype=np.int64).tolist():
+    for offset, size in zip(np.asarray(phys, dtype=np.int64).tolist(), np.asarray(sizes, dtype=np.int64).tolist()):
         if mf is None or not mf.from_offset <= offset < mf.end_offset:
             mf = mfq.find(offset)
             if mf is None:
                 raise StoreError(f"CommitLog offset {offset} is outside the log")
             mm = mf.mm
         pos = offset - mf.from_offset
+        why = verify_record(mm, pos, mf.wrote_position, offset, size, force_crc)
+        if why:  # never re-written with a fresh CRC: a damaged record would pass for a sound one
+            raise store.commitlog.corrupt(offset, why)
         h = unpack(mm, pos)
         if h[_H_SYS_FLAG] & _HOSTS_V6:  # IPv6 hosts move the later fields: rare, decoded in full
             m = decode_record(mm, pos)

@@ -21,6 +21,11 @@ Files live at ``{root}/index/{yyyyMMddHHmmssSSS}`` (local creation time, as Rock
                [0, 2^31 - 1]
     prevIndex  the previous entry of the same slot (0: end of the chain)
 
+Entry 0, never an entry in RocketMQ, holds this store's seal: ``RMQSEAL1`` and a CRC32 of the
+header, the slots and entries 1 .. indexCount-1, written when the file is full or the store stops
+cleanly and cleared before the file changes again.  A sealed file whose CRC does not match is
+damaged: the service drops it and rebuilds it from the CommitLog.
+
 Each message gets an entry for ``topic#UNIQ_KEY`` and one per non-empty space-separated word of
 its KEYS; ROLLBACK records get none (PREPARED ones do).  A full file rolls over to a new one whose
 header starts where the previous one ended.
@@ -35,10 +40,12 @@ import struct
 from collections.abc import Sequence
 
 import numpy as np
+from zlib_ng.zlib_ng import crc32
 
 from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.hashing import java_string_hash, java_string_hashes
+from rmq_spark.store.mapped import ALLOCATE_AHEAD_BYTES, allocate
 from rmq_spark.store.properties import find_properties
 from rmq_spark.store.record import (
     POS_SYS_FLAG,
@@ -57,6 +64,8 @@ __all__ = [
 DEFAULT_INDEX_SLOTS = 5_000_000  # maxHashSlotNum
 DEFAULT_INDEX_ENTRIES = 20_000_000  # maxIndexNum
 HEADER = struct.Struct(">qqqqii")
+SEAL_MAGIC = b"RMQSEAL1"  # in entry 0, then the CRC32 (see the module docstring)
+_SEAL_CRC = struct.Struct(">I")
 HEADER_BYTES = HEADER.size
 ENTRY = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("diff", ">i4"), ("prev", ">i4")])
 ENTRY_STRUCT = struct.Struct(">iqii")
@@ -124,7 +133,14 @@ class IndexFile:
         fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o644)
         try:
             if create:
-                os.ftruncate(fd, size)
+                try:
+                    os.ftruncate(fd, size)
+                    # the header and slots (written anywhere) now; entries as they come (put_*)
+                    allocate(fd, 0, HEADER_BYTES + slot_num * SLOT_BYTES + ENTRY_BYTES, path)
+                except BaseException:
+                    os.close(fd)
+                    os.unlink(path)
+                    raise
             elif (actual := os.fstat(fd).st_size) != size:
                 raise CorruptStoreError(
                     f"{path}: index file is {actual} bytes, expected {size} "
@@ -132,15 +148,22 @@ class IndexFile:
                     path,
                     actual,
                 )
+            if not create:  # (an older version's file may be sparse: its slots get blocks now)
+                allocate(fd, 0, HEADER_BYTES + slot_num * SLOT_BYTES, path)
             self._mm: mmap.mmap | None = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        except BaseException:
+            if not create:
+                os.close(fd)
+            raise
+        self._fd = fd  # kept for allocating the entries' blocks as they are written
+        self._allocated = HEADER_BYTES + slot_num * SLOT_BYTES
         self._entries_pos = HEADER_BYTES + slot_num * SLOT_BYTES
         self._slots = np.frombuffer(self._mm, dtype=">i4", count=slot_num, offset=HEADER_BYTES)
         self._entries = np.frombuffer(
             self._mm, dtype=ENTRY, count=index_num, offset=self._entries_pos
         )
         self.dirty = create
+        self._sealed = False
         if create:
             self.begin_ts = self.end_ts = begin_ts
             self.begin_phy = self.end_phy = begin_phy
@@ -154,6 +177,38 @@ class IndexFile:
             raise CorruptStoreError(
                 f"{path}: index count {self.index_count} is out of range", path, 36
             )
+        e0 = self._entries_pos
+        self._sealed = self._mm[e0 : e0 + len(SEAL_MAGIC)] == SEAL_MAGIC
+        if self._sealed and _SEAL_CRC.unpack_from(self._mm, e0 + len(SEAL_MAGIC))[0] != self._checksum():
+            self.close()
+            raise CorruptStoreError(f"{path}: the sealed index file's CRC does not match its content", path, e0)
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    def _checksum(self) -> int:
+        """CRC32 of the header, the slots and the entries in use (entry 0, the seal, left out)."""
+        mm, e0 = self._mm, self._entries_pos
+        assert mm is not None
+        crc = crc32(mm[0:e0])
+        return crc32(mm[e0 + ENTRY_BYTES : e0 + self.index_count * ENTRY_BYTES], crc)
+
+    def seal(self) -> None:
+        """Write the seal (see the module docstring) and sync: the file can be checked on load."""
+        if self._mm is not None and not self._sealed:
+            e0 = self._entries_pos
+            self._mm[e0 : e0 + len(SEAL_MAGIC)] = SEAL_MAGIC
+            _SEAL_CRC.pack_into(self._mm, e0 + len(SEAL_MAGIC), self._checksum())
+            self._sealed = True
+            self.sync()
+
+    def _unseal(self) -> None:
+        """Before the file changes: its seal would no longer hold."""
+        e0 = self._entries_pos
+        assert self._mm is not None
+        self._mm[e0 : e0 + len(SEAL_MAGIC) + _SEAL_CRC.size] = bytes(len(SEAL_MAGIC) + _SEAL_CRC.size)
+        self._sealed = False
 
     def _write_header(self) -> None:
         assert self._mm is not None
@@ -179,6 +234,9 @@ class IndexFile:
             return 0
         if k <= SMALL_KEYS:
             return self._put_few(list(hashes[:k]), list(phys[:k]), list(store_ts[:k]))
+        self._allocate_entries(first, k)
+        if self._sealed:
+            self._unseal()
         h = np.asarray(hashes[:k], dtype=np.int64)
         phy = np.asarray(phys[:k], dtype=np.int64)
         ts = np.asarray(store_ts[:k], dtype=np.int64)
@@ -224,6 +282,9 @@ class IndexFile:
         k = min(self.index_num - first, len(hashes))
         if k <= 0:
             return 0
+        self._allocate_entries(first, k)
+        if self._sealed:
+            self._unseal()
         hashes, phys, store_ts = [int(x) for x in hashes[:k]], [int(x) for x in phys[:k]], [int(x) for x in store_ts[:k]]
         if first <= 1:
             self.begin_phy, self.begin_ts = phys[0], store_ts[0]
@@ -300,6 +361,16 @@ class IndexFile:
             self._slots = self._entries = None  # type: ignore[assignment]
             self._mm.close()
             self._mm = None
+            os.close(self._fd)
+
+    def _allocate_entries(self, first: int, k: int) -> None:
+        """Blocks for entries ``[first, first + k)`` before they are written (a full disk raises
+        :class:`DiskFullError` here, nothing written; never a SIGBUS on the mapping)."""
+        end = self._entries_pos + (first + k) * ENTRY_BYTES
+        if end > self._allocated:
+            upto = min(self._entries_pos + self.index_num * ENTRY_BYTES, max(end, self._allocated + ALLOCATE_AHEAD_BYTES))
+            allocate(self._fd, self._allocated, upto, self.path)
+            self._allocated = upto
 
     def destroy(self) -> None:
         self.close()

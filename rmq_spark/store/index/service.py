@@ -18,6 +18,7 @@ catch-up above indexes them again from the CommitLog.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -25,9 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rmq_spark.errors import ConfigError, CorruptStoreError
+from rmq_spark.errors import ConfigError, CorruptStoreError, DiskFullError
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import DispatchBatch, as_list
+from rmq_spark.store.mapped import make_dirs
 from rmq_spark.store.index.indexfile import (
     _NAME,
     DEFAULT_INDEX_ENTRIES,
@@ -43,6 +45,8 @@ from rmq_spark.store.index.indexfile import (
 from rmq_spark.store.record import RecordCheck, check_record
 
 __all__ = ["IndexService"]
+
+log = logging.getLogger("rmq_spark.store")
 
 _SCAN_BATCH_RECORDS = 4096
 HOLD_BATCH_MAX = 32  # dispatches of fewer records than this are held back ...
@@ -93,6 +97,8 @@ class IndexService:
         self._held_records = 0
         self.rebuilt_records = 0  # records indexed from this service's own CommitLog scan
         self._closed = False
+        self._lag_from: int | None = None  # a full disk stopped indexing here (see _lag)
+        self._lag_logged = False
         self._load(getattr(store, "last_exit_abnormal", False), store.checkpoint)
         indexed = [f.end_phy for f in self._files if f.index_count > 1]
         self._last_phy = max(indexed, default=-1)  # the newest indexed CommitLog offset
@@ -105,11 +111,17 @@ class IndexService:
         names = sorted(n for n in os.listdir(self.directory) if _NAME.match(n))
         for i, name in enumerate(names):
             try:
-                self._files.append(
-                    IndexFile(os.path.join(self.directory, name), self.slot_num, self.index_num)
-                )
-            except CorruptStoreError:
-                # other sizes or a torn file: drop it and the files after it; they are rebuilt
+                f = IndexFile(os.path.join(self.directory, name), self.slot_num, self.index_num)
+                # a full file is sealed when the next one starts, every file on a clean stop: one
+                # without its seal then lost it (or was written by a version without seals)
+                if not f.sealed and (i < len(names) - 1 or not abnormal):
+                    f.close()
+                    raise CorruptStoreError(f"{f.path}: the index file has no seal", f.path, 0)
+                self._files.append(f)
+            except CorruptStoreError as e:
+                # other sizes, a torn or damaged file: drop it and the files after it; they are
+                # rebuilt from the CommitLog
+                log.error("%s; it and the %d index files after it are rebuilt from the CommitLog", e, len(names) - i - 1)
                 for later in names[i:]:
                     os.unlink(os.path.join(self.directory, later))
                 break
@@ -142,6 +154,7 @@ class IndexService:
         with self._lock:
             if self._closed:
                 return
+            self._behind()
             phys = batch._phys  # noqa: SLF001 - a list for a put of a few records
             first = phys[0] if phys.__class__ is list else int(phys[0])
             if self._covered is None or self._covered < first:
@@ -168,6 +181,7 @@ class IndexService:
         with self._lock:
             if self._closed:
                 return
+            self._behind()
             covered = self._covered
             if covered is None or covered < phys:
                 self._catch_up(phys)
@@ -177,6 +191,21 @@ class IndexService:
                 self._drain()
             if self._covered is None or end_offset > self._covered:
                 self._covered = end_offset
+
+    def _complete(self) -> None:
+        """Before a query: index what the store dispatched that is not in the files yet (a lag
+        after a full disk, files dropped on a start with no dispatch since)."""
+        upto = getattr(self.store, "dispatched_offset", None)
+        if upto and (self._lag_from is not None or self._covered is None or self._covered < upto):
+            self._behind()
+            self._catch_up(upto)
+
+    def _behind(self) -> None:
+        """After a full disk stopped indexing: this dispatch catches up from there, reading the
+        CommitLog (the records held meanwhile all lie past it: read again there)."""
+        if self._lag_from is not None:
+            self._held, self._held_records = _Scanned(), 0
+            self._covered, self._lag_from = self._lag_from, None
 
     def _hold(self, b: DispatchBatch, n: int) -> None:
         """Add the columns :meth:`_index` reads of a small dispatch to the held ones."""
@@ -193,7 +222,7 @@ class IndexService:
 
     def _drain(self) -> None:
         """Index the held records (under the lock), in one pass."""
-        if not self._held_records:
+        if not self._held_records or self._lag_from is not None:
             return
         s = self._held
         self._held, self._held_records = _Scanned(), 0
@@ -210,6 +239,8 @@ class IndexService:
     ) -> int:
         """Index records (skipping ROLLBACK ones and those already indexed); returns how many
         records were new."""
+        if self._lag_from is not None:
+            return 0  # behind after a full disk: the catch-up reads these again from the CommitLog
         last = self._last_phy
         phys_list = phys.tolist() if isinstance(phys, np.ndarray) else list(phys)
         sflags = sys_flags.tolist() if isinstance(sys_flags, np.ndarray) else list(sys_flags)
@@ -251,8 +282,13 @@ class IndexService:
             kp = [phys_list[rec[j]] for j in order]
             kt = [ts_list[rec[j]] for j in order]
             done = 0
-            while done < len(hs):
-                done += self._writable_file()._put_few(hs[done:], kp[done:], kt[done:])
+            try:
+                while done < len(hs):
+                    f, take = self._room_for(kp, done)
+                    done += f._put_few(hs[done : done + take], kp[done : done + take], kt[done : done + take])
+            except DiskFullError as e:
+                self._lag(kp[done], e)
+                return len(sel)
             self._last_phy = kp[-1]
             return len(sel)
         rec_arr = np.asarray(rec, dtype=np.int64)
@@ -263,17 +299,52 @@ class IndexService:
         key_phys = np.asarray(phys, dtype=np.int64)[rec_arr]
         key_ts = np.asarray(store_ts, dtype=np.int64)[rec_arr]
         done = 0
-        while done < len(hashes):
-            f = self._writable_file()
-            done += f.put_hashes(hashes[done:], key_phys[done:], key_ts[done:])
+        try:
+            while done < len(hashes):
+                f, take = self._room_for(key_phys, done)
+                done += f.put_hashes(hashes[done : done + take], key_phys[done : done + take], key_ts[done : done + take])
+        except DiskFullError as e:
+            self._lag(int(key_phys[done]), e)
+            return len(sel)
         self._last_phy = int(key_phys[-1])
+        self._lag_logged = False
         return len(sel)
 
-    def _writable_file(self) -> IndexFile:
-        if self._files and not self._files[-1].is_full:
+    def _lag(self, phys: int, e: DiskFullError) -> None:
+        """No new index file on a full disk: the records from ``phys`` on are indexed later, from
+        the CommitLog, by the catch-up of the first dispatch after it (puts go on failing until
+        there is space; the index is derived, so it never fails one that got into the log)."""
+        if self._lag_from is None:
+            self._last_phy = phys - 1  # every record before it is wholly indexed
+            if not self._lag_logged:  # once, until indexing works again
+                log.error("index not updated from CommitLog offset %d: %s", phys, e)
+                self._lag_logged = True
+            self._lag_from = phys
+
+    def _room_for(self, key_phys, done: int) -> tuple[IndexFile, int]:  # type: ignore[no-untyped-def]
+        """The file the keys from ``done`` on go to, and how many of them: never a record's keys
+        split over two files (a full disk between the two would leave the record half indexed,
+        and it is never indexed again), unless one record has more keys than a file holds."""
+        f = self._writable_file()
+        left = len(key_phys) - done
+        take = min(f.index_num - f.index_count, left)
+        if take < left:
+            cut = take
+            while cut > 0 and key_phys[done + cut - 1] == key_phys[done + cut]:
+                cut -= 1
+            if cut == 0 and f.index_count > 1:  # the record's keys go to a fresh file
+                self._writable_file(fresh=True)
+                return self._room_for(key_phys, done)
+            take = cut or take  # (0: one record has more keys than a whole file: split)
+        return f, take
+
+    def _writable_file(self, fresh: bool = False) -> IndexFile:
+        if self._files and not self._files[-1].is_full and not fresh:
             return self._files[-1]
         last = self._files[-1] if self._files else None
-        os.makedirs(self.directory, exist_ok=True)
+        if last is not None:
+            last.seal()  # it no longer changes
+        make_dirs(self.directory)
         f = IndexFile(
             os.path.join(self.directory, self._new_name()),
             self.slot_num,
@@ -307,12 +378,13 @@ class IndexService:
             if mf is None:
                 break
             pos = offset - mf.from_offset
-            kind, size, _ = check_record(mf.mm, pos, mf.size_bytes, check_crc=False)
+            kind, size, why = check_record(mf.mm, pos, max(pos, mf.data_bytes), True, cl.force_prop_crc)
             if kind == RecordCheck.BLANK:
                 offset = mf.end_offset
                 continue
             if kind != RecordCheck.VALID:
-                break
+                # below ``upto`` the log is durable: damage, never keys read from it
+                raise cl.corrupt(offset, why or "zero bytes where a record should be")
             scanned.add(offset, *_index_fields(mf.mm, pos))
             offset += size
             if len(scanned.phys) >= _SCAN_BATCH_RECORDS:
@@ -339,6 +411,7 @@ class IndexService:
         out: list[int] = []
         with self._lock:
             self._drain()
+            self._complete()
             for f in reversed(self._files):
                 if len(out) >= max_num:
                     break
@@ -376,6 +449,13 @@ class IndexService:
                 f.sync()
             if last_ts is not None:
                 self.store.checkpoint.index_msg_timestamp = last_ts
+
+    def seal(self) -> None:
+        """On a clean stop (after the last flush): seal every file so the next start checks it."""
+        with self._flush_lock, self._lock:
+            self._drain()
+            for f in self._files:
+                f.seal()
 
     def close(self) -> None:
         with self._flush_lock, self._lock:
