@@ -20,7 +20,7 @@ import random
 import struct
 from typing import Any
 
-from rmq_spark.errors import ConfigError, MessageIllegalError, RmqError
+from rmq_spark.errors import ConfigError, DiskFullError, MessageIllegalError, RmqError
 from rmq_spark.remoting.codes import ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.headers import Fields, HeaderError, fields_of
@@ -118,6 +118,8 @@ class SendProcessor:
             put = self.core.send(items)
         except MessageIllegalError as e:
             return None, req.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
+        except DiskFullError as e:  # RocketMQ's answer when its disk is full; reads go on
+            return None, req.response(ResponseCode.SERVICE_NOT_AVAILABLE, f"service not available now: {e}")
         except RmqError as e:
             return None, req.response(ResponseCode.SYSTEM_ERROR, str(e))
         code = _PUT_CODES.get(put.status, ResponseCode.SYSTEM_ERROR)

@@ -89,3 +89,21 @@ def test_long_poll_answers_when_a_message_arrives_and_times_out_otherwise(broker
     assert woken.code == ResponseCode.SUCCESS and b"m1" in woken.body
     assert 0.4 <= waited < 2.5
     assert threading.active_count() <= threads_before + 1  # the timer's own thread, now done
+
+
+def test_a_full_disk_answers_sends_service_not_available_while_pulls_go_on(broker, monkeypatch):
+    """RocketMQ's answer to a send when its disk is full; the messages already stored are read."""
+    from rmq_spark.errors import DiskFullError
+
+    _put(broker, 3)
+
+    def full(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise DiskFullError("no space left on device writing commitlog/00000000000000000000")
+
+    monkeypatch.setattr(broker.core, "send", full)
+    send = {"a": "pg", "b": TOPIC, "c": "TBW102", "d": "4", "e": "0", "f": "0", "g": "1", "h": "0", "i": "",
+            "j": "0", "k": "false"}  # fmt: skip
+    with RemotingClient(broker.remoting_endpoint) as c:
+        r = c.request(RemotingCommand(RequestCode.SEND_MESSAGE_V2, send, b"x", version=409))
+        assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE and "no space left" in (r.remark or "")
+        assert _pull(c, 0).code == ResponseCode.SUCCESS
