@@ -14,6 +14,8 @@ import numpy as np
 from rmq_spark.errors import CorruptStoreError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import Column, DispatchBatch, as_list, group_by_queue
+from rmq_spark.store.inflight import InflightMarker
+from rmq_spark.store import logscan
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import MessageExt, offset_msg_ids
 from rmq_spark.store.encode import place_v4_record
@@ -97,8 +99,11 @@ class CommitLog:
         now_ms: Callable[[], int],
         tags_code_for: Callable[[str, dict[str, str], int], int | None] | None = None,
         tags_code_topics: Collection[str] = (),
+        inflight_path: str | None = None,
     ) -> None:
         self.mfq = MappedFileQueue(directory, segment_bytes, writable=True)
+        # the write under way, for recovery to tell a torn tail from damage (see store.inflight)
+        self.inflight = InflightMarker(inflight_path) if inflight_path else None
         self.segment_bytes = segment_bytes
         self.store_host = store_host
         self.store_port = store_port
@@ -167,6 +172,8 @@ class CommitLog:
         now = max(self._now_ms(), self.last_store_timestamp_ms)
         self.last_store_timestamp_ms = now
         batch.finalize(phys, qoffs, now)
+        if self.inflight is not None:
+            self.inflight.mark(mf.from_offset + mf.wrote_position, seg_from + seg_pos)
         for i, j, at in chunks:
             mf = self.mfq.last_file()
             assert mf is not None
@@ -180,6 +187,8 @@ class CommitLog:
             b = int(batch.rel_pos[j - 1]) + int(sizes[j - 1])
             assert mf.from_offset + mf.wrote_position == at
             mf.write(memoryview(batch.buf)[a:b])
+        if self.inflight is not None:
+            self.inflight.clear()
         last_end = int(phys[-1]) + int(sizes[-1]) if n else base
         return self._results(batch, phys, qoffs, now, base, last_end, n)
 
@@ -216,7 +225,7 @@ class CommitLog:
             now = self.last_store_timestamp_ms
         self.last_store_timestamp_ms = now
         batch.finalize_lists(phys, qoffs, now)
-        mf.write(batch.buf)
+        self._write(mf, batch.buf, base)
         return self._results(batch, phys, qoffs, now, base, base + total, len(phys))
 
     def append_one(self, buf: bytearray, topic: str, queue_id: int, sys_flag: int, prop_crc: bool) -> tuple[int, int, int] | None:
@@ -246,8 +255,17 @@ class CommitLog:
             now = self.last_store_timestamp_ms
         self.last_store_timestamp_ms = now
         place_v4_record(buf, qoff, phys, now, prop_crc)
-        mf.write(buf)
+        self._write(mf, buf, phys)
         return phys, qoff, now
+
+    def _write(self, mf, buf, at: int) -> None:  # type: ignore[no-untyped-def]
+        marker = self.inflight
+        if marker is None:
+            mf.write(buf)
+            return
+        marker.mark(at, at + len(buf))
+        mf.write(buf)
+        marker.clear()
 
     def _results(  # type: ignore[no-untyped-def]
         self, batch: EncodedBatch, phys, qoffs, now: int, base: int, end: int, n: int
@@ -344,102 +362,12 @@ class CommitLog:
         return store_timestamp_at(mf.mm, offset - mf.from_offset)
 
     # --- recovery -------------------------------------------------------------------------------------
-    def recover(
-        self,
-        scan_from: int,
-        confirmed_offset: int,
-        truncate_corrupt: bool,
-        on_batch: Callable[[DispatchBatch], None],
-        batch_records: int = 4096,
-        force_prop_crc: bool = False,
-    ) -> int:
-        """Scan records from ``scan_from`` (the start of a segment), hand them to ``on_batch`` for
-        re-dispatch, and cut the log after the last valid one.
-
-        An invalid record below ``confirmed_offset`` (bytes that were durable) is corruption:
-        :class:`CorruptStoreError` names the file and position unless ``truncate_corrupt``.
-        Returns the end of the valid log."""
-        if not self.mfq.files:
-            return 0
-        start_mf = self.mfq.find(scan_from)
-        if start_mf is None:
-            start_mf = self.mfq.files[0] if scan_from < self.mfq.min_offset else self.mfq.files[-1]
-            scan_from = start_mf.from_offset if scan_from < self.mfq.min_offset else start_mf.end_offset
-        start_idx = self.mfq.files.index(start_mf)
-        end = scan_from
-        collector = _BatchCollector(on_batch, batch_records)
-        stop_reason = ""
-        stop_path = ""
-        for mf in self.mfq.files[start_idx:]:
-            pos = scan_from - mf.from_offset if mf is start_mf else 0
-            if pos >= mf.size_bytes:
-                continue
-            stopped = False
-            while True:
-                kind, size, reason = check_record(  # never into a hole (see mapped.data_end)
-                    mf.mm, pos, max(pos, mf.data_bytes), check_crc=True, force_prop_crc=force_prop_crc
-                )
-                if kind == RecordCheck.VALID:
-                    collector.add(mf.mm, pos, mf.from_offset + pos)
-                    pos += size
-                    end = mf.from_offset + pos
-                    continue
-                if kind == RecordCheck.BLANK:
-                    end = mf.end_offset
-                    break
-                stop_reason = reason if kind == RecordCheck.INVALID else "no record"
-                stop_path = mf.path
-                stopped = True
-                later = self.valid_record_after(mf, pos, force_prop_crc)
-                if later is not None:
-                    # a valid record follows: the log was written past here, this is damage
-                    # inside it, not a torn tail (whatever the checkpoint says)
-                    stop_reason += f"; a valid record follows at offset {later}"
-                    confirmed_offset = max(confirmed_offset, later)
-                break
-            if stopped:
-                break
-        collector.flush()
-        if end < confirmed_offset and not truncate_corrupt:
-            mf = self.mfq.find(end) or self.mfq.files[-1]
-            raise CorruptStoreError(
-                f"{stop_path or mf.path}: corrupt CommitLog record at position {end - mf.from_offset} "
-                f"(offset {end}): {stop_reason}; {confirmed_offset - end} durable bytes follow. "
-                "Start with truncate_corrupt=True (--truncate-corrupt) to cut the log there.",
-                stop_path or mf.path,
-                end - mf.from_offset,
-            )
-        self.mfq.truncate_dirty(end)
-        for mf in self.mfq.files:
-            mf.flushed_position = mf.wrote_position
-        if self.mfq.files and end == self.mfq.files[-1].end_offset:
-            pass
-        self.last_store_timestamp_ms = max(self.last_store_timestamp_ms, collector.last_store_ts)
-        return end
+    def recover(self, *args, **kwargs) -> int:  # type: ignore[no-untyped-def]
+        """:func:`rmq_spark.store.logscan.recover` of this log."""
+        return logscan.recover(self, *args, **kwargs)
 
     def valid_record_after(self, mf, pos: int, force_prop_crc: bool) -> int | None:  # type: ignore[no-untyped-def]
-        """The CommitLog offset of the first valid record after ``pos`` of segment ``mf`` (in it
-        or in a later segment), None if there is none: then what stopped a scan at ``pos`` is
-        the end of the log (a torn tail), else damage inside it.  Candidates are found by their
-        MAGICCODE (``mmap.find``), not by the damaged record's own size field, which may be the
-        damaged part; each is held to :func:`check_record` with its CRCs."""
-        magics = [struct.pack(">I", m) for m in (L.MAGIC_V1, L.MAGIC_V2)]
-        files = self.mfq.files
-        for seg in files[files.index(mf):]:
-            start = pos + 1 if seg is mf else 0
-            hits = []
-            limit = seg.data_bytes  # never into a hole (see mapped.data_end)
-            for magic in magics:
-                at = seg.mm.find(magic, start + 4, limit)
-                while at >= 0:
-                    kind, _, _ = check_record(seg.mm, at - 4, limit, True, force_prop_crc)
-                    if kind == RecordCheck.VALID:
-                        hits.append(at - 4)
-                        break
-                    at = seg.mm.find(magic, at + 1, limit)
-            if hits:
-                return seg.from_offset + min(hits)
-        return None
+        return logscan.valid_record_after(self, mf, pos, force_prop_crc)
 
     def iter_records(self, start: int = 0) -> Iterator[MessageExt]:
         """Every valid record from ``start`` on (tests and tools)."""
@@ -460,44 +388,5 @@ class CommitLog:
 
     def close(self) -> None:
         self.mfq.close()
-
-
-class _BatchCollector:
-    """Gathers scanned records into DispatchBatches."""
-
-    def __init__(self, on_batch: Callable[[DispatchBatch], None], limit: int) -> None:
-        self.on_batch = on_batch
-        self.limit = limit
-        self.rows: list[MessageExt] = []
-        self.last_store_ts = 0
-
-    def add(self, buf, pos: int, phys: int) -> None:  # type: ignore[no-untyped-def]
-        m = decode_record(buf, pos, read_body=False)
-        m.commitlog_offset = phys
-        self.rows.append(m)
-        if len(self.rows) >= self.limit:
-            self.flush()
-
-    def flush(self) -> None:
-        rows = self.rows
-        if not rows:
-            return
-        self.rows = []
-        self.last_store_ts = max(self.last_store_ts, rows[-1].store_timestamp_ms)
-        self.on_batch(
-            DispatchBatch(
-                phys=np.fromiter((m.commitlog_offset for m in rows), dtype=np.int64, count=len(rows)),
-                sizes=np.fromiter((m.store_size for m in rows), dtype=np.int32, count=len(rows)),
-                topics=[m.topic for m in rows],
-                queue_ids=np.fromiter((m.queue_id for m in rows), dtype=np.int32, count=len(rows)),
-                queue_offsets=np.fromiter((m.queue_offset for m in rows), dtype=np.int64, count=len(rows)),
-                tags_codes=np.zeros(len(rows), dtype=np.int64),  # filled by the store
-                sys_flags=np.fromiter((m.sys_flag for m in rows), dtype=np.int32, count=len(rows)),
-                store_timestamps=np.fromiter(
-                    (m.store_timestamp_ms for m in rows), dtype=np.int64, count=len(rows)
-                ),
-                keys=[m.keys for m in rows],
-                uniq_keys=[m.uniq_key for m in rows],
-                properties=[m.properties for m in rows],
-            )
-        )
+        if self.inflight is not None:
+            self.inflight.close()

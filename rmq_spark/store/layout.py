@@ -13,6 +13,7 @@ INDEX_DIR = "index"
 CONFIG_DIR = "config"
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
+INFLIGHT_FILE = "inflight"  # the CommitLog write under way (store.inflight)
 LOCK_FILE = "lock"
 TOPICS_FILE = "topics.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"

@@ -154,6 +154,7 @@ class MessageStore:
             now_ms=self.clock.now_ms,
             tags_code_for=self._special_tags_code,
             tags_code_topics=self.tags_code_rules.keys(),
+            inflight_path=os.path.join(self.root, L.INFLIGHT_FILE),
         )
         self.commitlog.force_prop_crc = cfg.append_prop_crc
         self.publish_lock = threading.RLock()

@@ -11,6 +11,7 @@ import pytest
 
 from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store.clock import FakeClock
+from rmq_spark.store.mapped import MappedFile
 from rmq_spark.store.message import Message
 from rmq_spark.store.record import POS_BODY_V4
 from rmq_spark.store.store import MessageStore, StoreConfig
@@ -87,6 +88,80 @@ def test_torn_last_record_of_a_crashed_store_is_still_cut(tmp_path):
     with open_store(d) as s:
         assert s.commitlog.max_offset == offset
         assert s.max_offset("A", 0) == 10 + 99
+
+
+class Killed(BaseException):
+    """The process dies in the middle of a write (what kill -9 does to a copy under way)."""
+
+
+def kill_during_write(monkeypatch, s, msgs, copied_from=32):
+    """Put ``msgs`` as one write that dies half done, leaving the bytes as glibc's ``memcpy``
+    leaves a buffer it was copying (its first vector is stored last): the write's start a hole,
+    its later records whole; then the store dies."""
+    def torn(self, data, position=None, publish=True):
+        pos = self.wrote_position if position is None else position
+        self.mm[pos + copied_from : pos + len(data)] = bytes(memoryview(data)[copied_from:])
+        raise Killed()
+
+    monkeypatch.setattr(MappedFile, "write", torn)
+    start = s.commitlog.max_offset
+    with pytest.raises(Killed):
+        s.put_messages(msgs)
+    monkeypatch.undo()
+    s.crash()
+    return start
+
+
+@pytest.mark.parametrize("flush", ["sync", "async"])
+def test_write_torn_by_a_kill_is_cut_though_whole_records_follow_its_hole(tmp_path, monkeypatch, caplog, flush):
+    """The torn write was never acknowledged (it had not returned): the hole at its start with
+    valid records after it is its torn tail, not damage, because the write was in flight."""
+    d = str(tmp_path / "s")
+    s = open_store(d, flush=flush)
+    for i in range(10):
+        assert s.put_message(Message("A", b"d%d" % i, queue_id=0)).ok
+    start = kill_during_write(monkeypatch, s, [Message("A", b"t%d" % i * 30, queue_id=0) for i in range(5)])
+    with open_store(d) as s:
+        assert s.commitlog.max_offset == start
+        assert s.max_offset("A", 0) == 10
+        assert [m.body for m in s.get_messages("A", 0, 0, max_msgs=100).messages] == [b"d%d" % i for i in range(10)]
+        assert s.put_message(Message("A", b"after", queue_id=0)).ok  # the cut tail was zeroed
+    assert f"position {start % SEG}" in caplog.text and "torn write" in caplog.text
+    with open_store(d) as s:  # and the next start finds nothing wrong
+        assert s.max_offset("A", 0) == 11
+    s = open_store(d)
+    s.crash()
+    with open_store(d) as s:  # nor does a recovery scan after a crash with no write in flight
+        assert s.max_offset("A", 0) == 11
+
+
+def test_hole_before_the_write_in_flight_is_damage(tmp_path, monkeypatch):
+    """Only the write in flight may be torn: a hole in an earlier write, with valid records after
+    it, stops the store with file and position even though the crash tore the last write."""
+    d = str(tmp_path / "s")
+    s = open_store(d, flush="sync", flush_interval_ms=3_600_000)
+    placed = []
+    for i in range(20):
+        r = s.put_message(Message("A", b"m%d" % i * 10, queue_id=0))
+        placed.append(r.append.wrote_offset)
+    kill_during_write(monkeypatch, s, [Message("A", b"t%d" % i * 30, queue_id=0) for i in range(5)])
+    patch(segment_path(d, placed[5]), placed[5] % SEG, bytes(8))
+    with pytest.raises(CorruptStoreError, match=f"position {placed[5] % SEG}"):
+        open_store(d)
+
+
+def test_marker_of_the_write_in_flight_that_does_not_check_counts_as_none(tmp_path, monkeypatch):
+    """A marker torn by the kill (or lost by a power cut) tells nothing: the hole is reported."""
+    d = str(tmp_path / "s")
+    s = open_store(d, flush="sync")
+    for i in range(10):
+        assert s.put_message(Message("A", b"d%d" % i, queue_id=0)).ok
+    start = kill_during_write(monkeypatch, s, [Message("A", b"t%d" % i * 30, queue_id=0) for i in range(5)])
+    patch(os.path.join(d, "inflight"), 10, b"\xff")
+    with pytest.raises(CorruptStoreError, match=f"position {start % SEG}"):
+        open_store(d)
+    with open_store(d, truncate_corrupt=True) as s:
+        assert s.max_offset("A", 0) == 10
 
 
 def clean_store(d, n=60):

@@ -1,0 +1,181 @@
+"""The CommitLog's recovery scan: every record checked (magic, size, CRCs) from a segment on,
+handed on for re-dispatch, the log cut after the last valid one.
+
+What stops the scan decides what happens: the end of the log, or a write torn by a kill (the write
+in flight, :mod:`rmq_spark.store.inflight`), is cut; damage with valid records after it, or below
+what the checkpoint says is durable, stops the store with file and position
+(:class:`CorruptStoreError`) unless the operator asked to cut it (``truncate_corrupt``).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rmq_spark.errors import CorruptStoreError
+from rmq_spark.store import layout as L
+from rmq_spark.store.dispatch import DispatchBatch
+from rmq_spark.store.message import MessageExt
+from rmq_spark.store.record import RecordCheck, check_record, decode_record
+
+__all__ = ["recover", "torn_write", "valid_record_after"]
+
+log = logging.getLogger("rmq_spark.store.commitlog")
+
+
+def recover(
+    cl: Any,
+    scan_from: int,
+    confirmed_offset: int,
+    truncate_corrupt: bool,
+    on_batch: Callable[[DispatchBatch], None],
+    batch_records: int = 4096,
+    force_prop_crc: bool = False,
+) -> int:
+    """Scan records from ``scan_from`` (the start of a segment), hand them to ``on_batch`` for
+    re-dispatch, and cut the log after the last valid one.
+
+    An invalid record below ``confirmed_offset`` (bytes that were durable) is corruption:
+    :class:`CorruptStoreError` names the file and position unless ``truncate_corrupt``.
+    Returns the end of the valid log."""
+    if not cl.mfq.files:
+        return 0
+    start_mf = cl.mfq.find(scan_from)
+    if start_mf is None:
+        start_mf = cl.mfq.files[0] if scan_from < cl.mfq.min_offset else cl.mfq.files[-1]
+        scan_from = start_mf.from_offset if scan_from < cl.mfq.min_offset else start_mf.end_offset
+    start_idx = cl.mfq.files.index(start_mf)
+    end = scan_from
+    collector = _BatchCollector(on_batch, batch_records)
+    stop_reason = ""
+    stop_path = ""
+    for mf in cl.mfq.files[start_idx:]:
+        pos = scan_from - mf.from_offset if mf is start_mf else 0
+        if pos >= mf.size_bytes:
+            continue
+        stopped = False
+        while True:
+            kind, size, reason = check_record(  # never into a hole (see mapped.data_end)
+                mf.mm, pos, max(pos, mf.data_bytes), check_crc=True, force_prop_crc=force_prop_crc
+            )
+            if kind == RecordCheck.VALID:
+                collector.add(mf.mm, pos, mf.from_offset + pos)
+                pos += size
+                end = mf.from_offset + pos
+                continue
+            if kind == RecordCheck.BLANK:
+                end = mf.end_offset
+                break
+            stop_reason = reason if kind == RecordCheck.INVALID else "no record"
+            stop_path = mf.path
+            stopped = True
+            later = valid_record_after(cl, mf, pos, force_prop_crc)
+            if later is not None and torn_write(cl, mf.from_offset + pos, force_prop_crc):
+                stop_reason += f"; the rest of the write in flight at the crash {cl.inflight.found} is cut"
+                log.warning("%s: torn write at position %d (offset %d) cut: %s", mf.path, pos,
+                            mf.from_offset + pos, stop_reason)  # fmt: skip
+            elif later is not None:
+                # a valid record follows: the log was written past here, this is damage
+                # inside it, not a torn tail (whatever the checkpoint says)
+                stop_reason += f"; a valid record follows at offset {later}"
+                confirmed_offset = max(confirmed_offset, later)
+            break
+        if stopped:
+            break
+    collector.flush()
+    if end < confirmed_offset and not truncate_corrupt:
+        mf = cl.mfq.find(end) or cl.mfq.files[-1]
+        raise CorruptStoreError(
+            f"{stop_path or mf.path}: corrupt CommitLog record at position {end - mf.from_offset} "
+            f"(offset {end}): {stop_reason}; {confirmed_offset - end} durable bytes follow. "
+            "Start with truncate_corrupt=True (--truncate-corrupt) to cut the log there.",
+            stop_path or mf.path,
+            end - mf.from_offset,
+        )
+    cl.mfq.truncate_dirty(end)
+    if cl.inflight is not None:
+        cl.inflight.clear()
+    for mf in cl.mfq.files:
+        mf.flushed_position = mf.wrote_position
+    cl.last_store_timestamp_ms = max(cl.last_store_timestamp_ms, collector.last_store_ts)
+    return end
+
+
+def torn_write(cl: Any, offset: int, force_prop_crc: bool) -> bool:
+    """Is the damage at ``offset`` the torn tail of the write that was in flight (see
+    :mod:`rmq_spark.store.inflight`): inside its range, and no valid record at or after its end?"""
+    found = cl.inflight.found if cl.inflight is not None else None
+    if found is None or not found[0] <= offset < found[1]:
+        return False
+    seg = cl.mfq.find(found[1] - 1)
+    return seg is not None and valid_record_after(cl, seg, found[1] - 1 - seg.from_offset, force_prop_crc) is None
+
+
+def valid_record_after(cl: Any, mf: Any, pos: int, force_prop_crc: bool) -> int | None:
+    """The CommitLog offset of the first valid record after ``pos`` of segment ``mf`` (in it
+    or in a later segment), None if there is none: then what stopped a scan at ``pos`` is
+    the end of the log (a torn tail), else damage inside it.  Candidates are found by their
+    MAGICCODE (``mmap.find``), not by the damaged record's own size field, which may be the
+    damaged part; each is held to :func:`check_record` with its CRCs."""
+    magics = [struct.pack(">I", m) for m in (L.MAGIC_V1, L.MAGIC_V2)]
+    files = cl.mfq.files
+    for seg in files[files.index(mf):]:
+        start = pos + 1 if seg is mf else 0
+        hits = []
+        limit = seg.data_bytes  # never into a hole (see mapped.data_end)
+        for magic in magics:
+            at = seg.mm.find(magic, start + 4, limit)
+            while at >= 0:
+                kind, _, _ = check_record(seg.mm, at - 4, limit, True, force_prop_crc)
+                if kind == RecordCheck.VALID:
+                    hits.append(at - 4)
+                    break
+                at = seg.mm.find(magic, at + 1, limit)
+        if hits:
+            return seg.from_offset + min(hits)
+    return None
+
+
+class _BatchCollector:
+    """Gathers scanned records into DispatchBatches."""
+
+    def __init__(self, on_batch: Callable[[DispatchBatch], None], limit: int) -> None:
+        self.on_batch = on_batch
+        self.limit = limit
+        self.rows: list[MessageExt] = []
+        self.last_store_ts = 0
+
+    def add(self, buf, pos: int, phys: int) -> None:  # type: ignore[no-untyped-def]
+        m = decode_record(buf, pos, read_body=False)
+        m.commitlog_offset = phys
+        self.rows.append(m)
+        if len(self.rows) >= self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        rows = self.rows
+        if not rows:
+            return
+        self.rows = []
+        self.last_store_ts = max(self.last_store_ts, rows[-1].store_timestamp_ms)
+        self.on_batch(
+            DispatchBatch(
+                phys=np.fromiter((m.commitlog_offset for m in rows), dtype=np.int64, count=len(rows)),
+                sizes=np.fromiter((m.store_size for m in rows), dtype=np.int32, count=len(rows)),
+                topics=[m.topic for m in rows],
+                queue_ids=np.fromiter((m.queue_id for m in rows), dtype=np.int32, count=len(rows)),
+                queue_offsets=np.fromiter((m.queue_offset for m in rows), dtype=np.int64, count=len(rows)),
+                tags_codes=np.zeros(len(rows), dtype=np.int64),  # filled by the store
+                sys_flags=np.fromiter((m.sys_flag for m in rows), dtype=np.int32, count=len(rows)),
+                store_timestamps=np.fromiter(
+                    (m.store_timestamp_ms for m in rows), dtype=np.int64, count=len(rows)
+                ),
+                keys=[m.keys for m in rows],
+                uniq_keys=[m.uniq_key for m in rows],
+                properties=[m.properties for m in rows],
+            )
+        )
