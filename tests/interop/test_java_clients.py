@@ -286,7 +286,9 @@ def test_consumer_retry_then_dead_letter_queue(java, names):
 
     dlq = java.run("lite-pull-consumer", group=f"{group}_dlq", topic=f"%DLQ%{group}", mode="assign", expect=2,
                    settle_ms=1000).events("received")
-    assert bodies(dlq) == ["msg 0", "msg 1"]
+    # at least once: a send-back that times out is sent again by the client, so under load a
+    # message can reach the DLQ twice (seen with Apache RocketMQ on a loaded machine)
+    assert sorted(set(bodies(dlq))) == ["msg 0", "msg 1"]
     assert all(e["reconsumeTimes"] == 3 and e["properties"]["RETRY_TOPIC"] == topic for e in dlq)
 
 
