@@ -6,6 +6,7 @@ records (magic, length, CRC), truncates a torn tail and reports corruption with 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Collection, Iterator
 
@@ -30,6 +31,8 @@ import struct
 
 _TS = struct.Struct(">q")
 _INT = struct.Struct(">i")
+
+log = logging.getLogger("rmq_spark.store")
 
 
 class AppendResult:
@@ -363,6 +366,12 @@ class CommitLog:
                 stop_path or mf.path,
                 end - mf.from_offset,
             )
+        if stop_path and stop_reason != "no record":  # torn or corrupt: what is cut is said
+            mf = self.mfq.find(end) or self.mfq.files[-1]
+            log.warning("recovery: %s: CommitLog cut at position %d (offset %d): %s", stop_path,
+                        end - mf.from_offset, end, stop_reason)
+        log.info("recovery: CommitLog checked from offset %d to %d (%d bytes re-dispatched)", scan_from, end,
+                 end - scan_from)
         self.mfq.truncate_dirty(end)
         for mf in self.mfq.files:
             mf.flushed_position = mf.wrote_position
