@@ -206,7 +206,7 @@ class BrokerCollector(Collector):
         timer = getattr(self.core, "timer", None)
         yield gauge("rocketmq_timing_messages", "Timer messages waiting for their delivery time",
                     timer.pending_count if timer is not None else 0)  # fmt: skip
-        half = max(0, store.max_offset(L.TRANS_HALF_TOPIC, 0) - store.offsets.query(CHECK_GROUP, L.TRANS_HALF_TOPIC, 0))
+        half = max(0, store.max_offset(L.TRANS_HALF_TOPIC, 0) - max(0, store.offsets.query(CHECK_GROUP, L.TRANS_HALF_TOPIC, 0)))
         yield gauge("rocketmq_half_messages", "Half (transactional) messages not yet checked back", half)
         delay = GaugeMetricFamily("rmq_spark_delay_backlog_messages", "Delayed messages not yet delivered",
                                   labels=[*BASE, "delay_level"])  # fmt: skip

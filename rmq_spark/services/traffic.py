@@ -80,6 +80,8 @@ class Traffic:
                 for t in topics:
                     self.sent([m for m in messages if (m[0] if m.__class__ is tuple else m.topic) == t])
                 return
+        if topic.startswith("%"):
+            return  # a consumer's retry or DLQ copy, not a producer's message (RocketMQ counts none)
         key = (topic, message_type(props))
         sizes = list(map(len, bodies))
         n, total = len(sizes), sum(sizes)
