@@ -144,7 +144,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
                             "--listen's port is 0)"),
     ("namesrv", str, 'also register with these NameServers, "ADDR;ADDR" (REGISTER_BROKER every 30 s)'),
     ("cluster-name", str, "cluster name in routes (default DefaultCluster)"),
-    ("metrics-listen", str, "HOST:PORT to serve Prometheus metrics on, at /metrics (default: none)"),
+    ("metrics-listen", str, "HOST:PORT to serve Prometheus metrics on, at /metrics (none unless given)"),
     ("log-level", str, "DEBUG, INFO, WARNING or ERROR (default INFO)"),
 )
 _BOOL_FLAGS: tuple[tuple[str, str], ...] = (
