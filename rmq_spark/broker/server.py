@@ -324,6 +324,7 @@ class Broker:
                                                 cluster=self.options.cluster_name,
                                                 namesrv_addrs=list(self.options.namesrv_addrs),
                                                 activity=self.activity, access_control=acl)  # fmt: skip
+                self.remoting.admin.on_reset = self.service.pop.reset  # its pop state forgets the queue
             if self.options.metrics_listen:
                 from rmq_spark.broker.metrics import start_metrics
 
