@@ -26,8 +26,13 @@ RPC_BUCKETS_MS = (1.0, 3.0, 5.0, 10.0, 100.0, 1000.0, 3000.0)
 _DELAY_KEYS = (L.P_DELAY, L.P_TIMER_DELIVER_MS, L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS)
 
 
+_TYPED = frozenset((L.P_TRAN_MSG, L.P_SHARDING_KEY, *_DELAY_KEYS))
+
+
 def message_type(props: dict[str, str]) -> str:
     """RocketMQ's message_type label: Transaction, Delay, FIFO or Normal."""
+    if _TYPED.isdisjoint(props):
+        return "Normal"
     if props.get(L.P_TRAN_MSG) == "true":
         return "Transaction"
     for k in _DELAY_KEYS:
@@ -68,6 +73,25 @@ class Traffic:
         :class:`~rmq_spark.store.message.Message` objects (labelled by the first one's topic and
         type: a batch is one topic's)."""
         first = messages[0]
+        if len(messages) == 1:  # the usual send: no list made, one bucket found
+            if first.__class__ is tuple:
+                topic, props, size = first[0], first[3], len(first[2])
+            else:
+                topic, props, size = first.topic, first.properties, len(first.body)
+            if topic[:1] == "%":
+                return
+            key = (topic, message_type(props))
+            with self._lock:
+                c = self.messages_in.get(key)
+                if c is None:
+                    c = self.messages_in[key] = [0, 0]
+                    self.sizes[key] = _Histogram(SIZE_BUCKETS)
+                c[0] += 1
+                c[1] += size
+                h = self.sizes[key]
+                h.counts[0 if size <= 1024 else bisect.bisect_left(SIZE_BUCKETS, size)] += 1
+                h.sum += size
+            return
         if first.__class__ is tuple:
             topic, props = first[0], first[3]
             bodies = [m[2] for m in messages] if len(messages) > 1 else [first[2]]
