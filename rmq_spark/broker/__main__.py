@@ -4,6 +4,9 @@ Prints exactly one line when ready: ``rmq-broker listening on HOST:PORT store=DI
 `` remoting=HOST:PORT namesrv=HOST:PORT`` for the endpoints that run.  Exit codes:
 0 after a clean stop (signal or ``--idle-exit-s``), 1 when the broker cannot start (the store is
 locked by another broker or corrupt, the address cannot be bound), 2 for bad flags or settings.
+Logs go to stderr, one line per significant event (start and stop, recovery findings, topics
+created, consumer groups joined and left, messages moved to a DLQ, transactions given up on),
+at ``--log-level`` (INFO by default); expected errors are one line, never a traceback.
 Flags: :mod:`rmq_spark.broker.options`.
 """
 
@@ -25,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"rmq-broker: error: {e}", file=sys.stderr, flush=True)
         return 2
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, args.options.log_level),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    log = logging.getLogger("rmq_spark.broker")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -48,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rmq-broker: cannot start: {e}", file=sys.stderr, flush=True)
         return 1
     print(broker.ready_line(), flush=True)
+    log.info("started: %s", broker.ready_line().removeprefix("rmq-broker "))
     idle_exit_s = args.options.idle_exit_s
     try:
         while not stop.wait(0.2):
@@ -60,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         except (RmqError, OSError) as e:  # a full disk: the state not saved is named, no traceback
             print(f"rmq-broker: stopped, but not cleanly: {e}", file=sys.stderr, flush=True)
             return 1
+        log.info("stopped: store %s closed cleanly", args.store)
     return 0
 
 

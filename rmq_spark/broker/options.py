@@ -45,6 +45,9 @@ flag (config-file key)             meaning                                  defa
 --namesrv "ADDR;ADDR"              also register (REGISTER_BROKER every     (none)
                                    30 s) with these NameServers
 --cluster-name NAME                cluster name in routes                   DefaultCluster
+--metrics-listen HOST:PORT         Prometheus metrics at /metrics, under    (none)
+                                   RocketMQ's names (broker.metrics)
+--log-level LEVEL                  DEBUG, INFO, WARNING or ERROR            INFO
 =================================  =======================================  ====================
 
 [*] When ``--listen``'s port is 0 (a test's free port), the remoting and NameServer ports not
@@ -69,6 +72,7 @@ __all__ = ["BrokerOptions", "ParsedArgs", "build_parser", "parse_args"]
 DEFAULT_LISTEN = "127.0.0.1:8081"
 DEFAULT_REMOTING_LISTEN = "127.0.0.1:10911"
 DEFAULT_NAMESRV_LISTEN = "127.0.0.1:9876"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @dataclass
@@ -92,6 +96,8 @@ class BrokerOptions:
     namesrv_listen: str | None = None
     namesrv_addrs: tuple[str, ...] = ()
     cluster_name: str = "DefaultCluster"
+    metrics_listen: str | None = None  # Prometheus /metrics (rmq_spark.broker.metrics)
+    log_level: str = "INFO"
 
     def __post_init__(self) -> None:
         if self.min_invisible_ms < 0 or self.max_invisible_ms < self.min_invisible_ms:
@@ -138,6 +144,8 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
                             "--listen's port is 0)"),
     ("namesrv", str, 'also register with these NameServers, "ADDR;ADDR" (REGISTER_BROKER every 30 s)'),
     ("cluster-name", str, "cluster name in routes (default DefaultCluster)"),
+    ("metrics-listen", str, "HOST:PORT to serve Prometheus metrics on, at /metrics (none unless given)"),
+    ("log-level", str, "DEBUG, INFO, WARNING or ERROR (default INFO)"),
 )
 _BOOL_FLAGS: tuple[tuple[str, str], ...] = (
     ("no-auto-create-topics", "answer TOPIC_NOT_FOUND for unknown topics instead of creating them"),
@@ -316,6 +324,14 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
         opt_kw["auto_renew_invisible_ms"] = int(pos("auto-renew-invisible-s", v["auto-renew-invisible-s"]) * 1000)
     if "workers" in v:
         opt_kw["workers"] = at_least("workers", v["workers"], 4)
+    if "metrics-listen" in v:
+        split_listen(v["metrics-listen"], "metrics-listen")
+        opt_kw["metrics_listen"] = v["metrics-listen"]
+    if "log-level" in v:
+        level = str(v["log-level"]).strip().upper()
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"{at('log-level')} must be one of {', '.join(LOG_LEVELS)}, not {v['log-level']!r}")
+        opt_kw["log_level"] = level
     _remoting_options(v, opt_kw)
     options = BrokerOptions(**opt_kw)
     split_listen(options.listen)

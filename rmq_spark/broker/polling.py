@@ -119,6 +119,9 @@ async def pull(service: Any, request: S.PullMessageRequest, context: Any) -> Asy
         if not at_end or left <= 0 or pop.closing:
             break
         await pop.wakeups.wait((topic,), left, lambda: pop.version == version and not pop.closing)
+    traffic = pop.traffic
+    if traffic is not None and res.messages:
+        traffic.delivered(topic, request.group.name, len(res.messages), sum(m.store_size for m in res.messages))
     for r in await service.run(_pull_answer, res, offset, topic, qid, ns):
         yield r
 

@@ -33,6 +33,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from rmq_spark.broker.codes import AckOutcome
 from rmq_spark.broker.popstate import MAIN, RETRY, GroupState, InFlight, OffsetSet, Pending, PopStateFile, QueueState
@@ -104,6 +105,7 @@ class PopService:
         self._thread: threading.Thread | None = None
         self._last_persist_ms = 0
         self.wakeups = Wakeups()  # long polls parked on the server's event loop, by topic
+        self.traffic: Any = None  # rmq_spark.services.traffic.Traffic when metrics are on
         store.add_listener(self._on_dispatch)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -239,6 +241,8 @@ class PopService:
             with self._heap_lock:
                 for q, off, *_rest in picked:
                     heapq.heappush(self._heap, (deadline, next(self._seq), group, (q.kind, q.topic, q.queue_id), off))
+            if self.traffic is not None:
+                self.traffic.delivered(topic, group, len(out), sum(d.message.store_size for d in out))
         return out
 
     def _pop_queue(self, q: QueueState, topic: str, flt: object, need: int, picked: list) -> None:  # type: ignore[type-arg]
@@ -377,8 +381,14 @@ class PopService:
             else:
                 return AckOutcome.INVALID_HANDLE
         move_expired(self.store, [Move(g, q, off, phys, size, reconsume, topic, True)], self._commit)
+        self._moved_to_dlq(group, topic, 1, "the client forwarded it")
         self.notify()
         return AckOutcome.OK
+
+    def _moved_to_dlq(self, group: str, topic: str, n: int, why: str) -> None:
+        log.info("DLQ: %d message(s) of topic %s moved to %s (%s)", n, topic, dlq_topic(group), why)
+        if self.traffic is not None:
+            self.traffic.to_dlq(topic, group, n)
 
     def release_client(self, client_id: str) -> int:
         """A client left: its auto-renewed messages become visible now (redelivered)."""
@@ -445,6 +455,12 @@ class PopService:
                         heapq.heappush(self._heap, item)
             if moves:
                 move_expired(self.store, moves, self._commit)
+                dead: dict[tuple[str, str], int] = {}
+                for m in moves:
+                    if m.to_dlq:
+                        dead[(m.group.name, m.origin)] = dead.get((m.group.name, m.origin), 0) + 1
+                for (gname, origin), n in dead.items():
+                    self._moved_to_dlq(gname, origin, n, f"delivered {self.config.max_delivery_attempts} times")
             if moves or requeued:
                 self.notify(woken)
         return len(moves) + requeued
@@ -477,3 +493,14 @@ class PopService:
             return 0
         with g.lock:
             return sum(len(q.inflight) for q in g.queues.values())
+
+    def inflight_by_topic(self) -> dict[tuple[str, str], int]:
+        """(group, topic the client sees) -> messages delivered and not yet acked (the metrics)."""
+        out: dict[tuple[str, str], int] = {}
+        for g in list(self._groups.values()):
+            with g.lock:
+                for q in g.queues.values():
+                    for e in q.inflight.values():
+                        key = (g.name, e.origin)
+                        out[key] = out.get(key, 0) + 1
+        return out

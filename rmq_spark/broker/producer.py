@@ -172,6 +172,9 @@ class ProducerPath:
         placed = self.store.try_put_row(row)
         if placed is not None:
             qoff = placed[2]
+            traffic = self.core.traffic
+            if traffic is not None:
+                traffic.sent((row,))
         else:
             try:
                 put = self.core.send([row])

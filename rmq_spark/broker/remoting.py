@@ -147,7 +147,7 @@ class RemotingService:
         send = SendProcessor(core, self.broker_name)
         consumer = ConsumerProcessor(store, self.clients)
         lookup = LookupProcessor(store)
-        admin = AdminProcessor(core, self.clients, self.broker_name, int(time.time() * 1000))
+        admin = self.admin = AdminProcessor(core, self.clients, self.broker_name, int(time.time() * 1000))
         blocking_send = store.config.flush == "sync"
         p = Processor()
         for code in (R.SEND_MESSAGE, R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE):
@@ -172,6 +172,9 @@ class RemotingService:
         p.register(R.QUERY_MESSAGE, lookup.query_message, blocking=True)
         p.register(R.UPDATE_AND_CREATE_TOPIC, admin.update_topic)
         p.register(R.GET_ALL_TOPIC_CONFIG, admin.all_topic_config)
+        p.register(R.DELETE_TOPIC_IN_BROKER, admin.delete_topic)
+        p.register(R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, admin.all_subscription_groups)
+        p.register(R.INVOKE_BROKER_TO_RESET_OFFSET, admin.reset_offset, blocking=True)
         p.register(R.GET_BROKER_RUNTIME_INFO, admin.runtime_info)
         p.register(R.GET_TOPIC_STATS_INFO, admin.topic_stats)
         p.register(R.GET_TOPIC_CONFIG, admin.topic_config)

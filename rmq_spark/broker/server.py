@@ -50,6 +50,7 @@ from rmq_spark.broker.handler import Activity
 from rmq_spark.broker.service import MessagingService
 from rmq_spark.services.config import BrokerConfig
 from rmq_spark.services.core import BrokerCore
+from rmq_spark.services.traffic import Traffic
 from rmq_spark.errors import RmqError
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 
@@ -284,6 +285,7 @@ class Broker:
         host, port = split_listen(self.options.listen)
         config = config or BrokerConfig()
         self.remoting: Any = None
+        self.metrics: Any = None
         sockets = self._bind_remoting(config)
         try:
             self.core = BrokerCore(path, config, clock)
@@ -291,6 +293,8 @@ class Broker:
             if sockets is not None:
                 sockets.close()
             raise
+        if self.options.metrics_listen:
+            self.core.traffic = Traffic()  # counted from the first call on (rmq_spark.broker.metrics)
         self._stopped = False
         self._stop_lock = threading.Lock()
         try:
@@ -320,6 +324,14 @@ class Broker:
                                                 cluster=self.options.cluster_name,
                                                 namesrv_addrs=list(self.options.namesrv_addrs),
                                                 activity=self.activity, access_control=acl)  # fmt: skip
+                self.remoting.admin.on_reset = self.service.pop.reset  # its pop state forgets the queue
+            if self.options.metrics_listen:
+                from rmq_spark.broker.metrics import start_metrics
+
+                try:
+                    self.metrics = start_metrics(self)
+                except OSError as e:
+                    raise ListenError(f"cannot serve metrics on {self.options.metrics_listen}: {e}") from None
         except BaseException:
             if self.remoting is not None:
                 self.remoting.stop()
@@ -403,6 +415,8 @@ class Broker:
             line += f" remoting={self.remoting_endpoint}"
         if self.namesrv_endpoint:
             line += f" namesrv={self.namesrv_endpoint}"
+        if self.metrics is not None:
+            line += f" metrics={self.metrics.endpoint}"
         return line
 
     @property
@@ -420,6 +434,8 @@ class Broker:
                 return
             self._stopped = True
         self.service.close()
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.remoting is not None:
             self.remoting.stop()
         try:

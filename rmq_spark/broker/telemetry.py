@@ -148,8 +148,8 @@ class ClientRegistry:
             s.last_seen_s = time.monotonic()
             if client_type:
                 s.client_type = client_type
-            if group:
-                s.group = group
+            if group and s.group != group:
+                joined(s, group)
             return s
 
     def _prune(self) -> None:
@@ -164,7 +164,11 @@ class ClientRegistry:
 
     def remove(self, client_id: str) -> ClientSession | None:
         with self._lock:
-            return self._sessions.pop(client_id, None)
+            s = self._sessions.pop(client_id, None)
+        if s is not None and s.group:
+            log.info("%s group %s: client %s left", "producer" if s.client_type == PRODUCER else "consumer",
+                     s.group, client_id)  # fmt: skip
+        return s
 
     def alive(self, client_id: str) -> bool:
         s = self._sessions.get(client_id)
@@ -196,6 +200,13 @@ class ClientRegistry:
     def close_all(self) -> None:
         for st in self.streams():
             st.close()
+
+
+def joined(session: ClientSession, group: str) -> None:
+    """``session``'s client is (now) of ``group``: logged once per change."""
+    kind = "producer" if session.client_type == PRODUCER else "consumer"
+    log.info("%s group %s: client %s joined", kind, group, session.client_id)
+    session.group = group
 
 
 async def serve_telemetry(
@@ -265,7 +276,8 @@ def _answer(
     else:
         sub = st.subscription
         if sub.HasField("group"):
-            session.group = sub.group.name
+            if sub.group.name and session.group != sub.group.name:
+                joined(session, sub.group.name)
         session.subscriptions = {e.topic.name: e.expression for e in sub.subscriptions}
         fifo = is_fifo(session.group, list(session.subscriptions))
     return S.TelemetryCommand(status=codes.ok(), settings=policy.merge(st, fifo))

@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["BrokerProcess", "READY", "client_configuration", "metadata"]
 
-READY = re.compile(r"^rmq-broker listening on (\S+):(\d+) store=(.+?)(?: remoting=(\S+))?(?: namesrv=(\S+))?$")
+READY = re.compile(r"^rmq-broker listening on (\S+):(\d+) store=(.+?)(?: remoting=(\S+))?(?: namesrv=(\S+))?(?: metrics=(\S+))?$")
 
 
 class BrokerProcess:
@@ -69,6 +69,7 @@ class BrokerProcess:
         self.host, self.port = m.group(1), int(m.group(2))
         self.remoting_endpoint: str | None = m.group(4)
         self.namesrv_endpoint: str | None = m.group(5)
+        self.metrics_endpoint: str | None = m.group(6)
 
     @property
     def endpoints(self) -> str:

@@ -87,7 +87,13 @@ def namesrv_processor(routes: RouteInfoManager) -> Processor:
     def put_kv(conn: Connection, req: RemotingCommand) -> RemotingCommand:
         return req.response(ResponseCode.SUCCESS)
 
+    def delete_topic(conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        f = fields_of(req.ext_fields)
+        routes.delete_topic(f.str("topic"), f.opt("clusterName") or None)
+        return req.response(ResponseCode.SUCCESS)
+
     p.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, route_by_topic)
+    p.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, delete_topic)
     p.register(RequestCode.GET_BROKER_CLUSTER_INFO, cluster_info)
     p.register(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, topic_list)
     p.register(RequestCode.GET_TOPICS_BY_CLUSTER, topics_by_cluster)

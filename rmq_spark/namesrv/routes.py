@@ -97,6 +97,13 @@ class RouteInfoManager:
             del self._brokers[broker_addr]
             return True
 
+    def delete_topic(self, topic: str, cluster: str | None = None) -> None:
+        """DELETE_TOPIC_IN_NAMESRV: forget ``topic`` in the tables brokers (of ``cluster``) reported."""
+        with self._lock:
+            for entry in self._brokers.values():
+                if cluster is None or entry.cluster == cluster:
+                    entry.topics.pop(topic, None)
+
     def connection_closed(self, connection_id: int) -> None:
         with self._lock:
             for addr in [a for a, e in self._brokers.items() if e.connection_id == connection_id]:

@@ -1,4 +1,5 @@
 """What mqadmin asks a broker (``AdminBrokerProcessor``): UPDATE_AND_CREATE_TOPIC,
+DELETE_TOPIC_IN_BROKER, INVOKE_BROKER_TO_RESET_OFFSET, GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
 GET_ALL_TOPIC_CONFIG, GET_BROKER_RUNTIME_INFO (brokerStatus, clusterList), GET_TOPIC_STATS_INFO
 (topicStatus), GET_CONSUME_STATS (consumerProgress), GET_CONSUMER_CONNECTION_LIST,
 GET_PRODUCER_CONNECTION_LIST, QUERY_TOPIC_CONSUME_BY_WHO, QUERY_TOPICS_BY_CONSUMER.
@@ -9,8 +10,10 @@ writes them (:func:`rmq_spark.remoting.jsonbody.object_key_map`).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rmq_spark.errors import RmqError
@@ -25,6 +28,9 @@ from rmq_spark.store.config import TopicConfig
 
 __all__ = ["AdminProcessor", "BROKER_VERSION"]
 
+log = logging.getLogger("rmq_spark.remoting")
+RESET_CONSUMER_CLIENT_OFFSET = 220  # RequestCode: the broker tells a consumer its new offsets
+
 # MQVersion.Version.V4_9_8 (ordinal): what the broker reports as its version
 BROKER_VERSION = 415
 BROKER_VERSION_DESC = "V4_9_8"
@@ -37,6 +43,9 @@ class AdminProcessor:
         self.clients = clients
         self.broker_name = broker_name
         self.started_ms = started_ms
+        # told of every queue whose committed offset a reset moved: (group, topic, queue id) (the
+        # broker's pop state forgets what it held of it)
+        self.on_reset: Callable[[str, str, int], None] | None = None
 
     # --- topics ---------------------------------------------------------------------------------
     def update_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
@@ -50,6 +59,66 @@ class AdminProcessor:
             return req.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic "
                                                            f"or invalid: {e}")  # fmt: skip
         return req.response(ResponseCode.SUCCESS)
+
+    def delete_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        """DELETE_TOPIC_IN_BROKER: the topic's config goes (its stored messages stay until the
+        CommitLog segments holding them are deleted)."""
+        topic = fields_of(req.ext_fields).str("topic")
+        if L.is_system_topic(topic):
+            return req.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
+        self.store.topics.delete(topic)
+        return req.response(ResponseCode.SUCCESS)
+
+    def all_subscription_groups(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        """GET_ALL_SUBSCRIPTIONGROUP_CONFIG: every group with committed offsets or a client."""
+        names = set(self.store.offsets.groups()) | set(self.clients.consumers)
+        table = {n: {"groupName": n, "consumeEnable": True, "consumeFromMinEnable": True,
+                     "consumeBroadcastEnable": True, "retryQueueNums": 1, "retryMaxTimes": 16, "brokerId": 0,
+                     "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True}
+                 for n in sorted(names)}  # fmt: skip
+        doc = {"subscriptionGroupTable": table, "dataVersion": {"counter": len(table), "timestamp": int(time.time() * 1000)}}
+        return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps(doc))
+
+    def reset_offset(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        """INVOKE_BROKER_TO_RESET_OFFSET: the group's committed offsets of the topic's queues (or
+        of ``queueId``) move to ``offset``, or to the first message stored at or after
+        ``timestamp`` (-1: the end), as RocketMQ's server-side reset does; online remoting
+        consumers of the group are told (RESET_CONSUMER_CLIENT_OFFSET).  The answer is the
+        ResetOffsetBody of the new offsets."""
+        f = fields_of(req.ext_fields)
+        topic, group = f.str("topic"), f.str("group")
+        when, only = f.long("timestamp"), f.int("queueId", -1)
+        given = f.opt("offset")
+        cfg = self.store.topics.get(topic)
+        if cfg is None:
+            return req.response(ResponseCode.SYSTEM_ERROR,
+                                f"[reset-offset] reset offset failed, no topic in this broker. topic={topic}")  # fmt: skip
+        store = self.store
+        queues = [only] if only >= 0 else list(range(cfg.write_queue_nums))
+        items = []
+        for q in queues:
+            lo, hi = store.min_offset(topic, q), store.max_offset(topic, q)
+            if only >= 0 and given not in (None, ""):
+                target = min(max(int(given), lo), hi)
+            elif when < 0:
+                target = hi
+            else:
+                target = min(max(store.offset_by_time(topic, q, when), lo), hi)
+            store.offsets.commit(group, topic, q, target)
+            if self.on_reset is not None:
+                self.on_reset(group, topic, q)
+            items.append(({"brokerName": self.broker_name, "queueId": q, "topic": topic}, target))
+        store.offsets.persist()
+        body = ('{"offsetTable":' + jsonbody.object_key_map(items) + "}").encode()
+        g = self.clients.consumer_group(group)
+        told = 0
+        for c, *_rest in list(g.clients.values()) if g is not None else []:
+            cmd = RemotingCommand(RESET_CONSUMER_CLIENT_OFFSET, {"topic": topic, "group": group, "timestamp": str(when),
+                                                                  "isForce": "true"}, body)  # fmt: skip
+            told += bool(c.send_oneway(cmd))
+        log.info("offsets of consumer group %s on topic %s reset to %s: %s (%d consumer(s) told)", group, topic,
+                 "the end" if when < 0 else f"time {when}", {q: o for (_k, o), q in zip(items, queues)}, told)
+        return req.response(ResponseCode.SUCCESS, body=body)
 
     def all_topic_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         table = {name: cfg.to_json() for name, cfg in sorted(self.store.topics.topics.items())}

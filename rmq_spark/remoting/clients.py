@@ -106,6 +106,8 @@ class ClientManager:
                 old = group.clients.get(client_id)
                 if old is None or old[0] is not conn:
                     changed.append(name)
+                    if old is None:
+                        log.info("consumer group %s: client %s joined (%s)", name, client_id, conn.peer)
                 group.clients[client_id] = (conn, now, language, version)
         return changed
 
@@ -117,6 +119,7 @@ class ClientManager:
             if consumer_group and consumer_group in self.consumers:
                 if self.consumers[consumer_group].clients.pop(client_id, None) is not None:
                     changed.append(consumer_group)
+                    log.info("consumer group %s: client %s left (unregistered)", consumer_group, client_id)
         return changed
 
     def connection_closed(self, conn: Connection) -> list[str]:
@@ -130,6 +133,7 @@ class ClientManager:
                 gone = [c for c, v in group.clients.items() if v[0] is conn]
                 for cid in gone:
                     del group.clients[cid]
+                    log.info("consumer group %s: client %s left (connection closed)", name, cid)
                 if gone:
                     changed.append(name)
         return changed
@@ -146,6 +150,7 @@ class ClientManager:
                 gone = [c for c, v in group.clients.items() if v[1] < deadline]
                 for cid in gone:
                     del group.clients[cid]
+                    log.info("consumer group %s: client %s left (silent for %d s)", name, cid, CLIENT_EXPIRE_MS // 1000)
                 if gone:
                     changed.append(name)
         return changed

@@ -60,6 +60,7 @@ class PullProcessor:
         # (topic, queue id) -> (offset, future) of suspended pulls (touched on the event loop only)
         self._waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future[None]]]] = {}
         self._check_scheduled = False
+        self.traffic: Any = None  # rmq_spark.services.traffic.Traffic when metrics are on
         # a waker (no DispatchBatch made per put): it looks at the waiting queues' max offsets
         store.add_listener(self._on_dispatch, batch=False)
 
@@ -215,6 +216,8 @@ class PullProcessor:
         next_offset = offset + scanned
         if not parts:
             return self._answer(req, ResponseCode.PULL_RETRY_IMMEDIATELY, next_offset, lo, hi)
+        if self.traffic is not None:
+            self.traffic.delivered(topic, req.ext_fields.get("consumerGroup", ""), len(parts), nbytes)
         return self._answer(req, ResponseCode.SUCCESS, next_offset, lo, hi, b"".join(parts))
 
     @staticmethod

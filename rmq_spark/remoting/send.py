@@ -16,6 +16,7 @@ reconsume count plus one.
 
 from __future__ import annotations
 
+import logging
 import random
 import struct
 from typing import Any
@@ -33,6 +34,8 @@ from rmq_spark.store.status import PutStatus
 from rmq_spark.store.validation import check_topic_cached
 
 __all__ = ["SendProcessor", "decode_batch_body", "V2_FIELD_NAMES"]
+
+log = logging.getLogger("rmq_spark.remoting")
 
 # SendMessageRequestHeaderV2's one-letter fields
 V2_FIELD_NAMES = {
@@ -189,6 +192,8 @@ class SendProcessor:
         put, error = self._store(req, [self._item(msg)])
         if error is not None:
             return error
+        if to_dlq:
+            self._dead(topic, props.get(L.P_RETRY_TOPIC, topic), "reconsumed maxReconsumeTimes times")
         return self._answer(req, put, queue_id, props.get(L.P_UNIQ_KEY))
 
     @staticmethod
@@ -253,4 +258,16 @@ class SendProcessor:
         new = Message(topic, msg.body, props, 0, msg.flag, msg.sys_flag & ~L.TRANSACTION_MASK,
                       msg.born_timestamp_ms, msg.born_host, msg.born_port, msg.reconsume_times + 1)  # fmt: skip
         _put, error = self._store(req, [self._item(new)])
-        return error if error is not None else req.response(ResponseCode.SUCCESS)
+        if error is not None:
+            return error
+        if topic.startswith(DLQ_PREFIX):
+            self._dead(topic, msg.topic if not msg.topic.startswith(RETRY_PREFIX) else props[L.P_RETRY_TOPIC],
+                       "the consumer gave up on it" if delay_level < 0 else f"reconsumed {max_times} times")
+        return req.response(ResponseCode.SUCCESS)
+
+    def _dead(self, dlq: str, origin: str, why: str) -> None:
+        group = dlq[len(DLQ_PREFIX):]
+        log.info("DLQ: a message of topic %s moved to %s (%s)", origin, dlq, why)
+        traffic = getattr(self.core, "traffic", None)
+        if traffic is not None:
+            traffic.to_dlq(origin, group)

@@ -25,6 +25,7 @@ from rmq_spark.services.timer.service import TimerService
 from rmq_spark.services.transaction.service import TransactionService
 from rmq_spark.store.index.service import IndexService
 from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.traffic import Traffic
 from rmq_spark.store.store import MessageStore, PutResult
 
 log = logging.getLogger("rmq_spark.services")
@@ -57,6 +58,8 @@ class BrokerCore:
             tags_code_rules=store_rules(self.config),
         )
         self.index = next(d for d in self.store.dispatchers if isinstance(d, IndexService))
+        # what the metrics count (rmq_spark.services.traffic): None unless the broker exports them
+        self.traffic: Traffic | None = None
         self.services: list[Any] = []
         for attr, cls in SERVICES:
             svc = cls(self.store, self.config, clock)
@@ -89,13 +92,19 @@ class BrokerCore:
         """Store producer messages (after the services' put hooks) as one write.  A message no
         hook acts on may come as a checked row (``store.put_rows``: no Message object made)."""
         first = messages[0]
-        if first.__class__ is tuple and len(messages) <= SMALL_BATCH:
-            if len(messages) == 1 or all(m.__class__ is tuple for m in messages):
-                return self.store.put_rows(messages)  # type: ignore[arg-type]
-        return self.store.put_messages(
-            [message_of(m) if m.__class__ is tuple else self.transform(m) for m in messages],  # type: ignore[arg-type]
-            allow_system=True,
-        )
+        if first.__class__ is tuple and len(messages) <= SMALL_BATCH and (
+            len(messages) == 1 or all(m.__class__ is tuple for m in messages)
+        ):
+            put = self.store.put_rows(messages)  # type: ignore[arg-type]
+        else:
+            put = self.store.put_messages(
+                [message_of(m) if m.__class__ is tuple else self.transform(m) for m in messages],  # type: ignore[arg-type]
+                allow_system=True,
+            )
+        traffic = self.traffic
+        if traffic is not None and put.append is not None:
+            traffic.sent(messages)
+        return put
 
     def shutdown(self) -> None:
         for svc in reversed(self.services):

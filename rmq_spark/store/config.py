@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -11,6 +12,8 @@ from rmq_spark.errors import ConfigError, MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.jsonfile import JsonObject, write_json_atomic
 from rmq_spark.store.validation import check_topic
+
+log = logging.getLogger("rmq_spark.store")
 
 MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 MAX_QUEUE_NUMS = 1024
@@ -132,12 +135,15 @@ class TopicConfigManager:
                 return existing
             self.topics[cfg.topic_name] = cfg
             self._persist()
+        log.info("topic %s %s: %d read / %d write queues, perm %d", cfg.topic_name,
+                 "created" if existing is None else "updated", cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm)
         return cfg
 
     def delete(self, topic: str) -> None:
         with self._lock:
             if self.topics.pop(topic, None) is not None:
                 self._persist()
+                log.info("topic %s deleted", topic)
 
     def _persist(self) -> None:
         self._version += 1

@@ -24,7 +24,7 @@ from rmq_spark.store.record import RecordCheck, check_record, decode_record
 
 __all__ = ["recover", "torn_write", "valid_record_after"]
 
-log = logging.getLogger("rmq_spark.store.commitlog")
+log = logging.getLogger("rmq_spark.store")
 
 
 def recover(
@@ -76,8 +76,6 @@ def recover(
             later = valid_record_after(cl, mf, pos, force_prop_crc)
             if later is not None and torn_write(cl, mf.from_offset + pos, force_prop_crc):
                 stop_reason += f"; the rest of the write in flight at the crash {cl.inflight.found} is cut"
-                log.warning("%s: torn write at position %d (offset %d) cut: %s", mf.path, pos,
-                            mf.from_offset + pos, stop_reason)  # fmt: skip
             elif later is not None:
                 # a valid record follows: the log was written past here, this is damage
                 # inside it, not a torn tail (whatever the checkpoint says)
@@ -96,6 +94,12 @@ def recover(
             stop_path or mf.path,
             end - mf.from_offset,
         )
+    if stop_path and stop_reason != "no record":  # torn or corrupt: what is cut is said
+        mf = cl.mfq.find(end) or cl.mfq.files[-1]
+        log.warning("recovery: %s: CommitLog cut at position %d (offset %d): %s", stop_path,
+                    end - mf.from_offset, end, stop_reason)  # fmt: skip
+    log.info("recovery: CommitLog checked from offset %d to %d (%d bytes re-dispatched)", scan_from, end,
+             end - scan_from)  # fmt: skip
     cl.mfq.truncate_dirty(end)
     if cl.inflight is not None:
         cl.inflight.clear()
