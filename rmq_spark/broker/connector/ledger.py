@@ -70,14 +70,16 @@ class HalfLedger:
 
     def commit_group(self, offsets: Sequence[int], expect: Mapping[str, str] | None = None) -> None:
         """Commit the halves at ``offsets``, each of which must carry the ``expect`` properties
-        (else PermissionDeniedError, nothing committed)."""
+        (else PermissionDeniedError, nothing committed); ``expect`` None: the caller stored them
+        all and knows they are its own (the vectorized ``commit_own``)."""
         if len(offsets) > MAX_GROUP_HALVES:
             log.warning(
                 "a sink batch of %d messages is committed in groups of %d: readers may see it in parts",
                 len(offsets), MAX_GROUP_HALVES,
             )
         for i in range(0, len(offsets), MAX_GROUP_HALVES):
-            r = self._svc.commit_group(offsets[i : i + MAX_GROUP_HALVES], expect)
+            group = offsets[i : i + MAX_GROUP_HALVES]
+            r = self._svc.commit_group(group, expect) if expect is not None else self._svc.commit_own(group)
             _refuse_foreign(r, len(offsets))
             if not r.ok and r.status.value != "ALREADY_COMMITTED":
                 raise StoreError(f"committing {len(offsets)} half messages failed: {r.status.value} {_first(r)}")
