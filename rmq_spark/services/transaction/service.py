@@ -158,6 +158,7 @@ class TransactionService:
         # a large commit of halves without them patches the halves' bytes (encode_commits)
         self.hook_only_on: tuple[str, ...] | None = None
         self.resolvers: dict[str, Callable[[MessageExt], Any]] = {}
+        self.waiting_resolvers: set[str] = set()  # their UNKNOWN ends a check round (register_resolver)
         self._lock = threading.Lock()  # guards _state and _inflight
         self._state: dict[str, TxnState] = {}  # transaction id -> how it ended
         self._inflight: set[str] = set()
@@ -652,22 +653,37 @@ class TransactionService:
         self.checker = checker
 
     def register_resolver(
-        self, producer_group_or_prefix: str, fn: Callable[[MessageExt], Any]
+        self, producer_group_or_prefix: str, fn: Callable[[MessageExt], Any], wait: bool = False
     ) -> None:
         """``fn(half) -> COMMIT | ROLLBACK | UNKNOWN`` (a TransactionAction, an enum with those
         names, or a string) decides the halves of matching producer groups during the check,
-        synchronously, instead of the checker: exact name first, then the longest prefix."""
+        synchronously, instead of the checker: exact name first, then the longest prefix.
+        ``wait``: an UNKNOWN ends the round at that half (asked again next round) instead of
+        putting a copy of it back, for a resolver whose UNKNOWN means "its producer is still
+        writing": a large batch in flight is then not copied half by half."""
         self.resolvers[producer_group_or_prefix] = fn
+        if wait:
+            self.waiting_resolvers.add(producer_group_or_prefix)
+        else:
+            self.waiting_resolvers.discard(producer_group_or_prefix)
 
     def unregister_resolver(self, producer_group_or_prefix: str) -> None:
         self.resolvers.pop(producer_group_or_prefix, None)
+        self.waiting_resolvers.discard(producer_group_or_prefix)
 
     def resolver_for(self, group: str) -> Callable[[MessageExt], Any] | None:
-        fn = self.resolvers.get(group)
-        if fn is None:
-            keys = [k for k in list(self.resolvers) if group.startswith(k)]
-            fn = self.resolvers[max(keys, key=len)] if keys else None
-        return fn
+        return self._resolver(group)[1]
+
+    def _resolver(self, group: str) -> tuple[str | None, Callable[[MessageExt], Any] | None]:
+        if group in self.resolvers:
+            return group, self.resolvers[group]
+        keys = [k for k in list(self.resolvers) if group.startswith(k)]
+        key = max(keys, key=len) if keys else None
+        return key, (self.resolvers[key] if key is not None else None)
+
+    def resolver_waits(self, group: str) -> bool:
+        """Does the resolver of ``group`` end a check round with its UNKNOWN?"""
+        return self._resolver(group)[0] in self.waiting_resolvers
 
     def check_once(self) -> CheckReport:
         """One check round (what the thread does every interval); tests drive it directly."""
