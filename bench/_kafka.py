@@ -120,7 +120,8 @@ def broker_classpath(version: str = KAFKA_VERSION) -> tuple[str, bool]:
     if os.path.exists(cp_file):
         with open(cp_file) as f:
             classpath = f.read().strip()
-        if classpath and all(os.path.exists(j) for j in classpath.split(os.pathsep)):
+        jars = classpath.split(os.pathsep)
+        if classpath and all(os.path.exists(j) and j.startswith(maven_repo()) for j in jars):
             return classpath, True
     os.makedirs(cache, exist_ok=True)
     with open(os.path.join(cache, "pom.xml"), "w") as f:
