@@ -211,6 +211,12 @@ class IndexService:
         """Index records (skipping ROLLBACK ones and those already indexed); returns how many
         records were new."""
         last = self._last_phy
+        if (
+            isinstance(phys, np.ndarray) and isinstance(sys_flags, np.ndarray) and len(phys) > SMALL_KEYS
+            and not any(keys) and topics.count(topics[0]) == len(topics)
+            and len(uniq_keys) == len(phys) and all(uniq_keys)
+        ):  # fmt: skip
+            return self._index_uniq(phys, topics[0], sys_flags, store_ts, uniq_keys, last)
         phys_list = phys.tolist() if isinstance(phys, np.ndarray) else list(phys)
         sflags = sys_flags.tolist() if isinstance(sys_flags, np.ndarray) else list(sys_flags)
         sel = [
@@ -266,6 +272,28 @@ class IndexService:
         while done < len(hashes):
             f = self._writable_file()
             done += f.put_hashes(hashes[done:], key_phys[done:], key_ts[done:])
+        self._last_phy = int(key_phys[-1])
+        return len(sel)
+
+    def _index_uniq(
+        self, phys: np.ndarray, topic: str, sys_flags: np.ndarray, store_ts: np.ndarray | list[int],
+        uniq_keys: list[str | None], last: int,
+    ) -> int:
+        """:meth:`_index` of a large batch of one topic whose records have ids and no keys (a
+        bulk put, a sink's rows): the same entries, selected with numpy, in record order."""
+        phys = np.asarray(phys, dtype=np.int64)
+        keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
+        sel = np.flatnonzero(keep)
+        if len(sel) == 0:
+            return 0
+        prefix = topic + "#"
+        picked = uniq_keys if len(sel) == len(phys) else [uniq_keys[i] for i in sel.tolist()]
+        hashes = index_hashes([prefix + u for u in picked])  # type: ignore[operator]
+        key_phys = phys[sel]
+        key_ts = np.asarray(store_ts, dtype=np.int64)[sel]
+        done = 0
+        while done < len(hashes):
+            done += self._writable_file().put_hashes(hashes[done:], key_phys[done:], key_ts[done:])
         self._last_phy = int(key_phys[-1])
         return len(sel)
 
