@@ -6,9 +6,10 @@
 
 Nothing is installed: the broker's classpath (``org.apache.kafka:kafka_2.13`` and its runtime
 dependencies, plus ``slf4j-simple`` because the core artifact ships no logging backend) is resolved
-once with ``mvn dependency:build-classpath`` on a generated pom.  Maven keeps the jars in its local
-repository (``~/.m2/repository``); the resolved classpath is cached as a file under
-``$RMQ_SPARK_CACHE`` (default ``~/.cache/rmq_spark/``), so later runs start without Maven.
+once with ``mvn dependency:build-classpath`` on a generated pom.  Everything is kept under
+``$RMQ_SPARK_CACHE`` (default ``~/.cache/rmq_spark/``): Maven's local repository for these jars
+(``m2/``), the resolved classpath (``kafka_2.13-<v>/classpath.txt``, so later runs start without
+Maven) and Spark's Ivy cache for the connector (``ivy/``, :func:`ivy_dir`).
 
 Start-up is the quickstart's, done by hand: a generated ``server.properties``
 (``process.roles=broker,controller``, ``node.id=1``, a static voter on a free port, log dirs in the
@@ -102,6 +103,16 @@ def cache_dir() -> str:
     return os.environ.get("RMQ_SPARK_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rmq_spark")
 
 
+def maven_repo() -> str:
+    """Where Maven keeps the broker's jars: the project's cache, not ``~/.m2``."""
+    return os.path.join(cache_dir(), "m2")
+
+
+def ivy_dir() -> str:
+    """Spark's Ivy directory for ``spark.jars.packages`` (``spark.jars.ivy``): the project's cache."""
+    return os.path.join(cache_dir(), "ivy")
+
+
 def broker_classpath(version: str = KAFKA_VERSION) -> tuple[str, bool]:
     """The broker's classpath and whether it came from the cache (False: Maven resolved it now)."""
     cache = os.path.join(cache_dir(), f"kafka_2.13-{version}")
@@ -109,7 +120,8 @@ def broker_classpath(version: str = KAFKA_VERSION) -> tuple[str, bool]:
     if os.path.exists(cp_file):
         with open(cp_file) as f:
             classpath = f.read().strip()
-        if classpath and all(os.path.exists(j) for j in classpath.split(os.pathsep)):
+        jars = classpath.split(os.pathsep)
+        if classpath and all(os.path.exists(j) and j.startswith(maven_repo()) for j in jars):
             return classpath, True
     os.makedirs(cache, exist_ok=True)
     with open(os.path.join(cache, "pom.xml"), "w") as f:
@@ -117,7 +129,8 @@ def broker_classpath(version: str = KAFKA_VERSION) -> tuple[str, bool]:
     log = os.path.join(cache, "mvn.log")
     with open(log, "w") as out:
         rc = subprocess.call(
-            ["mvn", "-B", "-q", "dependency:build-classpath", f"-Dmdep.outputFile={cp_file}"],
+            ["mvn", "-B", "-q", f"-Dmaven.repo.local={maven_repo()}", "dependency:build-classpath",
+             f"-Dmdep.outputFile={cp_file}"],
             cwd=cache, stdout=out, stderr=subprocess.STDOUT,
         )
     if rc != 0 or not os.path.exists(cp_file):

@@ -39,10 +39,11 @@ class ReadPath(Enum):
     ARROW = "arrow"  # the broker's bulk read, shipped as Arrow IPC over the private service
 
 
+READ_COMPRESSIONS = ("none", "lz4", "zstd")
 CONNECTION = ("endpoints", "path", "embeddedIdleExitS", "accessKey", "secretKey")
 SOURCE_COMMON = (
     "topics", "topicPattern", "assign", "startingOffsets", "startingTimestamp", "failOnDataLoss",
-    "tags", "sql", "avroSchema", "readPath", "maxRecordsPerPartition",
+    "tags", "sql", "avroSchema", "readPath", "maxRecordsPerPartition", "readCompression",
 )
 STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "consumerGroup")
 BATCH_ONLY = ("endingOffsets", "endingTimestamp")
@@ -136,6 +137,7 @@ class SourceOptions:
     avro_schema: str | None = None
     read_path: ReadPath = ReadPath.AUTO
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
+    read_compression: str = "lz4"  # the bulk read's stream: lz4, zstd or none (bench/arrow_stream_bench.py)
 
 
 @dataclass(frozen=True)
@@ -383,6 +385,11 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         ) from None
     if read_path is ReadPath.FILES and conn.path is None and conn.endpoints is None:
         raise ConfigError("option readPath=files needs 'path' or a broker whose store this machine can open")
+    read_compression = o.get("readCompression", "lz4").strip().lower()
+    if read_compression not in READ_COMPRESSIONS:
+        raise ConfigError(
+            f"option 'readCompression' must be one of {', '.join(READ_COMPRESSIONS)}, not {o['readCompression']!r}"
+        )
     mrpp = (
         parse_positive_int("maxRecordsPerPartition", o["maxRecordsPerPartition"])
         if "maxRecordsPerPartition" in o
@@ -403,6 +410,7 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         avro_schema=avro,
         read_path=read_path,
         max_records_per_partition=mrpp,
+        read_compression=read_compression,
     )
 
 

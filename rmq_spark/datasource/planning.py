@@ -90,6 +90,7 @@ class Planner:
             store_root=os.path.realpath(o.connection.path) if o.connection.path else (info.get("store_root") or None),
             store_host=info.get("host") or None,
             read_path=o.read_path,
+            read_compression=o.read_compression,
             tags=o.tags,
             sql=o.sql,
             fail_on_data_loss=o.fail_on_data_loss,

@@ -67,6 +67,7 @@ class RmqDataSource(DataSource):
     ``readPath``                 reads        ``auto`` (files if local, else arrow), ``files``,
                                               ``pull``, ``arrow`` (broker bulk read over gRPC)
     ``maxRecordsPerPartition``   reads        split a queue's range into Spark partitions (2000000)
+    ``readCompression``          reads        the bulk read's stream: ``lz4`` (default), ``zstd``, ``none``
     ``topic``                    writes       target topic (wins over the ``topic`` column)
     ``transactional``            writes       true: exactly-once, batch-atomic; false: at-least-once
     ===========================  ===========  ===========================================================

@@ -140,9 +140,13 @@ class InternalClient:
         return self._call(P.OFFSETS_FOR_TIMES, req.encode())
 
     def read_arrow(
-        self, topic: str, queue_id: int, start: int, end: int, tags: str | None = None, sql: str | None = None
+        self, topic: str, queue_id: int, start: int, end: int, tags: str | None = None, sql: str | None = None,
+        compression: str | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        req = P.ReadArrowRequest(topic=topic, queue_id=queue_id, start=start, end=end, tags=tags, sql=sql)
+        """The rows of ``[start, end)`` as record batches; ``compression`` (none, lz4, zstd): how
+        the broker compresses the stream's buffers."""
+        req = P.ReadArrowRequest(topic=topic, queue_id=queue_id, start=start, end=end, tags=tags, sql=sql,
+                                 compression=compression)
         try:
             for chunk in self._stub(P.READ_ARROW)(req.encode(), timeout=self.timeout_s, metadata=self._metadata()):
                 yield codec.load_batch(chunk)

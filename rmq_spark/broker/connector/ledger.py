@@ -57,7 +57,11 @@ class HalfLedger:
         return self._svc.prepare_bodies(topic, queue_id, bodies, properties, producer_group)
 
     def register_resolver(self, prefix: str, fn: Callable[[dict[str, str]], TransactionAction]) -> None:
-        self._svc.register_resolver(prefix, lambda half: fn(dict(half.properties)))
+        """``fn`` decides the sink's orphaned halves; its UNKNOWN (an attempt still writing) ends
+        the check round there rather than copying the half back: a batch of a million halves in
+        flight longer than the transaction timeout costs the check one question, not a million
+        copies."""
+        self._svc.register_resolver(prefix, lambda half: fn(dict(half.properties)), wait=True)
 
     def check_own(self, offsets: Sequence[int], expect: Mapping[str, str]) -> None:
         """PermissionDeniedError unless every half at ``offsets`` carries the ``expect`` properties."""
@@ -70,14 +74,16 @@ class HalfLedger:
 
     def commit_group(self, offsets: Sequence[int], expect: Mapping[str, str] | None = None) -> None:
         """Commit the halves at ``offsets``, each of which must carry the ``expect`` properties
-        (else PermissionDeniedError, nothing committed)."""
+        (else PermissionDeniedError, nothing committed); ``expect`` None: the caller stored them
+        all and knows they are its own (the vectorized ``commit_own``)."""
         if len(offsets) > MAX_GROUP_HALVES:
             log.warning(
                 "a sink batch of %d messages is committed in groups of %d: readers may see it in parts",
                 len(offsets), MAX_GROUP_HALVES,
             )
         for i in range(0, len(offsets), MAX_GROUP_HALVES):
-            r = self._svc.commit_group(offsets[i : i + MAX_GROUP_HALVES], expect)
+            group = offsets[i : i + MAX_GROUP_HALVES]
+            r = self._svc.commit_group(group, expect) if expect is not None else self._svc.commit_own(group)
             _refuse_foreign(r, len(offsets))
             if not r.ok and r.status.value != "ALREADY_COMMITTED":
                 raise StoreError(f"committing {len(offsets)} half messages failed: {r.status.value} {_first(r)}")

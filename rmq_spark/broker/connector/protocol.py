@@ -174,6 +174,7 @@ class ReadArrowRequest(Document):
     end: int
     tags: str | None = None
     sql: str | None = None
+    compression: str | None = None  # none | lz4 | zstd (codec.COMPRESSIONS); a broker without it sends none
 
 
 @dataclass

@@ -35,6 +35,15 @@ from rmq_spark.broker.connector.sink import SinkService
 from rmq_spark.store import layout as L
 
 
+# ReadArrow reads the store READ_STEP offsets at a time and ships WIRE_ROWS rows per gRPC message
+# (~2.3 MB of the 14 columns at 100-byte bodies): grpc's Python stream carries messages of a few
+# MB several times faster than messages of tens of MB (measured on loopback, 1M rows, 2 readers:
+# 1.33M rows/s at 8,192 rows a message, 0.69M at 16,384, 0.18M at 65,536, 0.08M at 262,144);
+# the reader joins them into large batches again (rmq_spark.datasource.read.arrow)
+READ_STEP = 262_144
+WIRE_ROWS = 8_192
+
+
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     """End the call with the fault's status.  A threaded server's ``abort`` raises; the broker's
     ``grpc.aio`` server, running these handlers on its worker threads, has sent the status when
@@ -114,17 +123,18 @@ class ConnectorService:
 
         topic, qid = str(req.topic), int(req.queue_id)
         start, end = int(req.start), int(req.end)
+        if req.compression not in (None, *codec.COMPRESSIONS):
+            raise E.ConfigError(f"compression must be one of {', '.join(codec.COMPRESSIONS)}, not {req.compression!r}")
         tag_filter, sql_filter = make_filters(req.tags, req.sql)
         hi = self.store.max_offset(topic, qid)
         if end > hi:
             raise E.StoreError(f"queue {topic}/{qid} holds offsets up to {hi}, asked for {end}")
-        step = 262_144
         pos = start
         while pos < end:
-            stop = min(end, pos + step)
+            stop = min(end, pos + READ_STEP)
             batch = self.store.read_arrow(topic, qid, pos, stop, tag_filter=tag_filter, sql_filter=sql_filter)
-            if batch.num_rows:
-                yield codec.dump_batch(batch)
+            for at in range(0, batch.num_rows, WIRE_ROWS):
+                yield codec.dump_batch(batch.slice(at, WIRE_ROWS), req.compression)
             pos = stop
 
     # --- consumer offsets ------------------------------------------------------------------------------------

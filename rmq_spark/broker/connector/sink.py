@@ -79,6 +79,8 @@ class SinkService:
         self.ledger = HalfLedger(core) if getattr(core, "transactions", None) is not None else None
         self._lock = threading.RLock()
         self._last_send_ms: dict[str, int] = {}  # attempt -> (broker clock) time of its last send
+        # attempt -> CommitLog offsets of the halves this process stored for it (see _own_sent)
+        self._sent: dict[str, list[np.ndarray]] = {}
         self._rr = itertools.count()
         if self.ledger is not None:
             self.ledger.register_resolver(SINK_PRODUCER_GROUP, self.resolve)
@@ -142,8 +144,15 @@ class SinkService:
             result = self.core.send(msgs)
         if not result.ok or result.append is None:
             raise StoreError(f"storing {n} rows failed: {result.status.value}")
-        offsets = encode_offsets(result.append.phys_offsets) if mode == "half" else ""
-        return P.SendResponse(count=n, offsets=offsets)
+        if mode != "half":
+            return P.SendResponse(count=n, offsets="")
+        phys = np.asarray(result.append.phys_offsets, dtype=np.int64)
+        self._remember(header.sink_attempt()[2], phys)
+        return P.SendResponse(count=n, offsets=encode_offsets(phys))
+
+    def _remember(self, attempt: str, phys: np.ndarray) -> None:
+        with self._lock:
+            self._sent.setdefault(attempt, []).append(phys)
 
     @staticmethod
     def _plain(table: pa.Table) -> bool:
@@ -190,7 +199,9 @@ class SinkService:
                 raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
             offsets.append(result.append.phys_offsets)
             n += len(part)
-        return P.SendResponse(count=n, offsets=encode_offsets(np.concatenate(offsets)))
+        phys = np.concatenate(offsets).astype(np.int64)
+        self._remember(key.rsplit("|", 1)[1], phys)
+        return P.SendResponse(count=n, offsets=encode_offsets(phys))
 
     def _queues(self, table: pa.Table) -> np.ndarray:
         """Queue of every row: ``queueId`` if set, else a hash of ``messageGroup`` (same group ->
@@ -263,6 +274,25 @@ class SinkService:
         halves with these are ended (never another attempt's, or a transaction of a client)."""
         return {L.P_PGROUP: SINK_PRODUCER_GROUP, P_SINK_KEY: sink_key(query_id, batch_id, attempt)}
 
+    def _own_sent(self, attempt: str, halves: list[int]) -> tuple[bool, list[int]]:
+        """Did this process store every half of ``halves`` for ``attempt`` (then they are the
+        attempt's own, by construction: nothing needs reading back to check it)?  And the halves
+        it stored for the attempt that ``halves`` leaves out: those of a task attempt that failed
+        after sending (Spark ran the task again), to be rolled back before the batch commits."""
+        sent = self._sent.get(attempt)
+        if not sent:
+            return False, []
+        mine = np.concatenate(sent)
+        if len(mine) > 1 and not (mine[1:] > mine[:-1]).all():  # appends ascend: sorted already
+            mine = np.unique(mine)
+        asked = np.asarray(halves, dtype=np.int64)
+        at = np.searchsorted(mine, asked)
+        if len(asked) and (at.max() >= len(mine) or (mine[at] != asked).any()):
+            return False, []
+        stray = np.ones(len(mine), dtype=bool)
+        stray[at] = False
+        return True, mine[stray].tolist()
+
     def commit_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> P.CommitBatchResponse:
         halves = decode_offsets(offsets)
         own = self._own(query_id, batch_id, attempt)
@@ -277,13 +307,20 @@ class SinkService:
                     f"sink attempt {attempt} of batch {batch_id} was rolled back before its commit; "
                     "restart the query to replay the batch"
                 )
-            if halves:
+            known, stray = self._own_sent(attempt, halves)
+            if halves and not known:
                 self._halves().check_own(halves, own)  # before the commit record: a refusal changes nothing
+            if stray:  # before the commit record, or the check-back would commit them with the batch
+                self._halves().rollback(stray, own)
             self.commits.record(query_id, batch_id, attempt, self.core.clock.now_ms())
             if halves:
-                self._halves().commit_group(halves, own)
-            self._last_send_ms.pop(attempt, None)
+                self._halves().commit_group(halves, None if known else own)
+            self._forget(attempt)
         return P.CommitBatchResponse(outcome=Outcome.COMMITTED.value, attempt=attempt)
+
+    def _forget(self, attempt: str) -> None:
+        self._last_send_ms.pop(attempt, None)
+        self._sent.pop(attempt, None)
 
     def abort_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> P.AbortBatchResponse:
         halves = decode_offsets(offsets)
@@ -302,12 +339,12 @@ class SinkService:
                         f"batch {batch_id} of query {query_id} is recorded as committed (attempt {attempt}) but "
                         f"its messages could not be committed yet: {e}; the broker's check-back commits them"
                     ) from e
-                self._last_send_ms.pop(attempt, None)
+                self._forget(attempt)
                 return P.AbortBatchResponse(rolled_back=0)
             if halves:
                 self._halves().check_own(halves, own)
             self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())
-            self._last_send_ms.pop(attempt, None)
+            self._forget(attempt)
             if halves:
                 self._halves().rollback(halves, own)
         return P.AbortBatchResponse(rolled_back=len(halves))
@@ -326,5 +363,5 @@ class SinkService:
             if committed is None and last is not None and self.core.clock.now_ms() - last < ATTEMPT_IDLE_MS:
                 return TransactionAction.UNKNOWN
             self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())
-            self._last_send_ms.pop(attempt, None)
+            self._forget(attempt)
             return TransactionAction.ROLLBACK

@@ -41,6 +41,7 @@ class ReadContext:
     store_root: str | None  # the broker's store directory
     store_host: str | None  # the machine that holds it
     read_path: ReadPath = ReadPath.AUTO
+    read_compression: str = "lz4"
     tags: str | None = None
     sql: str | None = None
     fail_on_data_loss: bool = True

@@ -360,7 +360,11 @@ def run_check(svc: TransactionService) -> CheckReport:
         elif 0 <= age < timeout_ms:
             rep.stop_reason = "immune"
             break
-        if ask(svc, half, i):
+        asked = ask(svc, half, i)
+        if asked is None:  # its producer is still writing: asked again next round, nothing copied
+            rep.stop_reason = "pending"
+            break
+        if asked:
             rep.resolved += 1
         else:
             rep.checked += 1
@@ -397,9 +401,10 @@ def half_at(store: MessageStore, cq: ConsumeQueue, queue_offset: int) -> Message
     return m if m is not None and m.topic == L.TRANS_HALF_TOPIC else None
 
 
-def ask(svc: TransactionService, half: MessageExt, queue_offset: int) -> bool:
-    """Ask about ``half``: True when a resolver ended it now; otherwise it is put back (the copy
-    carries the raised check count) and the checker is asked about the copy."""
+def ask(svc: TransactionService, half: MessageExt, queue_offset: int) -> bool | None:
+    """Ask about ``half``: True when a resolver ended it now; None when a waiting resolver
+    (``register_resolver(wait=True)``) answered UNKNOWN: nothing is written; otherwise it is put
+    back (the copy carries the raised check count) and the checker is asked about the copy."""
     group = half.properties.get(L.P_PGROUP, "")
     fn = svc.resolver_for(group)
     if fn is not None:
@@ -408,6 +413,8 @@ def ask(svc: TransactionService, half: MessageExt, queue_offset: int) -> bool:
         except Exception:  # a resolver's fault must not stop the check
             log.exception("transaction resolver for %r failed", group)
             act = TransactionAction.UNKNOWN
+        if act is TransactionAction.UNKNOWN and svc.resolver_waits(group):
+            return None
         h = half_of(half) if act is not TransactionAction.UNKNOWN else None
         if h is not None:
             try:

@@ -36,6 +36,7 @@ __all__ = [
     "half_of",
     "half_rows",
     "message_of",
+    "parse_halves",
     "read_halves",
     "txn_id_of",
 ]
@@ -63,7 +64,7 @@ class Half:
     """A half to end: where it is, its transaction, the half as stored (a MessageExt when read
     back, else built on first use from ``row``, the half's record as prepare wrote it)."""
 
-    __slots__ = ("phys", "queue_offset", "txn_id", "_msg", "row", "real", "store", "stored_ms")
+    __slots__ = ("phys", "queue_offset", "txn_id", "_msg", "row", "real", "store", "stored_ms", "seen")
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class Half:
         self._msg, self.real, self.row = msg, real, row
         self.store = store  # where to read the half from when neither msg nor row is given
         self.stored_ms = stored_ms  # its store time when known without reading it back
+        self.seen: dict[str, str | None] | None = None  # properties the vectorized read located
 
     @property
     def store_timestamp_ms(self) -> int | None:
@@ -94,6 +96,14 @@ class Half:
         if self._msg is None and self.row is not None:
             return self.row[3]
         return self.msg.properties
+
+    def prop(self, key: str) -> str | None:
+        """One property of the half, without reading the half back when the vectorized read
+        (:func:`read_halves`) located it."""
+        seen = self.seen
+        if seen is not None and self._msg is None and self.row is None and key in seen:
+            return seen[key]
+        return self.properties.get(key)
 
     @property
     def born_timestamp_ms(self) -> int:
@@ -301,12 +311,17 @@ def encode_rows(store: MessageStore, rows: list[Row], tail: EncodedBatch | None 
 
 
 def read_halves(
-    store: MessageStore, offsets: list[int], keys: tuple[str, ...], read_one: Callable[[int], Half | None]
+    store: MessageStore, offsets: list[int], keys: tuple[str, ...], read_one: Callable[[int], Half | None],
+    also: tuple[str, ...] = (),
 ) -> tuple[list[Half | None], tuple[np.ndarray, ParsedRecords] | None]:
     """Halves at ``offsets`` read in one vectorized pass over their bytes (transaction id and
     queue offset; the message itself is read when needed), None where no half starts; and, when
     every offset held a half, their parse (properties ``keys`` located) for a commit to reuse.
-    ``read_one`` reads what the vectorized pass cannot (unusual bytes)."""
+    ``read_one`` reads what the vectorized pass cannot (unusual bytes).  The values of the
+    properties ``also`` (keys of up to 16 bytes) are kept on each half (:meth:`Half.prop`), so a
+    check of them over many halves reads none back."""
+    also = tuple(k for k in also if len(k.encode()) <= 16)
+    keys = keys + tuple(k for k in also if k not in keys)
     phys = np.asarray(offsets, dtype=np.int64)
     sizes = record_sizes(store, phys)
     good = sizes >= _MIN_RECORD
@@ -325,13 +340,47 @@ def read_halves(
     uniq, real, qid = (rec.values(k) for k in (L.P_UNIQ_KEY, L.P_REAL_TOPIC, L.P_REAL_QID))
     if uniq is None or real is None or qid is None:
         return [read_one(p) for p in offsets], None
+    seen = {k: rec.values(k) for k in also}
+    if any(v is None for v in seen.values()):
+        seen = {}  # a value that is not UTF-8: such halves are read back when asked
     out: list[Half | None] = [None] * len(offsets)
-    rows = zip(np.flatnonzero(good).tolist(), phys[good].tolist(), head["queue_offset"].tolist())
-    for j, (i, p, q) in enumerate(rows):
+    rows = zip(np.flatnonzero(good).tolist(), phys[good].tolist(), head["queue_offset"].tolist(),
+               head["store_timestamp"].tolist())
+    for j, (i, p, q, stored) in enumerate(rows):
         if not (ok[j] and real[j] and qid[j] and qid[j].isdigit()):
             continue
-        out[i] = Half(p, q, uniq[j], store=store) if uniq[j] else read_one(p)
+        if not uniq[j]:
+            out[i] = read_one(p)
+            continue
+        h = out[i] = Half(p, q, uniq[j], store=store, stored_ms=stored)
+        if seen:
+            h.seen = {k: v[j] for k, v in seen.items()}  # type: ignore[index]
     return out, ((phys[good], rec) if good.all() and ok.all() else None)
+
+
+def parse_halves(store: MessageStore, offsets: Sequence[int], keys: tuple[str, ...]) -> tuple[ParsedRecords, list[str]] | None:
+    """The records at ``offsets`` parsed in one vectorized pass (properties ``keys`` located) and
+    their transaction ids, when every one is a half with its id and its destination; else None
+    (the caller takes the general path, :func:`read_halves`)."""
+    phys = np.asarray(offsets, dtype=np.int64)
+    sizes = record_sizes(store, phys)
+    if len(phys) == 0 or (sizes < _MIN_RECORD).any():
+        return None
+    rec = parse_records(store, phys, sizes, keys)
+    if rec is None:
+        return None
+    head = rec.head
+    tpos = rec.starts + _BODY_POS + head["body_len"].astype(np.int64)
+    at = np.minimum(tpos[:, None] + 1 + np.arange(len(_HALF_TOPIC_BYTES)), len(rec.u8) - 1)
+    halves = (
+        (head["physical_offset"] == phys)
+        & (rec.u8[tpos] == len(_HALF_TOPIC_BYTES))
+        & (rec.u8[at] == np.frombuffer(_HALF_TOPIC_BYTES, dtype=np.uint8)).all(axis=1)
+    )
+    uniq = rec.values(L.P_UNIQ_KEY)
+    if not halves.all() or uniq is None or None in uniq:
+        return None
+    return rec, uniq  # type: ignore[return-value]
 
 
 def message_of(row: Row) -> Message:

@@ -242,6 +242,12 @@ class IndexService:
         if self._lag_from is not None:
             return 0  # behind after a full disk: the catch-up reads these again from the CommitLog
         last = self._last_phy
+        if (
+            isinstance(phys, np.ndarray) and isinstance(sys_flags, np.ndarray) and len(phys) > SMALL_KEYS
+            and not any(keys) and topics.count(topics[0]) == len(topics)
+            and len(uniq_keys) == len(phys) and all(uniq_keys)
+        ):  # fmt: skip
+            return self._index_uniq(phys, topics[0], sys_flags, store_ts, uniq_keys, last)
         phys_list = phys.tolist() if isinstance(phys, np.ndarray) else list(phys)
         sflags = sys_flags.tolist() if isinstance(sys_flags, np.ndarray) else list(sys_flags)
         sel = [
@@ -298,6 +304,34 @@ class IndexService:
             rec_arr, hashes = rec_arr[order], hashes[order]
         key_phys = np.asarray(phys, dtype=np.int64)[rec_arr]
         key_ts = np.asarray(store_ts, dtype=np.int64)[rec_arr]
+        done = 0
+        try:
+            while done < len(hashes):
+                f, take = self._room_for(key_phys, done)
+                done += f.put_hashes(hashes[done : done + take], key_phys[done : done + take], key_ts[done : done + take])
+        except DiskFullError as e:
+            self._lag(int(key_phys[done]), e)
+            return len(sel)
+        self._last_phy = int(key_phys[-1])
+        self._lag_logged = False
+        return len(sel)
+
+    def _index_uniq(
+        self, phys: np.ndarray, topic: str, sys_flags: np.ndarray, store_ts: np.ndarray | list[int],
+        uniq_keys: list[str | None], last: int,
+    ) -> int:
+        """:meth:`_index` of a large batch of one topic whose records have ids and no keys (a
+        bulk put, a sink's rows): the same entries, selected with numpy, in record order."""
+        phys = np.asarray(phys, dtype=np.int64)
+        keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
+        sel = np.flatnonzero(keep)
+        if len(sel) == 0:
+            return 0
+        prefix = topic + "#"
+        picked = uniq_keys if len(sel) == len(phys) else [uniq_keys[i] for i in sel.tolist()]
+        hashes = index_hashes([prefix + u for u in picked])  # type: ignore[operator]
+        key_phys = phys[sel]
+        key_ts = np.asarray(store_ts, dtype=np.int64)[sel]
         done = 0
         try:
             while done < len(hashes):
