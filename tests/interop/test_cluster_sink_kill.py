@@ -36,6 +36,8 @@ spark = (
     .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
     .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
     .config("spark.driver.memory", "512m").config("spark.sql.warehouse.dir", warehouse)
+    # a loaded machine: give the Python workers time to connect back (default 15 s)
+    .config("spark.python.authenticate.socketTimeout", "120s")
     .getOrCreate()
 )
 spark.sparkContext.setLogLevel("ERROR")
