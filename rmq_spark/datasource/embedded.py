@@ -110,6 +110,18 @@ def check_store_path(path: str, create: bool) -> None:
         )
 
 
+def refuse_apache_store(path: str) -> None:
+    """rmq-broker never opens a store Apache RocketMQ wrote (it would recover and append to it)."""
+    from rmq_spark.store.apache import is_apache_store
+
+    if is_apache_store(path):
+        raise ConfigError(
+            f"option 'path': {path} is a store Apache RocketMQ wrote; it is read offline by batch reads "
+            "(spark.read) only, and never opened by rmq-broker: stream from it and write to it through "
+            "its cluster with option 'namesrvAddr'"
+        )
+
+
 def ensure_broker(
     path: str,
     flags: tuple[tuple[str, str], ...] = (),
@@ -126,6 +138,7 @@ def ensure_broker(
     if ep is not None and _answers(ep, root, credentials):
         return ep
     check_store_path(path, create)
+    refuse_apache_store(path)
     os.makedirs(root, exist_ok=True)
     fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -236,7 +249,15 @@ def endpoint_of(connection) -> str:  # type: ignore[no-untyped-def]
 
 
 def client_for(connection) -> InternalClient:  # type: ignore[no-untyped-def]
-    """A client of the connection's broker, signing its calls with the connection's keys."""
+    """A client of the connection's broker, signing its calls with the connection's keys; for a
+    batch read of a store Apache RocketMQ wrote, the offline planner over its files instead."""
+    if connection.endpoints is None and connection.path is not None and not getattr(connection, "create_store", True):
+        from rmq_spark.store.apache import is_apache_store
+
+        if is_apache_store(connection.path):
+            from rmq_spark.datasource.read.offline import OfflineClient
+
+            return OfflineClient(connection.path)  # type: ignore[return-value]
     return InternalClient(endpoint_of(connection), **connection.credentials)
 
 

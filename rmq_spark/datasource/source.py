@@ -117,9 +117,19 @@ class RmqDataSource(DataSource):
 
         if overwrite:
             raise ConfigError("format rmq appends messages; save mode 'overwrite' is not supported")
-        return RmqBatchWriter(parse_sink_options(self.options, streaming=False), schema)
+        opts = parse_sink_options(self.options, streaming=False)
+        if opts.namesrv_addr is not None:
+            from rmq_spark.datasource.cluster_writer import ClusterBatchWriter
+
+            return ClusterBatchWriter(opts, schema)
+        return RmqBatchWriter(opts, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from rmq_spark.datasource.writer import RmqStreamWriter
 
-        return RmqStreamWriter(parse_sink_options(self.options, streaming=True), schema)  # type: ignore[return-value]
+        opts = parse_sink_options(self.options, streaming=True)
+        if opts.namesrv_addr is not None:
+            from rmq_spark.datasource.cluster_writer import ClusterStreamWriter
+
+            return ClusterStreamWriter(opts, schema)  # type: ignore[return-value]
+        return RmqStreamWriter(opts, schema)  # type: ignore[return-value]

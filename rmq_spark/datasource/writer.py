@@ -149,7 +149,9 @@ def to_rows(batch: Any, layout: SinkLayout, opts: SinkOptions, avro: Any) -> Any
             cols[name] = batch.column(name)
     if "keys" in layout.columns:
         keys = batch.column("keys")
-        cols["keys"] = pc.binary_join(keys, " ") if layout.keys_is_array else keys
+        if layout.keys_is_array:  # binary_join wants list<string>, not list<string not null>
+            keys = pc.binary_join(keys.cast(pa.list_(pa.string())), " ")
+        cols["keys"] = keys
     if "delayLevel" in layout.columns:
         cols["delayLevel"] = batch.column("delayLevel").cast(pa.int32())
     if "queueId" in layout.columns:

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
+from rmq_spark.store.apache import inflate_bodies
 from rmq_spark.store.consistency import check_units
 from rmq_spark.store.consumequeue import CQ_UNIT, ConsumeQueue
 from rmq_spark.store.mapped import MappedFileQueue
@@ -227,7 +228,9 @@ def read_units_arrow(
     qoffs = np.arange(first_queue_offset, first_queue_offset + n_all, dtype=np.int64)
     tag_check = tag_filter is not None and not getattr(tag_filter, "match_all", False)
     if tag_check:
-        keep = np.asarray(tag_filter.mask_codes(units["tags_code"].astype(np.int64)), dtype=bool)  # type: ignore[union-attr]
+        codes = units["tags_code"].astype(np.int64)
+        keep = np.asarray(tag_filter.mask_codes(codes), dtype=bool)  # type: ignore[union-attr]
+        keep |= codes < -(2**31)  # a ConsumeQueue-ext address (Apache): the TAGS filter below decides
         phys, qoffs = phys[keep], qoffs[keep]
     n = len(phys)
     if n == 0:
@@ -256,6 +259,9 @@ def read_units_arrow(
     cols = _Columns(commitlog, phys, len(topic.encode("utf-8")))
     if "body" in need:
         values["body"] = cols.bytes_column(lambda p: p.head.body_start, lambda p: p.head.body_len)
+        sys_flags = cols.cat(lambda p: p.head.sys_flag)
+        if (sys_flags & L.FLAG_COMPRESSED).any():  # a client compressed it (Apache's, bodies > 4 KiB)
+            values["body"] = inflate_bodies(values["body"], sys_flags)
     if "bornTimestamp" in need:
         values["bornTimestamp"] = _timestamps(cols.field("born_ts"))
     if "storeTimestamp" in need:
@@ -364,8 +370,25 @@ class StoreReader:
         return sorted(int(q) for q in os.listdir(d) if q.isdigit()) if os.path.isdir(d) else []
 
     def min_offset(self, topic: str, queue_id: int) -> int:
+        """The first offset whose record is still in the CommitLog (Apache deletes old CommitLog
+        files before the ConsumeQueue units that point there)."""
         cq = self._cq(topic, queue_id)
-        return cq.min_offset if cq else 0
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        self.commitlog.refresh()
+        first_byte = self.commitlog.min_offset
+        u = cq.unit(lo)
+        if u is None or u[0] >= first_byte:
+            return lo
+        while lo < hi:  # units point forward in the log: binary search for the first kept one
+            mid = (lo + hi) // 2
+            u = cq.unit(mid)
+            if u is not None and u[0] >= first_byte:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         cq = self._cq(topic, queue_id)
