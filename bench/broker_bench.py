@@ -22,7 +22,9 @@ default; ``--flush sync`` would wait for an fdatasync per write), the index serv
 the same workloads against rmq-broker with ``--metrics-listen`` and against rmq-broker without it,
 in the same run (two broker processes, each on its own store, the order alternating by round);
 the table's ratio is with / without, and a scrape at the end checks that the counters counted
-every message sent.
+every message sent.  Then, steadier than rates on a shared machine, the CPU of the SendMessage
+handler itself (called in-process, no gRPC or client around it) on a broker with metrics and on
+one without, alternating blocks of 2,000 one-message sends.
 
 Every measurement runs in a fresh client process: the client slows down over a long run in one
 process (measured: 2,641 -> 2,509 msgs/s over five rounds in one process against the no-op
@@ -363,6 +365,55 @@ def scraped_messages_in(endpoint: str) -> float:
                if s.name == "rocketmq_messages_in_total")  # fmt: skip
 
 
+def handler_cost(root: str, rounds: int = 10, per_round: int = 2000) -> dict[str, list[float]]:
+    """CPU microseconds per SendMessage handler call (100-byte body, one message), in-process,
+    on a broker with ``--metrics-listen`` and one without, the order alternating by round."""
+    from rocketmq.grpc_protocol import definition_pb2 as D
+    from rocketmq.grpc_protocol import service_pb2 as S
+
+    from rmq_spark.broker.options import BrokerOptions
+    from rmq_spark.broker.server import Broker
+    from rmq_spark.broker.service import CLIENT_ID
+
+    class Context:
+        def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+            return ((CLIENT_ID, "bench-client"),)
+
+        def peer(self) -> str:
+            return "ipv4:127.0.0.1:5555"
+
+    def request(i: int) -> S.SendMessageRequest:
+        m = D.Message(topic=D.Resource(name="Handler"), body=BODY)
+        sp = m.system_properties
+        sp.message_id = f"01{i:030X}"
+        sp.message_type = D.MessageType.NORMAL
+        sp.born_timestamp.FromMilliseconds(int(time.time() * 1000))
+        sp.born_host = "127.0.0.1"
+        return S.SendMessageRequest(messages=[m])
+
+    brokers = {
+        "with": Broker(os.path.join(root, "h-with"), options=BrokerOptions(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")),
+        "without": Broker(os.path.join(root, "h-without"), options=BrokerOptions(listen="127.0.0.1:0")),
+    }
+    ctx, reqs = Context(), [request(i) for i in range(per_round)]
+    costs: dict[str, list[float]] = {"with": [], "without": []}
+    try:
+        for b in brokers.values():  # warm-up: the topic, the caches
+            for q in reqs[:200]:
+                assert b.service.SendMessage(q, ctx).status.code == D.Code.OK
+        for r in range(rounds):
+            for name in ("with", "without") if r % 2 == 0 else ("without", "with"):
+                send = brokers[name].service.SendMessage
+                t0 = time.thread_time()
+                for q in reqs:
+                    send(q, ctx)
+                costs[name].append((time.thread_time() - t0) / per_round * 1e6)
+    finally:
+        for b in brokers.values():
+            b.stop()
+    return costs
+
+
 def run_client(argv: list[str]) -> int:
     """``--client KIND ENDPOINTS SERVER_PID ARGS...``: one workload, its result as a JSON line."""
     quiet_client_logs()
@@ -449,6 +500,13 @@ def main() -> int:
         if t.cpu["ours"] and t.cpu["peer"]:
             o, p = min(t.cpu["ours"]), min(t.cpu["peer"])
             print(f"{t.name + ' (server CPU-s/1k msgs)':48s} {o:12.3f} {p:12.3f} {o / p:7.2f}")
+    if args.metrics:
+        with scratch_dir("handler-") as d:
+            costs = handler_cost(d, rounds=4 if args.quick else 10)
+        o, p = statistics.median(costs["with"]), statistics.median(costs["without"])
+        whole = f"; the server spends {min(send.cpu['peer']) * 1000:.0f} us per send in all" if send.cpu["peer"] else ""
+        print(f"{'SendMessage handler in-process (CPU us/send)':48s} {o:12.2f} {p:12.2f} {o / p:7.2f}"
+              f"   (+{o - p:.2f} us per send{whole})")
     return 0
 
 

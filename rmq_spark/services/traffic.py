@@ -57,15 +57,29 @@ class _Histogram:
 
 
 class Traffic:
-    """Counters keyed by their labels; read with :meth:`snapshot` (copies, under the lock)."""
+    """Counters keyed by their labels; read with :meth:`snapshot` (copies).
+
+    What producers send is counted in cells of the sending thread's own (no lock on the send
+    path): a cell per (topic, message type) holds ``[messages, bytes, bucket counts...]`` of
+    ``rocketmq_message_size`` (its sum is the bytes).  The rest, rarer, takes a lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.messages_in: dict[tuple[str, str], list[int]] = {}  # (topic, type) -> [messages, bytes]
-        self.sizes: dict[tuple[str, str], _Histogram] = {}
+        self._local = threading.local()
+        self._all_cells: list[dict[tuple[str, str], list[int]]] = []  # every thread's cells
         self.messages_out: dict[tuple[str, str], list[int]] = {}  # (topic, group) -> [messages, bytes]
         self.dlq: dict[tuple[str, str], int] = {}  # (topic, group) -> messages
         self.rpc: dict[tuple[str, str, str], _Histogram] = {}  # (protocol, code, response) -> ms
+
+    def _cells(self) -> dict[tuple[str, str], list[int]]:
+        try:
+            return self._local.cells  # type: ignore[no-any-return]
+        except AttributeError:
+            cells: dict[tuple[str, str], list[int]] = {}
+            self._local.cells = cells
+            with self._lock:
+                self._all_cells.append(cells)
+            return cells
 
     # --- the hooks ------------------------------------------------------------------------------
     def sent(self, messages: Sequence[Any]) -> None:
@@ -73,56 +87,51 @@ class Traffic:
         :class:`~rmq_spark.store.message.Message` objects (labelled by the first one's topic and
         type: a batch is one topic's)."""
         first = messages[0]
-        if len(messages) == 1:  # the usual send: no list made, one bucket found
+        if len(messages) == 1:  # the usual send: a few list operations, no lock
             if first.__class__ is tuple:
                 topic, props, size = first[0], first[3], len(first[2])
             else:
                 topic, props, size = first.topic, first.properties, len(first.body)
             if topic[:1] == "%":
-                return
-            key = (topic, message_type(props))
-            with self._lock:
-                c = self.messages_in.get(key)
-                if c is None:
-                    c = self.messages_in[key] = [0, 0]
-                    self.sizes[key] = _Histogram(SIZE_BUCKETS)
-                c[0] += 1
-                c[1] += size
-                h = self.sizes[key]
-                h.counts[0 if size <= 1024 else bisect.bisect_left(SIZE_BUCKETS, size)] += 1
-                h.sum += size
+                return  # a consumer's retry or DLQ copy, not a producer's message (RocketMQ counts none)
+            try:
+                cells = self._local.cells
+            except AttributeError:
+                cells = self._cells()
+            key = (topic, "Normal" if _TYPED.isdisjoint(props) else message_type(props))
+            c = cells.get(key)
+            if c is None:
+                c = cells[key] = [0] * (2 + len(SIZE_BUCKETS) + 1)
+            c[0] += 1
+            c[1] += size
+            c[2 if size <= 1024 else 2 + bisect.bisect_left(SIZE_BUCKETS, size)] += 1
             return
         if first.__class__ is tuple:
             topic, props = first[0], first[3]
-            bodies = [m[2] for m in messages] if len(messages) > 1 else [first[2]]
+            bodies = [m[2] for m in messages]
         else:
             topic, props = first.topic, first.properties
             bodies = [m.body for m in messages]
-        if len(messages) > 1:  # the sync-flush batcher joins the sends of several calls
-            topics = {m[0] if m.__class__ is tuple else m.topic for m in messages}
-            if len(topics) > 1:
-                for t in topics:
-                    self.sent([m for m in messages if (m[0] if m.__class__ is tuple else m.topic) == t])
-                return
-        if topic.startswith("%"):
-            return  # a consumer's retry or DLQ copy, not a producer's message (RocketMQ counts none)
-        key = (topic, message_type(props))
+        topics = {m[0] if m.__class__ is tuple else m.topic for m in messages}
+        if len(topics) > 1:  # the sync-flush batcher joins the sends of several calls
+            for t in topics:
+                self.sent([m for m in messages if (m[0] if m.__class__ is tuple else m.topic) == t])
+            return
+        if topic[:1] == "%":
+            return
         sizes = list(map(len, bodies))
-        n, total = len(sizes), sum(sizes)
-        with self._lock:
-            c = self.messages_in.get(key)
-            if c is None:
-                c = self.messages_in[key] = [0, 0]
-                self.sizes[key] = _Histogram(SIZE_BUCKETS)
-            c[0] += n
-            c[1] += total
-            h = self.sizes[key]
-            if n == 1 or max(sizes) <= 1024:  # one bucket for them all (le_1_kb when a batch)
-                h.counts[bisect.bisect_left(SIZE_BUCKETS, sizes[0]) if n == 1 else 0] += n
-                h.sum += total
-            else:
-                for s in sizes:
-                    h.observe(s)
+        cells = self._cells()
+        key = (topic, message_type(props))
+        c = cells.get(key)
+        if c is None:
+            c = cells[key] = [0] * (2 + len(SIZE_BUCKETS) + 1)
+        c[0] += len(sizes)
+        c[1] += sum(sizes)
+        if max(sizes) <= 1024:
+            c[2] += len(sizes)
+        else:
+            for size in sizes:
+                c[2 + bisect.bisect_left(SIZE_BUCKETS, size)] += 1
 
     def delivered(self, topic: str, group: str, n: int, nbytes: int) -> None:
         """``n`` messages (``nbytes`` bytes) handed to consumer group ``group``."""
@@ -154,10 +163,19 @@ class Traffic:
         def hist(h: _Histogram) -> tuple[list[int], float]:
             return list(h.counts), h.sum
 
+        merged: dict[tuple[str, str], list[int]] = {}
         with self._lock:
+            for cells in self._all_cells:
+                for key, cell in dict(cells).items():  # copied whole: its thread may add a key
+                    cell = list(cell)
+                    m = merged.get(key)
+                    if m is None:
+                        merged[key] = cell
+                    else:
+                        merged[key] = [a + b for a, b in zip(m, cell)]
             return {
-                "in": {k: tuple(v) for k, v in self.messages_in.items()},
-                "sizes": {k: hist(h) for k, h in self.sizes.items()},
+                "in": {k: (v[0], v[1]) for k, v in merged.items()},
+                "sizes": {k: (v[2:], float(v[1])) for k, v in merged.items()},
                 "out": {k: tuple(v) for k, v in self.messages_out.items()},
                 "dlq": dict(self.dlq),
                 "rpc": {k: hist(h) for k, h in self.rpc.items()},
