@@ -67,8 +67,13 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     programs = java_programs()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     spark = (SparkSession.builder.master("local[2]").appName("cluster-write-bench")
              .config("spark.ui.enabled", "false").config("spark.driver.memory", "2g")
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
              .config("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
              .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
