@@ -170,8 +170,7 @@ class ClusterClient:
         try:
             return self.pool.get(addr).request(cmd, timeout_s or self.timeout_s)
         except (OSError, TimeoutError) as e:  # ConnectionError is an OSError
-            if not isinstance(e, TimeoutError):
-                self.pool.drop(addr)
+            self.pool.drop_dead(addr)
             raise BrokerUnreachableError(
                 f"{_code_name(code, RequestCode)} to {who} at {addr} got no answer: {e}",
                 broker=who, addr=addr, request=code) from None
@@ -241,10 +240,14 @@ class ClusterClient:
         if addr is None:
             if ":" in broker:
                 return broker
-            raise ClusterError(f"broker {broker!r} has no master in the routes the NameServers "
+            raise BrokerUnreachableError(f"broker {broker!r} has no master in the routes the NameServers "
                                f"({';'.join(self.namesrv_addrs)}) gave" + (f" for topic {topic!r}" if topic else ""),
                                broker=broker)
         return addr
+
+    def broker_addr_or_none(self, broker: str) -> str | None:
+        """The master address known for ``broker`` (no NameServer asked)."""
+        return self._addrs.get(broker)
 
     def forget_broker(self, broker: str) -> None:
         """Drop what is known of ``broker`` (after it failed): its address is asked again."""
@@ -252,7 +255,7 @@ class ClusterClient:
             addr = self._addrs.pop(broker, None)
             self._routes = {t: r for t, r in self._routes.items() if broker not in r.brokers}
         if addr is not None:
-            self.pool.drop(addr)
+            self.pool.drop_dead(addr)
 
     def invoke(self, broker: str, code: int, ext: dict[str, str], body: bytes = b"", *, topic: str | None = None,
                ok: Iterable[int] = (ResponseCode.SUCCESS,), timeout_s: float | None = None,

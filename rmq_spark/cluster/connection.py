@@ -157,6 +157,7 @@ class ConnectionPool:
         self.on_request = on_request
         self._conns: dict[str, list[Connection | None]] = {}
         self._next: dict[str, int] = {}
+        self._opening: dict[tuple[str, int], threading.Lock] = {}
         self._lock = threading.Lock()
 
     def get(self, addr: str) -> Connection:
@@ -167,13 +168,24 @@ class ConnectionPool:
             conn = slots[i]
             if conn is not None and conn.alive:
                 return conn
-        conn = Connection(addr, self.connect_timeout_s, self.on_request)
-        with self._lock:
-            old = slots[i]
-            slots[i] = conn
-        if old is not None:
-            old.close()
+            opening = self._opening.setdefault((addr, i), threading.Lock())
+        with opening:  # one connect per slot; others wait for it
+            with self._lock:
+                conn = self._conns.get(addr, slots)[i]
+                if conn is not None and conn.alive:
+                    return conn
+            conn = Connection(addr, self.connect_timeout_s, self.on_request)
+            with self._lock:
+                self._conns.setdefault(addr, slots)[i] = conn
         return conn
+
+    def drop_dead(self, addr: str) -> None:
+        """Forget the connections to ``addr`` that failed (the live ones stay in use)."""
+        with self._lock:
+            slots = self._conns.get(addr, [])
+            for i, c in enumerate(slots):
+                if c is not None and not c.alive:
+                    slots[i] = None
 
     def drop(self, addr: str) -> None:
         with self._lock:
