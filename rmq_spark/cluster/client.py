@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -385,6 +386,27 @@ class ClusterClient:
         except OSError as e:
             raise BrokerUnreachableError(f"END_TRANSACTION to {broker} at {addr} failed: {e}", broker=broker,
                                          addr=addr, request=RequestCode.END_TRANSACTION) from None
+
+    def create_topic(self, broker: str, topic: str, queues: int = 4, *, perm: int = 6, order: bool = False) -> None:
+        """UPDATE_AND_CREATE_TOPIC on one broker (``broker`` a name from the routes or ``host:port``):
+        what ``mqadmin updateTopic -b`` sends."""
+        ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues), "writeQueueNums": str(queues),
+               "perm": str(perm), "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": str(order).lower()}
+        self.invoke(broker, RequestCode.UPDATE_AND_CREATE_TOPIC, ext, what=f" of {topic}")
+
+    def cluster_brokers(self) -> dict[str, str]:
+        """Broker name -> master address of every broker the NameServers list
+        (GET_BROKER_CLUSTER_INFO)."""
+        answer = self.namesrv_request(RequestCode.GET_BROKER_CLUSTER_INFO)
+        if answer.code != ResponseCode.SUCCESS:
+            raise ClusterError(f"GET_BROKER_CLUSTER_INFO answered {answer.code}: {answer.remark}",
+                               request=RequestCode.GET_BROKER_CLUSTER_INFO, code=answer.code)
+        text = re.sub(r'([{,])\s*(-?\d+)\s*:', r'\1"\2":', answer.body.decode())
+        table = json.loads(text).get("brokerAddrTable") or {}
+        out = {name: (b.get("brokerAddrs") or {}).get("0") for name, b in table.items()}
+        with self._lock:
+            self._addrs.update({n: a for n, a in out.items() if a})
+        return {n: a for n, a in out.items() if a}
 
     def heartbeat(self, broker: str, *, producer_groups: Iterable[str] = (),
                   consumers: Iterable[Mapping[str, object]] = ()) -> None:
