@@ -153,9 +153,30 @@ class ClusterPlanner:
         """UPDATE_CONSUMER_OFFSET of every queue (what ``mqadmin consumerProgress`` shows); a
         broker that does not answer is skipped (the next commit carries the offsets on)."""
         c = self.client
+        topics_of: dict[str, set[str]] = {}
+        for t, b, _ in offsets:
+            topics_of.setdefault(b, set()).add(t)
+        for b, topics in sorted(topics_of.items()):
+            # a pull consumer's heartbeat: the broker makes the group's retry topic, which
+            # mqadmin consumerProgress routes by, and lists the group as online
+            try:
+                c.heartbeat(b, consumers=[consumer_data(group, sorted(topics), self.opts.tags)])
+            except ClusterError as e:
+                log.warning("consumerGroup %s: heartbeat to %s failed: %s", group, b, e)
         _, down = self._each(list(offsets), lambda k: c.update_consumer_offset(k[1], group, k[0], k[2], offsets[k]))
         if down:
             log.warning("consumerGroup %s: offsets not committed to %s", group, down)
+
+
+def consumer_data(group: str, topics: list[str], tags: str | None) -> dict[str, Any]:
+    """``ConsumerData`` of a heartbeat, as DefaultLitePullConsumer sends it (subscribed, pulling)."""
+    sub = tags or "*"
+    return {
+        "groupName": group, "consumeType": "CONSUME_ACTIVELY", "messageModel": "CLUSTERING",
+        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
+        "subscriptionDataSet": [{"classFilterMode": False, "topic": t, "subString": sub, "tagsSet": [], "codeSet": [],
+                                 "subVersion": int(time.time() * 1000), "expressionType": "TAG"} for t in topics],
+    }
 
 
 def resolve(given: C.Flat, snap: Snapshot) -> C.Flat:
