@@ -30,7 +30,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from rmq_spark.cluster.connection import ConnectionPool, ServerRequestHook
@@ -274,11 +275,9 @@ class ClusterClient:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def pull(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str, *,
-             expression: str = "*", expression_type: str = "TAG", sys_flag: int = PullSysFlag.SUBSCRIPTION,
-             suspend_ms: int = 0, max_bytes: int | None = None, timeout_s: float | None = None) -> PullResult:
-        """PULL_MESSAGE: up to ``max_nums`` messages of one queue from ``offset``, filtered by the
-        broker with the subscription expression (``sys_flag`` has SUBSCRIPTION by default)."""
+    def _pull_command(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str,
+                      expression: str, expression_type: str, sys_flag: int, suspend_ms: int,
+                      max_bytes: int | None) -> RemotingCommand:
         ext = {
             "consumerGroup": group, "topic": topic, "queueId": str(queue_id), "queueOffset": str(offset),
             "maxMsgNums": str(max_nums), "sysFlag": str(int(sys_flag)), "commitOffset": "0",
@@ -287,13 +286,62 @@ class ClusterClient:
         }
         if max_bytes is not None:
             ext["maxMsgBytes"] = str(max_bytes)
-        t = timeout_s or max(self.timeout_s, suspend_ms / 1000 + 5)
-        answer = self.invoke(broker, RequestCode.PULL_MESSAGE, ext, topic=topic, ok=PULL_CODES, timeout_s=t,
-                             what=f" of {topic}/{queue_id}@{offset}")
+        return RemotingCommand(RequestCode.PULL_MESSAGE, ext)
+
+    def _pull_result(self, answer: RemotingCommand, broker: str, addr: str, topic: str, queue_id: int,
+                     offset: int) -> PullResult:
+        if answer.code not in PULL_CODES:
+            raise self._fail(answer, RequestCode.PULL_MESSAGE, broker, addr, f" of {topic}/{queue_id}@{offset}")
         f = answer.ext_fields
         return PullResult(answer.code, answer.body if answer.code == ResponseCode.SUCCESS else b"",
                           int(f.get("nextBeginOffset", offset)), int(f.get("minOffset", 0)),
                           int(f.get("maxOffset", 0)), int(f.get("suggestWhichBrokerId", 0)))
+
+    def pull(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str, *,
+             expression: str = "*", expression_type: str = "TAG", sys_flag: int = PullSysFlag.SUBSCRIPTION,
+             suspend_ms: int = 0, max_bytes: int | None = None, timeout_s: float | None = None) -> PullResult:
+        """PULL_MESSAGE: up to ``max_nums`` messages of one queue from ``offset``, filtered by the
+        broker with the subscription expression (``sys_flag`` has SUBSCRIPTION by default)."""
+        cmd = self._pull_command(broker, topic, queue_id, offset, max_nums, group, expression, expression_type,
+                                 sys_flag, suspend_ms, max_bytes)
+        addr = self.broker_addr(broker, topic)
+        t = timeout_s or max(self.timeout_s, suspend_ms / 1000 + 5)
+        try:
+            answer = self._call(addr, cmd, broker, t)
+        except BrokerUnreachableError:
+            self.forget_broker(broker)
+            raise
+        return self._pull_result(answer, broker, addr, topic, queue_id, offset)
+
+    def pull_async(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str, *,
+                   expression: str = "*", expression_type: str = "TAG",
+                   sys_flag: int = PullSysFlag.SUBSCRIPTION) -> Callable[[float | None], PullResult]:
+        """PULL_MESSAGE sent now; returns ``wait(timeout_s)`` giving its :class:`PullResult` (or
+        raising as :meth:`pull`), so that many pulls can be in flight on one connection."""
+        cmd = self._pull_command(broker, topic, queue_id, offset, max_nums, group, expression, expression_type,
+                                 sys_flag, 0, None)
+        addr = self.broker_addr(broker, topic)
+        code = RequestCode.PULL_MESSAGE
+        try:
+            fut = self.pool.get(addr).submit(cmd)
+        except OSError as e:
+            self.pool.drop_dead(addr)
+            self.forget_broker(broker)
+            raise BrokerUnreachableError(f"PULL_MESSAGE (11) to {broker} at {addr} got no answer: {e}", broker=broker,
+                                         addr=addr, request=code) from None
+
+        def wait(timeout_s: float | None = None) -> PullResult:
+            try:
+                answer = fut.result(timeout_s or self.timeout_s)
+            except (OSError, FutureTimeout) as e:
+                fut.cancel()
+                self.pool.drop_dead(addr)
+                self.forget_broker(broker)
+                raise BrokerUnreachableError(f"PULL_MESSAGE (11) to {broker} at {addr} got no answer: {e or 'timeout'}",
+                                             broker=broker, addr=addr, request=code) from None
+            return self._pull_result(answer, broker, addr, topic, queue_id, offset)
+
+        return wait
 
     def _offset_call(self, code: int, broker: str, topic: str, queue_id: int, extra: dict[str, str] | None = None) -> int:
         ext = {"topic": topic, "queueId": str(queue_id), "bname": broker, **(extra or {})}

@@ -48,24 +48,38 @@ class Connection:
     def alive(self) -> bool:
         return self.closed is None
 
-    def request(self, cmd: RemotingCommand, timeout_s: float) -> RemotingCommand:
-        """Send ``cmd``; its response, or ``TimeoutError`` / ``ConnectionError``."""
-        cmd.opaque = next(_opaques) & 0x7FFFFFFF
+    def submit(self, cmd: RemotingCommand) -> Future[RemotingCommand]:
+        """Send ``cmd`` now; the future completes with its response (or ``ConnectionError``).
+        Many requests may be in flight on one connection: the broker answers each by opaque."""
+        cmd.opaque = opaque = next(_opaques) & 0x7FFFFFFF
         if not cmd.version:
             cmd.version = REMOTING_VERSION
         fut: Future[RemotingCommand] = Future()
         with self._pending_lock:
             if self.closed is not None:
                 raise ConnectionError(f"connection to {self.addr} is closed: {self.closed}")
-            self._pending[cmd.opaque] = fut
+            self._pending[opaque] = fut
+        fut.add_done_callback(lambda _f: self._forget(opaque))
         try:
             self._send(cmd)
+        except ConnectionError:
+            self._forget(opaque)
+            raise
+        return fut
+
+    def _forget(self, opaque: int) -> None:
+        with self._pending_lock:
+            self._pending.pop(opaque, None)
+
+    def request(self, cmd: RemotingCommand, timeout_s: float) -> RemotingCommand:
+        """Send ``cmd``; its response, or ``TimeoutError`` / ``ConnectionError``."""
+        fut = self.submit(cmd)
+        try:
             return fut.result(timeout_s)
         except FutureTimeout:
+            self._forget(cmd.opaque)
+            fut.cancel()
             raise TimeoutError(f"no answer from {self.addr} in {timeout_s:g}s") from None
-        finally:
-            with self._pending_lock:
-                self._pending.pop(cmd.opaque, None)
 
     def oneway(self, cmd: RemotingCommand) -> None:
         cmd.opaque = next(_opaques) & 0x7FFFFFFF

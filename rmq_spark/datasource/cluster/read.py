@@ -78,79 +78,162 @@ def _sql92_refused(e: ClusterError) -> bool:
         e.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED and "not support" in (e.remark or "").lower()
 
 
+class _Reader:
+    """The pulls of one range: sequential where the broker filters (offsets have gaps), else
+    pipelined (``PIPELINE_DEPTH`` pulls in flight on the broker's connection, each asking the
+    window the one before ends at); either way the bodies come out in offset order."""
+
+    def __init__(self, p: ClusterRange) -> None:
+        self.p = p
+        self.ctx = p.ctx
+        self.client = client_for(p.ctx.namesrv_addr)
+        self.where = f"queue {p.topic}/{p.broker}/{p.queue_id}"
+        self.sql_on_broker = False
+
+    def _expression(self) -> tuple[str, str]:
+        ctx = self.ctx
+        self.sql_on_broker = ctx.sql is not None and (self.client.broker_addr_or_none(self.p.broker) or "") not in _no_sql92
+        if self.sql_on_broker:
+            return ctx.sql or "", "SQL92"
+        return ctx.tags or "*", "TAG"
+
+    def sequential(self, offset: int, end: int) -> Iterator[bytes]:
+        """Bodies of ``[offset, end)``, one pull after the other, with the retries and checks."""
+        p, ctx, client = self.p, self.ctx, self.client
+        down_since: float | None = None
+        delay = 0.2
+        while offset < end:
+            expr, etype = self._expression()
+            try:
+                r = client.pull(p.broker, p.topic, p.queue_id, offset, min(ctx.pull_batch_size, end - offset), ctx.group,
+                                expression=expr or "*", expression_type=etype)
+            except BrokerUnreachableError as e:
+                now = time.monotonic()
+                down_since = down_since or now
+                if now - down_since > ctx.unavailable_timeout_ms / 1000:
+                    raise ClusterError(
+                        f"broker {p.broker} did not answer for {ctx.unavailable_timeout_ms / 1000:g}s (option "
+                        f"brokerUnavailableTimeout) while reading offsets {offset}..{end - 1} of {self.where}: {e}",
+                        broker=p.broker, addr=e.addr, request=e.request) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            except ClusterError as e:
+                if self.sql_on_broker and _sql92_refused(e):
+                    _no_sql92.add(client.broker_addr_or_none(p.broker) or p.broker)
+                    log.info("broker %s does not filter by SQL92: filtering on the executor", p.broker)
+                    continue
+                raise
+            down_since, delay = None, 0.2
+            if r.code in (ResponseCode.SUCCESS, ResponseCode.PULL_RETRY_IMMEDIATELY):
+                if r.next_begin_offset <= offset:
+                    raise ClusterError(f"PULL_MESSAGE of {self.where} at {offset} made no progress "
+                                       f"(nextBeginOffset {r.next_begin_offset})", broker=p.broker)
+                offset = r.next_begin_offset
+                if r.body:
+                    yield r.body
+            elif offset < r.min_offset:  # PULL_OFFSET_MOVED below the queue's start: deleted
+                if ctx.fail_on_data_loss:
+                    raise DataLossError(
+                        f"offsets {offset}..{r.min_offset - 1} of {self.where} are no longer on broker {p.broker} "
+                        f"(the queue now starts at {r.min_offset}); set failOnDataLoss=false to skip them")
+                offset = r.min_offset
+            else:  # PULL_NOT_FOUND / PULL_OFFSET_MOVED at or past the queue's end
+                if r.max_offset >= end:
+                    time.sleep(0.05)  # not visible yet (a ConsumeQueue being dispatched): ask again
+                    continue
+                if ctx.fail_on_data_loss:
+                    raise DataLossError(
+                        f"{self.where} ends at offset {r.max_offset} on broker {p.broker}, below the planned {end}: "
+                        "the broker lost messages (or was replaced); set failOnDataLoss=false to continue")
+                return
+
+    def pipelined(self) -> Iterator[bytes]:
+        """Bodies of the whole range with pulls in flight; any answer short of its window (or an
+        error) has the rest of that window read by :meth:`sequential`."""
+        from collections import deque
+
+        p, ctx, client = self.p, self.ctx, self.client
+        offset, end = p.start, p.end
+        step = ctx.pull_batch_size
+        try:  # the first pull also learns how many messages the broker gives per pull
+            r = client.pull(p.broker, p.topic, p.queue_id, offset, min(step, end - offset), ctx.group)
+        except BrokerUnreachableError:
+            r = None
+        if r is None or r.code != ResponseCode.SUCCESS or r.next_begin_offset <= offset:
+            yield from self.sequential(offset, end)
+            return
+        got = r.next_begin_offset - offset
+        if got < min(step, end - offset):
+            step = got
+        yield r.body
+        offset = r.next_begin_offset
+        pending: deque[tuple[int, int, Any]] = deque()
+        issue = offset
+        while issue < end or pending:
+            while issue < end and len(pending) < PIPELINE_DEPTH:
+                stop = min(end, issue + step)
+                try:
+                    wait = client.pull_async(p.broker, p.topic, p.queue_id, issue, stop - issue, ctx.group)
+                except BrokerUnreachableError:
+                    wait = None
+                pending.append((issue, stop, wait))
+                issue = stop
+            a, b, wait = pending.popleft()
+            try:
+                r = wait() if wait is not None else None
+            except ClusterError:
+                r = None
+            if r is not None and r.code == ResponseCode.SUCCESS and r.next_begin_offset > a:
+                yield r.body
+                if r.next_begin_offset < b:
+                    yield from self.sequential(r.next_begin_offset, b)
+            else:
+                yield from self.sequential(a, b)
+
+
+PIPELINE_DEPTH = 32
+COALESCE_BYTES = 4 << 20  # bodies parsed together: one Arrow batch per ~4 MiB
+
+
 def read_cluster_range(p: ClusterRange) -> Iterator[Any]:
     """The rows of ``p`` as Arrow record batches of the store's MESSAGE_SCHEMA (no brokerName)."""
     import pyarrow.compute as pc
 
     from rmq_spark.store.pulled import records_arrow
 
+    if p.end <= p.start:
+        return
     ctx = p.ctx
-    client = client_for(ctx.namesrv_addr)
-    tag_filter, sql_filter = filters_for(ctx.tags, ctx.sql)
-    where = f"queue {p.topic}/{p.broker}/{p.queue_id}"
-    offset = p.start
-    down_since: float | None = None
-    delay = 0.2
-    while offset < p.end:
-        on_broker_sql = ctx.sql is not None and client.broker_addr_or_none(p.broker) not in _no_sql92
-        if on_broker_sql:
-            expr, etype = ctx.sql, "SQL92"
-        else:
-            expr, etype = ctx.tags or "*", "TAG"
-        try:
-            r = client.pull(p.broker, p.topic, p.queue_id, offset, min(ctx.pull_batch_size, p.end - offset), ctx.group,
-                            expression=expr or "*", expression_type=etype)
-        except BrokerUnreachableError as e:
-            now = time.monotonic()
-            down_since = down_since or now
-            if now - down_since > ctx.unavailable_timeout_ms / 1000:
-                raise ClusterError(
-                    f"broker {p.broker} did not answer for {ctx.unavailable_timeout_ms / 1000:g}s (option "
-                    f"brokerUnavailableTimeout) while reading offsets {offset}..{p.end - 1} of {where}: {e}",
-                    broker=p.broker, addr=e.addr, request=e.request) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-            continue
-        except ClusterError as e:
-            if on_broker_sql and _sql92_refused(e):
-                _no_sql92.add(client.broker_addr_or_none(p.broker) or p.broker)
-                log.info("broker %s does not filter by SQL92: filtering on the executor", p.broker)
-                continue
-            raise
-        down_since, delay = None, 0.2
-        if r.code == ResponseCode.SUCCESS:
-            batch = records_arrow(r.body)
-            qo = batch.column("queueOffset")
-            if batch.num_rows and int(pc.max(qo).as_py()) >= p.end:
-                batch = batch.filter(pc.less(qo, p.end))
-            if tag_filter is not None:
-                batch = batch.filter(tag_filter.mask(batch.column("tags")))
-            if sql_filter is not None and not on_broker_sql:
-                batch = batch.filter(sql_filter.mask(batch.column("properties")))
-            if r.next_begin_offset <= offset:
-                raise ClusterError(f"PULL_MESSAGE of {where} at {offset} made no progress "
-                                   f"(nextBeginOffset {r.next_begin_offset})", broker=p.broker)
-            offset = r.next_begin_offset
+    tag_filter, sql_filter = filters_for(ctx.tags, ctx.sql) if ctx.tags or ctx.sql else (None, None)
+    reader = _Reader(p)
+    bodies = reader.sequential(p.start, p.end) if ctx.tags or ctx.sql else reader.pipelined()
+
+    def parse(chunks: list[bytes]) -> Any:
+        batch = records_arrow(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        qo = batch.column("queueOffset")
+        if batch.num_rows and int(pc.max(qo).as_py()) >= p.end:
+            batch = batch.filter(pc.less(qo, p.end))
+        if tag_filter is not None:  # the broker compared hash codes: check the tags themselves
+            batch = batch.filter(tag_filter.mask(batch.column("tags")))
+        if sql_filter is not None and not reader.sql_on_broker:
+            batch = batch.filter(sql_filter.mask(batch.column("properties")))
+        return batch
+
+    chunks: list[bytes] = []
+    size = 0
+    for body in bodies:
+        chunks.append(body)
+        size += len(body)
+        if size >= COALESCE_BYTES:
+            batch = parse(chunks)
+            chunks, size = [], 0
             if batch.num_rows:
                 yield batch
-        elif r.code == ResponseCode.PULL_RETRY_IMMEDIATELY:  # all filtered out: the broker moved on
-            if r.next_begin_offset <= offset:
-                raise ClusterError(f"PULL_MESSAGE of {where} at {offset} made no progress", broker=p.broker)
-            offset = r.next_begin_offset
-        elif offset < r.min_offset:  # PULL_OFFSET_MOVED below the queue's start: deleted
-            if ctx.fail_on_data_loss:
-                raise DataLossError(
-                    f"offsets {offset}..{r.min_offset - 1} of {where} are no longer on broker {p.broker} (the queue "
-                    f"now starts at {r.min_offset}); set failOnDataLoss=false to skip them")
-            offset = r.min_offset
-        else:  # PULL_NOT_FOUND / PULL_OFFSET_MOVED at or past the queue's end: planned offsets are gone
-            if r.max_offset >= p.end:
-                continue  # not visible yet (a ConsumeQueue being dispatched): ask again
-            if ctx.fail_on_data_loss:
-                raise DataLossError(
-                    f"{where} ends at offset {r.max_offset} on broker {p.broker}, below the planned {p.end}: the "
-                    "broker lost messages (or was replaced); set failOnDataLoss=false to continue")
-            return
+    if chunks:
+        batch = parse(chunks)
+        if batch.num_rows:
+            yield batch
 
 
 def read_rows(p: ClusterRange, arrow_schema: Any) -> Iterator[Any]:
