@@ -35,7 +35,8 @@ from _rocketmq import apache_rocketmq, java_programs  # noqa: E402
 from _util import Timer  # noqa: E402
 from spark_bench import session  # noqa: E402
 
-from rmq_spark.cluster import ClusterClient  # noqa: E402
+from rmq_spark.cluster import ClusterClient, ClusterError  # noqa: E402
+from rmq_spark.remoting.codes import ResponseCode  # noqa: E402
 
 TOPIC = "ClusterBench"
 BATCH = 200
@@ -51,8 +52,15 @@ def fill(namesrv: str, brokers: list[str], queues: int, n: int, body_bytes: int)
         while sent < n:
             b, q = slots[i % len(slots)]
             k = min(BATCH, n - sent)
-            c.send_batch(b, "bench-p", TOPIC, q, [(body, {"TAGS": "bench", "UNIQ_KEY": f"{prefix}{sent + j:016X}"}, 0)
-                                                  for j in range(k)])  # fmt: skip
+            batch = [(body, {"TAGS": "bench", "UNIQ_KEY": f"{prefix}{sent + j:016X}"}, 0) for j in range(k)]
+            for attempt in range(50):  # SYSTEM_BUSY (flow control): again later, as the Java producer
+                try:
+                    c.send_batch(b, "bench-p", TOPIC, q, batch)
+                    break
+                except ClusterError as e:
+                    if e.code not in (ResponseCode.SYSTEM_BUSY, ResponseCode.SYSTEM_ERROR) or attempt == 49:
+                        raise
+                    time.sleep(0.2)
             sent += k
             i += 1
 
