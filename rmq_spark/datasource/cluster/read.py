@@ -149,47 +149,56 @@ class _Reader:
                 return
 
     def pipelined(self) -> Iterator[bytes]:
-        """Bodies of the whole range with pulls in flight; any answer short of its window (or an
-        error) has the rest of that window read by :meth:`sequential`."""
+        """Bodies of the whole range with ``PIPELINE_DEPTH`` pulls in flight on a channel of this
+        reader's own; an answer short of its window has the rest read by :meth:`sequential`, and
+        a channel that fails hands the window to :meth:`sequential` (its retries) and is opened
+        again for the rest."""
         from collections import deque
+
+        from rmq_spark.cluster.channel import PullChannel
 
         p, ctx, client = self.p, self.ctx, self.client
         offset, end = p.start, p.end
         step = ctx.pull_batch_size
-        try:  # the first pull also learns how many messages the broker gives per pull
-            r = client.pull(p.broker, p.topic, p.queue_id, offset, min(step, end - offset), ctx.group)
-        except BrokerUnreachableError:
-            r = None
-        if r is None or r.code != ResponseCode.SUCCESS or r.next_begin_offset <= offset:
-            yield from self.sequential(offset, end)
-            return
-        got = r.next_begin_offset - offset
-        if got < min(step, end - offset):
-            step = got
-        yield r.body
-        offset = r.next_begin_offset
-        pending: deque[tuple[int, int, Any]] = deque()
-        issue = offset
-        while issue < end or pending:
-            while issue < end and len(pending) < PIPELINE_DEPTH:
-                stop = min(end, issue + step)
-                try:
-                    wait = client.pull_async(p.broker, p.topic, p.queue_id, issue, stop - issue, ctx.group)
-                except BrokerUnreachableError:
-                    wait = None
-                pending.append((issue, stop, wait))
-                issue = stop
-            a, b, wait = pending.popleft()
+        learned = False
+        while offset < end:
             try:
-                r = wait() if wait is not None else None
+                ch = PullChannel(client.broker_addr(p.broker, p.topic), p.broker, p.topic, p.queue_id, ctx.group,
+                                 timeout_s=client.timeout_s)
             except ClusterError:
-                r = None
-            if r is not None and r.code == ResponseCode.SUCCESS and r.next_begin_offset > a:
-                yield r.body
-                if r.next_begin_offset < b:
-                    yield from self.sequential(r.next_begin_offset, b)
-            else:
-                yield from self.sequential(a, b)
+                stop = min(end, offset + step)
+                yield from self.sequential(offset, stop)  # waits for the broker, or fails naming it
+                offset = stop
+                continue
+            pending: deque[tuple[int, int, int]] = deque()
+            issue = offset
+            try:
+                while offset < end:
+                    depth = PIPELINE_DEPTH if learned else 1  # the first answer tells the broker's cap
+                    while issue < end and len(pending) < depth:
+                        stop = min(end, issue + step)
+                        pending.append((issue, stop, ch.send(issue, stop - issue)))
+                        issue = stop
+                    a, b, ticket = pending.popleft()
+                    r = ch.result(ticket)
+                    if r.code == ResponseCode.SUCCESS and r.next_begin_offset > a:
+                        if not learned:
+                            learned = True
+                            step = min(step, r.next_begin_offset - a) if r.next_begin_offset < b else step
+                        yield r.body
+                        if r.next_begin_offset < b:
+                            yield from self.sequential(r.next_begin_offset, b)
+                    else:
+                        yield from self.sequential(a, b)
+                    offset = b
+            except ClusterError:
+                pass  # the window at ``offset`` and later: read again, sequentially first
+            finally:
+                ch.close()
+            if offset < end:
+                stop = min(end, offset + step)
+                yield from self.sequential(offset, stop)
+                offset = stop
 
 
 PIPELINE_DEPTH = 32
