@@ -151,7 +151,7 @@ def test_filters_consumer_group_and_mqadmin_progress(spark, target, java, names,
 
 def test_delayed_messages_appear_after_their_delay(spark, target, names, tmp_path):
     topic = f"{names}_T"[-60:]
-    brokers = make_topic(target, topic, queues=1)
+    brokers = make_topic(target, topic, queues=2)  # queue 1 of every broker stays idle
     with ClusterClient(target.namesrv_addr) as c:
         for b in brokers:
             c.send_message(b, "spark-test-p", topic, 0, f"now-{b}".encode(), {"TAGS": "now"})
