@@ -48,24 +48,38 @@ class Connection:
     def alive(self) -> bool:
         return self.closed is None
 
-    def request(self, cmd: RemotingCommand, timeout_s: float) -> RemotingCommand:
-        """Send ``cmd``; its response, or ``TimeoutError`` / ``ConnectionError``."""
-        cmd.opaque = next(_opaques) & 0x7FFFFFFF
+    def submit(self, cmd: RemotingCommand) -> Future[RemotingCommand]:
+        """Send ``cmd`` now; the future completes with its response (or ``ConnectionError``).
+        Many requests may be in flight on one connection: the broker answers each by opaque."""
+        cmd.opaque = opaque = next(_opaques) & 0x7FFFFFFF
         if not cmd.version:
             cmd.version = REMOTING_VERSION
         fut: Future[RemotingCommand] = Future()
         with self._pending_lock:
             if self.closed is not None:
                 raise ConnectionError(f"connection to {self.addr} is closed: {self.closed}")
-            self._pending[cmd.opaque] = fut
+            self._pending[opaque] = fut
+        fut.add_done_callback(lambda _f: self._forget(opaque))
         try:
             self._send(cmd)
+        except ConnectionError:
+            self._forget(opaque)
+            raise
+        return fut
+
+    def _forget(self, opaque: int) -> None:
+        with self._pending_lock:
+            self._pending.pop(opaque, None)
+
+    def request(self, cmd: RemotingCommand, timeout_s: float) -> RemotingCommand:
+        """Send ``cmd``; its response, or ``TimeoutError`` / ``ConnectionError``."""
+        fut = self.submit(cmd)
+        try:
             return fut.result(timeout_s)
         except FutureTimeout:
+            self._forget(cmd.opaque)
+            fut.cancel()
             raise TimeoutError(f"no answer from {self.addr} in {timeout_s:g}s") from None
-        finally:
-            with self._pending_lock:
-                self._pending.pop(cmd.opaque, None)
 
     def oneway(self, cmd: RemotingCommand) -> None:
         cmd.opaque = next(_opaques) & 0x7FFFFFFF
@@ -157,6 +171,7 @@ class ConnectionPool:
         self.on_request = on_request
         self._conns: dict[str, list[Connection | None]] = {}
         self._next: dict[str, int] = {}
+        self._opening: dict[tuple[str, int], threading.Lock] = {}
         self._lock = threading.Lock()
 
     def get(self, addr: str) -> Connection:
@@ -167,13 +182,24 @@ class ConnectionPool:
             conn = slots[i]
             if conn is not None and conn.alive:
                 return conn
-        conn = Connection(addr, self.connect_timeout_s, self.on_request)
-        with self._lock:
-            old = slots[i]
-            slots[i] = conn
-        if old is not None:
-            old.close()
+            opening = self._opening.setdefault((addr, i), threading.Lock())
+        with opening:  # one connect per slot; others wait for it
+            with self._lock:
+                conn = self._conns.get(addr, slots)[i]
+                if conn is not None and conn.alive:
+                    return conn
+            conn = Connection(addr, self.connect_timeout_s, self.on_request)
+            with self._lock:
+                self._conns.setdefault(addr, slots)[i] = conn
         return conn
+
+    def drop_dead(self, addr: str) -> None:
+        """Forget the connections to ``addr`` that failed (the live ones stay in use)."""
+        with self._lock:
+            slots = self._conns.get(addr, [])
+            for i, c in enumerate(slots):
+                if c is not None and not c.alive:
+                    slots[i] = None
 
     def drop(self, addr: str) -> None:
         with self._lock:

@@ -11,7 +11,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from rmq_spark.datasource.options import check_read_names, parse_sink_options, parse_source_options
+from rmq_spark.datasource.options import check_read_names, parse_sink_options, parse_source_options, reads_cluster
 from rmq_spark.datasource.schema import source_schema
 from rmq_spark.errors import ConfigError
 
@@ -94,13 +94,18 @@ class RmqDataSource(DataSource):
 
     def schema(self) -> StructType:
         # stream or batch is not known yet: names are checked now, values when reading
-        return source_schema(check_read_names(self.options))
+        return source_schema(check_read_names(self.options), reads_cluster(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from rmq_spark.datasource.batch_reader import RmqBatchReader, RmqPushdownBatchReader, pushdown_enabled
 
         opts = parse_source_options(self.options, streaming=False)
-        _check_schema(schema, source_schema(opts.avro_schema))
+        cluster = opts.connection.namesrv_addr is not None
+        _check_schema(schema, source_schema(opts.avro_schema, cluster))
+        if cluster:
+            from rmq_spark.datasource.cluster.batch import ClusterBatchReader
+
+            return ClusterBatchReader(opts, schema)
         cls = RmqPushdownBatchReader if pushdown_enabled() else RmqBatchReader
         return cls(opts, schema)
 
@@ -108,7 +113,12 @@ class RmqDataSource(DataSource):
         from rmq_spark.datasource.stream_reader import RmqStreamReader
 
         opts = parse_source_options(self.options, streaming=True)
-        _check_schema(schema, source_schema(opts.avro_schema))
+        cluster = opts.connection.namesrv_addr is not None
+        _check_schema(schema, source_schema(opts.avro_schema, cluster))
+        if cluster:
+            from rmq_spark.datasource.cluster.stream import ClusterStreamReader
+
+            return ClusterStreamReader(opts, schema)
         return RmqStreamReader(opts, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

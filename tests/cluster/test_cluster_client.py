@@ -101,3 +101,15 @@ def test_errors_name_broker_address_request_and_code(broker):
     with ClusterClient(dead) as c:
         with pytest.raises(BrokerUnreachableError, match=dead):
             c.route(TOPIC)
+
+
+def test_a_range_of_a_broker_that_never_answers_fails_naming_it_after_the_timeout():
+    from rmq_spark.datasource.cluster.read import ClusterRange, ClusterReadContext, read_cluster_range
+
+    dead = _dead_addr()
+    ctx = ClusterReadContext(dead, "g", unavailable_timeout_ms=1000)
+    with pytest.raises(ClusterError) as e:
+        list(read_cluster_range(ClusterRange("T", "broker-x", 0, 0, 10, ctx)))
+    msg = str(e.value)
+    assert "broker-x did not answer" in msg and "brokerUnavailableTimeout" in msg and "T/broker-x/0" in msg
+    assert dead in msg

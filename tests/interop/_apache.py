@@ -44,7 +44,7 @@ __all__ = [
 SERVER_VERSION_DEFAULT = "5.5.0"
 SERVER_POM_DIR = JAVA_DIR / "server"
 STOP_TIMEOUT_S = 20.0
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = float(os.environ.get("RMQ_APACHE_START_TIMEOUT_S", "60"))  # loaded machines: more
 NAMESRV_READY = "The Name Server boot success"
 BROKER_READY = "boot success"
 # Remoting request codes (remoting/.../protocol/RequestCode.java) the harness itself sends.
@@ -131,8 +131,9 @@ class _JavaProcess:
         self.pid = self.proc.pid
         self.started_at = time.monotonic()
 
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> float:
+    def wait_ready(self, timeout_s: float | None = None) -> float:
         """Seconds from start until the ready line; raises if the process exits or times out."""
+        timeout_s = START_TIMEOUT_S if timeout_s is None else timeout_s
         deadline = self.started_at + timeout_s
         while time.monotonic() < deadline:
             if self.ready_text in self.log_text():
