@@ -43,6 +43,8 @@ def run_java(programs, cluster, topic: str, n: int) -> float:
                      "--topic", topic, "--count", str(n), "--threads", str(JAVA_THREADS), "--batch", str(JAVA_BATCH),
                      "--body-bytes", str(BODY_BYTES), "--warmup", "5", home=cluster.home, timeout_s=1800)
     ev = r.events("bench")[0]
+    if ev.get("retried"):
+        print(f"java: {ev['retried']} batches refused and sent again", flush=True)
     if ev["failed"]:
         raise RuntimeError(f"the Java producer failed {ev['failed']} sends")
     return float(ev["seconds"])

@@ -55,7 +55,8 @@ __all__ = ["ClusterBatchWriter", "ClusterStreamWriter", "ClusterCommit", "row_ke
 BATCH_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
 AUTO_CREATE_TOPIC = "TBW102"  # TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC
 DEFAULT_TOPIC_QUEUES = 4  # DefaultMQProducer.defaultTopicQueueNums
-RR_BLOCK_ROWS = 256  # round robin: consecutive rows to one queue, so batches stay large
+RR_BLOCK_ROWS = 256
+BUSY_WAIT_S = 60.0  # a broker answering SYSTEM_BUSY (flow control) is waited for this long  # round robin: consecutive rows to one queue, so batches stay large
 # answers after which the Java producer tries again (DefaultMQProducer.retryResponseCodes), and
 # SYSTEM_BUSY (a broker's flow control)
 RETRY_CODES = frozenset({1, 2, 14, 16, 17, 19, 20})
@@ -280,12 +281,14 @@ class _Sender:
         ``qidx``; failures retried up to ``sendRetries`` times: on the same queue when ``fixed``,
         else on a queue of another broker."""
         from rmq_spark.cluster import BrokerUnreachableError, ClusterError
-        from rmq_spark.remoting.codes import RequestCode
+        from rmq_spark.remoting.codes import RequestCode, ResponseCode
 
         queues, auto = self.queues(topic)
         last: Exception | None = None
         failed: set[str] = set()
-        for attempt in range(self.opts.send_retries + 1):
+        busy_until = time.monotonic() + BUSY_WAIT_S
+        attempt = busy = 0
+        while attempt <= self.opts.send_retries:
             broker, qid = queues[qidx % len(queues)]
             ext = self.client._send_header(broker, self.opts.producer_group, topic, qid, {}, 0, 0, 0, props is None,
                                            DEFAULT_TOPIC_QUEUES)
@@ -300,8 +303,14 @@ class _Sender:
                 if not isinstance(e, BrokerUnreachableError) and e.code not in RETRY_CODES:
                     raise
                 last = e
+                if e.code == ResponseCode.SYSTEM_BUSY and time.monotonic() < busy_until:
+                    # the broker's flow control: wait and send to the same queue again
+                    busy += 1
+                    time.sleep(min(1.0, 0.02 * 2 ** min(busy, 6)))
+                    continue
                 failed.add(broker)
-            time.sleep(min(1.0, 0.1 * (attempt + 1)))
+            attempt += 1
+            time.sleep(min(1.0, 0.1 * attempt))
             queues, auto = self.queues(topic, refresh=True)
             if not fixed:  # as DefaultMQProducer: the next queue, on a broker that did not fail
                 others = [i for i, (b, _) in enumerate(queues) if b not in failed]

@@ -14,7 +14,8 @@ import org.apache.rocketmq.common.message.Message;
  * send --count messages in total as batches (DefaultMQProducer.send(Collection), one
  * SEND_BATCH_MESSAGE each; the producer picks the queue round robin over every broker) of
  * --batch messages, each with a --body-bytes body, tag "bench" and a key.  A warm-up of --warmup
- * batches (not timed) comes first.  Prints one "bench" line: messages, seconds, failures.
+ * batches (not timed) comes first.  A batch the broker refuses is sent again (up to 5 times).  Prints one
+ * "bench" line: messages, seconds, failures, retried batches.
  *
  * --namesrv ADDR --group G --topic T [--count N] [--threads K] [--batch B] [--body-bytes S] [--warmup W]
  */
@@ -35,6 +36,7 @@ final class BenchBatchProducer {
             int threads = opts.integer("threads", 4);
             AtomicLong next = new AtomicLong();
             AtomicLong failed = new AtomicLong();
+            AtomicLong retried = new AtomicLong();
             List<Thread> workers = new ArrayList<>();
             long t0 = System.nanoTime();
             for (int k = 0; k < threads; k++) {
@@ -45,12 +47,25 @@ final class BenchBatchProducer {
                             break;
                         }
                         int n = (int) Math.min(batch, count - first);
-                        try {
-                            SendResult r = producer.send(batchOf(topic, body, first, n));
-                            if (r.getSendStatus() != SendStatus.SEND_OK) {
-                                failed.addAndGet(n);
+                        List<Message> msgs = batchOf(topic, body, first, n);
+                        boolean ok = false;
+                        // a batch refused (e.g. the broker's flow control, SYSTEM_BUSY) is sent
+                        // again, up to 5 times, as an application would
+                        for (int attempt = 0; attempt < 5 && !ok; attempt++) {
+                            try {
+                                SendResult r = producer.send(msgs);
+                                ok = r.getSendStatus() == SendStatus.SEND_OK;
+                            } catch (Exception e) {
+                                retried.incrementAndGet();
+                                try {
+                                    Thread.sleep(100L * (attempt + 1));
+                                } catch (InterruptedException ie) {
+                                    Thread.currentThread().interrupt();
+                                    return;
+                                }
                             }
-                        } catch (Exception e) {
+                        }
+                        if (!ok) {
                             failed.addAndGet(n);
                         }
                     }
@@ -62,7 +77,8 @@ final class BenchBatchProducer {
                 t.join();
             }
             double seconds = (System.nanoTime() - t0) / 1e9;
-            Out.event("bench").put("messages", count).put("seconds", seconds).put("failed", failed.get()).emit();
+            Out.event("bench").put("messages", count).put("seconds", seconds).put("failed", failed.get())
+                .put("retried", retried.get()).emit();
         } finally {
             producer.shutdown();
         }
