@@ -31,11 +31,18 @@ JAVA_BATCH = 1000
 JAVA_THREADS = 4
 
 
-def stored(namesrv: str, topic: str) -> int:
+def stored(namesrv: str, topic: str, n: int, wait_s: float = 120.0) -> int:
+    """Messages in the topic's ConsumeQueues, once they hold ``n`` (the broker dispatches the
+    CommitLog to them in the background: a send returns before; not timed)."""
     from rmq_spark.cluster import ClusterClient
 
+    deadline = time.monotonic() + wait_s
     with ClusterClient(namesrv) as c:
-        return sum(c.get_max_offset(b, topic, q) for b, q in c.route(topic, refresh=True).write_queues())
+        while True:
+            have = sum(c.get_max_offset(b, topic, q) for b, q in c.route(topic, refresh=True).write_queues())
+            if have >= n or time.monotonic() > deadline:
+                return have
+            time.sleep(0.5)
 
 
 def run_java(programs, cluster, topic: str, n: int) -> float:
@@ -92,7 +99,7 @@ def main() -> None:
             order = [("java", jt), ("spark", st)] if rnd % 2 == 0 else [("spark", st), ("java", jt)]
             for side, topic in order:
                 secs = run_java(programs, cluster, topic, n) if side == "java" else run_spark(spark, df, cluster, topic)
-                have = stored(cluster.namesrv_addr, topic)
+                have = stored(cluster.namesrv_addr, topic, n)
                 if have < n:
                     raise RuntimeError(f"{side}: {have} of {n} messages stored in {topic}")
                 (java_rates if side == "java" else spark_rates).append(n / secs)

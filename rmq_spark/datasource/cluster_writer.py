@@ -36,6 +36,7 @@ import hashlib
 import random
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,7 @@ BATCH_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
 AUTO_CREATE_TOPIC = "TBW102"  # TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC
 DEFAULT_TOPIC_QUEUES = 4  # DefaultMQProducer.defaultTopicQueueNums
 RR_BLOCK_ROWS = 256
+SEND_THREADS = 4  # queues sent to at once by one task
 BUSY_WAIT_S = 60.0  # a broker answering SYSTEM_BUSY (flow control) is waited for this long  # round robin: consecutive rows to one queue, so batches stay large
 # answers after which the Java producer tries again (DefaultMQProducer.retryResponseCodes), and
 # SYSTEM_BUSY (a broker's flow control)
@@ -206,9 +208,11 @@ class _Sender:
         self.opts = opts
         self.client = ClusterClient(opts.namesrv_addr or "", timeout_s=opts.send_timeout_s)
         self.rr = random.randrange(1 << 16)  # DefaultMQProducer starts its round robin at random
+        self.pool = ThreadPoolExecutor(SEND_THREADS, thread_name_prefix="rmq-cluster-send")
         self._routes: dict[str, tuple[list[tuple[str, int]], bool]] = {}
 
     def close(self) -> None:
+        self.pool.shutdown(wait=True)
         self.client.close()
 
     def queues(self, topic: str, refresh: bool = False) -> tuple[list[tuple[str, int]], bool]:
@@ -342,11 +346,15 @@ class _Sender:
             fixed = target >= 0
             free = np.flatnonzero(in_topic & ~fixed)
             target[free] = self.round_robin(free, len(queues))
-            for q in np.unique(target[in_topic & ~delayed]).tolist():
-                rows = np.flatnonzero(in_topic & ~delayed & (target == q))
-                # a fixed queue keeps its rows in order; free rows of a block go together
-                for sel, body in _batches(records, rows):
+            def one_queue(q: int, topic: str = topic) -> None:
+                # a queue's batches one after the other: a message group keeps its order
+                for sel, body in _batches(records, np.flatnonzero(in_topic & ~delayed & (target == q))):
                     self.send(topic, q, body, len(sel), bool(fixed[sel[0]]))
+
+            # the queues side by side: requests in flight on every broker at once (the
+            # connections are multiplexed), as a producer's several threads would
+            for f in [self.pool.submit(one_queue, q) for q in np.unique(target[in_topic & ~delayed]).tolist()]:
+                f.result()
             for i in np.flatnonzero(in_topic & delayed).tolist():  # a MessageBatch carries no delay
                 props = properties_column(table.slice(i, 1), keys.slice(i, 1))[0].as_py()
                 self.send(topic, int(target[i]), table.column("body")[i].as_py(), 1, bool(fixed[i]), props)
