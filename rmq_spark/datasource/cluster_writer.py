@@ -274,8 +274,11 @@ class _Sender:
         return out
 
     def round_robin(self, free: np.ndarray, n_queues: int) -> np.ndarray:
-        """Queue indices for the ``free`` rows: blocks of RR_BLOCK_ROWS to consecutive queues."""
-        blocks = np.arange(len(free), dtype=np.int64) // RR_BLOCK_ROWS
+        """Queue indices for the ``free`` rows: the chunk cut into one contiguous block per queue
+        (at least RR_BLOCK_ROWS rows each), blocks to consecutive queues: each block is sent as
+        few large batches."""
+        size = max(RR_BLOCK_ROWS, -(-len(free) // n_queues))
+        blocks = np.arange(len(free), dtype=np.int64) // size
         out = (self.rr + blocks) % n_queues
         self.rr += int(blocks[-1]) + 1 if len(free) else 0
         return out
