@@ -5,10 +5,29 @@ from __future__ import annotations
 
 import re
 
-from rmq_spark.datasource.options import BROKER_FLAG_PREFIX, Connection, SinkOptions, _parse_topic, parse_bool
+from collections.abc import Mapping
+
+from rmq_spark.datasource.options import (
+    BROKER_FLAG_PREFIX,
+    Connection,
+    Mode,
+    SinkOptions,
+    _normalize,
+    _parse_topic,
+    parse_bool,
+    parse_sink_options,
+)
 from rmq_spark.errors import ConfigError
 
-__all__ = ["parse_cluster_sink"]
+__all__ = ["parse_cluster_sink", "sink_options"]
+
+
+def sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptions:
+    """The sink's options: a cluster's with ``namesrvAddr``, else rmq-broker's."""
+    o, flags = _normalize(options, Mode.STREAM_WRITE if streaming else Mode.BATCH_WRITE)
+    if o.get("namesrvAddr"):
+        return parse_cluster_sink(o, flags)
+    return parse_sink_options(options, streaming)
 
 
 def parse_cluster_sink(o: dict[str, str], flags: tuple[tuple[str, str], ...]) -> SinkOptions:

@@ -488,9 +488,7 @@ def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptio
     o, flags = _normalize(options, mode)
     namesrv = o.get("namesrvAddr") or None
     if namesrv is not None:
-        from rmq_spark.datasource.cluster_options import parse_cluster_sink
-
-        return parse_cluster_sink(o, flags)
+        raise ConfigError("option 'namesrvAddr' on a write: parse with rmq_spark.datasource.cluster_options.sink_options")
     for name in ("producerGroup", "sendRetries", "sendTimeoutMs"):
         if name in o:
             raise ConfigError(f"option {name!r} is for writes to a RocketMQ cluster and needs option 'namesrvAddr'")

@@ -11,7 +11,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from rmq_spark.datasource.options import check_read_names, parse_sink_options, parse_source_options, reads_cluster
+from rmq_spark.datasource.options import check_read_names, parse_source_options, reads_cluster
 from rmq_spark.datasource.schema import source_schema
 from rmq_spark.errors import ConfigError
 
@@ -126,7 +126,9 @@ class RmqDataSource(DataSource):
 
         if overwrite:
             raise ConfigError("format rmq appends messages; save mode 'overwrite' is not supported")
-        opts = parse_sink_options(self.options, streaming=False)
+        from rmq_spark.datasource.cluster_options import sink_options
+
+        opts = sink_options(self.options, streaming=False)
         if opts.namesrv_addr is not None:
             from rmq_spark.datasource.cluster_writer import ClusterBatchWriter
 
@@ -136,7 +138,9 @@ class RmqDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from rmq_spark.datasource.writer import RmqStreamWriter
 
-        opts = parse_sink_options(self.options, streaming=True)
+        from rmq_spark.datasource.cluster_options import sink_options
+
+        opts = sink_options(self.options, streaming=True)
         if opts.namesrv_addr is not None:
             from rmq_spark.datasource.cluster_writer import ClusterStreamWriter
 
