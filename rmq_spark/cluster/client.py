@@ -440,6 +440,8 @@ class ClusterClient:
         what ``mqadmin updateTopic -b`` sends."""
         ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues), "writeQueueNums": str(queues),
                "perm": str(perm), "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": str(order).lower()}
+        if broker not in self._addrs and ":" not in broker:
+            self.cluster_brokers()  # a broker no route names yet: the cluster's list knows it
         self.invoke(broker, RequestCode.UPDATE_AND_CREATE_TOPIC, ext, what=f" of {topic}")
 
     def cluster_brokers(self) -> dict[str, str]:

@@ -3,7 +3,8 @@
 A :class:`Connection` writes requests from any thread and reads every frame on its own reader
 thread: a response completes the waiting request with its opaque; a request the server sends
 (``CHECK_TRANSACTION_STATE`` over a producer's connection, ``NOTIFY_CONSUMER_IDS_CHANGED``) goes
-to the ``on_request`` hook, whose answer (if any) is written back with the request's opaque.
+to the ``on_request`` hook, run on a small shared thread pool (so it may itself send requests and
+wait for their answers), whose answer (if any) is written back with the request's opaque.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from rmq_spark.remoting.command import FLAG_ONEWAY, FLAG_RESPONSE, FrameError, RemotingCommand, decode_frame
@@ -26,6 +27,17 @@ log = logging.getLogger("rmq_spark.cluster.connection")
 ServerRequestHook = Callable[["Connection", RemotingCommand], "RemotingCommand | None"]
 
 _opaques = itertools.count(1)
+_hooks: ThreadPoolExecutor | None = None
+_hooks_lock = threading.Lock()
+
+
+def _hook_pool() -> ThreadPoolExecutor:
+    """The threads that run ``on_request`` hooks (shared by every connection of the process)."""
+    global _hooks
+    with _hooks_lock:
+        if _hooks is None:
+            _hooks = ThreadPoolExecutor(4, thread_name_prefix="rmq-server-request")
+        return _hooks
 REMOTING_VERSION = 401  # V4_9_4: NameServers answer routes in standard JSON from here on
 
 
@@ -124,9 +136,12 @@ class Connection:
             f.close()
 
     def _serve(self, cmd: RemotingCommand) -> None:
+        if self.on_request is not None:  # off the reader thread: the hook may send and wait itself
+            _hook_pool().submit(self._run_hook, cmd)
+
+    def _run_hook(self, cmd: RemotingCommand) -> None:
         hook = self.on_request
-        if hook is None:
-            return
+        assert hook is not None
         try:
             answer = hook(self, cmd)
         except Exception:  # noqa: BLE001 -- a failing hook must not kill the connection

@@ -43,6 +43,12 @@ class RmqDataSource(DataSource):
     ``endpoints``                all          ``host:port`` of a running broker
     ``path``                     all          store directory; alone, an embedded broker is started on
                                               demand and exits when idle (a batch read never creates one)
+    ``namesrvAddr``              all          ``host:port[;host:port]`` of a RocketMQ cluster's NameServers
+                                              (Apache RocketMQ, or rmq-broker's): reads pull from every
+                                              broker; offsets ``{"topic": {"brokerName": {"0": 42}}}``;
+                                              rows get a ``brokerName`` column
+    ``pullBatchSize``            reads        with namesrvAddr: messages asked per PULL_MESSAGE (1024)
+    ``brokerUnavailableTimeout`` reads        with namesrvAddr: how long a broker may not answer (5m)
     ``embeddedIdleExitS``        all          idle seconds before the embedded broker exits (30)
     ``broker.<flag>``            all          a flag of the embedded broker, e.g. ``broker.delay-levels``
     ``accessKey``/``secretKey``  all          credentials of a broker with ``--acl``: every call to it

@@ -99,3 +99,58 @@ def test_cluster_option_errors(spark, broker):
          .option("startingOffsets", '{"CT1": {"0": 1}}').load().collect())
     with pytest.raises(Exception, match="pullBatchSize"):
         spark.read.format("rmq").option("path", "/nonexistent").option("topics", "T").option("pullBatchSize", "5").load().collect()
+
+
+def test_queues_added_between_micro_batches_are_read(spark, broker, tmp_path):
+    ns = broker.namesrv_endpoint
+    name = send(ns, "CT3", [f"m{i}" for i in range(8)])
+    ck = str(tmp_path / "ck")
+    s = (spark.readStream.format("rmq").option("namesrvAddr", ns).option("topics", "CT3")
+         .option("startingOffsets", "earliest").load())
+    first = run_batches(s, ck, "queueId,body")
+    assert sorted(r[1] for b in first.values() for r in b) == sorted(f"m{i}".encode() for i in range(8))
+    with ClusterClient(ns) as c:
+        c.create_topic(name, "CT3", 6)  # two more queues, as mqadmin updateTopic -r 6 -w 6
+        c.route("CT3", refresh=True)
+        c.send_message(name, "pg", "CT3", 5, b"in-new-queue", {})
+        c.send_message(name, "pg", "CT3", 0, b"in-old-queue", {})
+    second = run_batches(s, ck, "queueId,body")
+    assert sorted(r for b in second.values() for r in b) == [(0, b"in-old-queue"), (5, b"in-new-queue")]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def test_fail_on_data_loss_when_a_broker_comes_back_with_less(spark, tmp_path):
+    import shutil
+
+    ports = [_free_port() for _ in range(3)]
+    opts = lambda: BrokerOptions(listen=f"127.0.0.1:{ports[0]}", remoting_listen=f"127.0.0.1:{ports[1]}",  # noqa: E731
+                                 namesrv_listen=f"127.0.0.1:{ports[2]}")
+    store = tmp_path / "store"
+    ns = f"127.0.0.1:{ports[2]}"
+    ck = str(tmp_path / "ck")
+
+    def query(**options: str):
+        r = spark.readStream.format("rmq").option("namesrvAddr", ns).option("topics", "LossT")
+        for k, v in {"startingOffsets": "earliest", **options}.items():
+            r = r.option(k, v)
+        return r.load()
+
+    with Broker(str(store), options=opts()):
+        send(ns, "LossT", [f"m{i}" for i in range(8)], queues=1)
+        run_batches(query(), ck, "body")
+    shutil.rmtree(store)  # the broker's store is lost: it comes back with less than was read
+    with Broker(str(store), options=opts()):
+        send(ns, "LossT", ["n0"], queues=1)
+        q = query().writeStream.format("noop").option("checkpointLocation", ck).trigger(availableNow=True).start()
+        with pytest.raises(Exception, match="failOnDataLoss"):
+            q.awaitTermination(300)
+        send(ns, "LossT", [f"k{i}" for i in range(9)], queues=1)
+        lenient = run_batches(query(failOnDataLoss="false"), ck, "body")
+        assert sorted(r[0] for b in lenient.values() for r in b) == [b"k7", b"k8"]

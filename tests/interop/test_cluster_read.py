@@ -219,3 +219,25 @@ def test_stream_goes_on_while_a_broker_restarts(spark, apache_cluster, names, tm
                             [f"three-{i}" for i in range(50)])
     assert {b for b, x in seen if x.startswith("two-")} == {"broker-a"}
     assert {b for b, x in seen if x.startswith("three-")} == {"broker-a", "broker-b"}
+
+
+def test_sql92_on_the_executor_where_the_broker_refuses_it(spark, names, tmp_path):
+    """An Apache RocketMQ broker with ``enablePropertyFilter=false`` answers an SQL92 pull with
+    SYSTEM_ERROR: the read filters on the executor instead, with the same rows."""
+    from _apache import ApacheRocketMQ
+
+    topic = f"{names}_T"[-60:]
+    with ApacheRocketMQ(tmp_path / "apache", brokers=("broker-nf",), cluster="NoFilter",
+                        broker_config={"enablePropertyFilter": "false"}) as cluster:
+        make_topic(cluster, topic, queues=2)
+        with ClusterClient(cluster.namesrv_addr) as c:
+            for i in range(20):
+                c.send_message("broker-nf", "p", topic, i % 2, f"m{i}".encode(), {"TAGS": "A" if i % 2 else "B", "n": str(i)})
+            refused = None
+            try:
+                c.pull("broker-nf", topic, 0, 0, 32, "g", expression="n > 1", expression_type="SQL92")
+            except Exception as e:  # noqa: BLE001 -- the broker's answer is what is checked
+                refused = e
+            assert refused is not None and "SQL92" in str(refused), refused
+        got = reader(spark, cluster, topic, sql="n >= 15", tags="A").select("body").collect()
+        assert sorted(r.body for r in got) == [b"m15", b"m17", b"m19"]

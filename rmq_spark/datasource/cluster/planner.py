@@ -28,6 +28,7 @@ SNAPSHOT_THREADS = 8
 _SYSTEM = re.compile(r"^(%RETRY%|%DLQ%|RMQ_SYS_|rmq_sys_|SCHEDULE_TOPIC_|TBW102$|BenchmarkTest$|OFFSET_MOVED_EVENT$|"
                      r"SELF_TEST_TOPIC$|TRANS_CHECK_MAX_TIME_TOPIC$)")
 DEFAULT_GROUP = "rmq-spark-reader"
+NAMESRV_DOWN = "*"  # Snapshot.down's key when no NameServer answered
 
 
 @dataclass
@@ -108,8 +109,11 @@ class ClusterPlanner:
         return out, down
 
     def snapshot(self, topics: list[str] | None = None) -> Snapshot:
-        topics = self.topics() if topics is None else topics
-        keys, down = self.queues(topics)
+        try:
+            topics = self.topics() if topics is None else topics
+            keys, down = self.queues(topics)
+        except BrokerUnreachableError as e:  # no NameServer answered: no broker is known now
+            return Snapshot({}, {}, {NAMESRV_DOWN: str(e)})
         c = self.client
         both, down2 = self._each(keys, lambda k: (c.get_max_offset(k[1], k[0], k[2]), c.get_min_offset(k[1], k[0], k[2])))
         down.update(down2)

@@ -30,7 +30,13 @@ from pyspark.sql.types import StructType
 
 from rmq_spark.cluster import ClusterError
 from rmq_spark.datasource.cluster import offsets as C
-from rmq_spark.datasource.cluster.planner import DEFAULT_GROUP, ClusterPlanner, Snapshot, unavailable_message
+from rmq_spark.datasource.cluster.planner import (
+    DEFAULT_GROUP,
+    NAMESRV_DOWN,
+    ClusterPlanner,
+    Snapshot,
+    unavailable_message,
+)
 from rmq_spark.datasource.cluster.read import ClusterRange, ClusterReadContext, read_rows, split_cluster_range
 from rmq_spark.datasource.options import SourceOptions
 from rmq_spark.datasource.read.partition import DataLossError
@@ -106,7 +112,7 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             since = self._down_since.setdefault(b, now)
             if now - since <= timeout_s:
                 continue
-            why = {b: snap.down.get(b, "it is in no route of the subscribed topics")}
+            why = {b: snap.down.get(b) or snap.down.get(NAMESRV_DOWN) or "it is in no route of the subscribed topics"}
             if self.opts.fail_on_data_loss:
                 raise ClusterError(unavailable_message(why, self.opts.broker_unavailable_timeout_ms) +
                                    "; set failOnDataLoss=false to go on without its queues", broker=b)
