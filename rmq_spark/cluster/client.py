@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from rmq_spark.cluster.connection import ConnectionPool, ServerRequestHook
@@ -170,8 +172,7 @@ class ClusterClient:
         try:
             return self.pool.get(addr).request(cmd, timeout_s or self.timeout_s)
         except (OSError, TimeoutError) as e:  # ConnectionError is an OSError
-            if not isinstance(e, TimeoutError):
-                self.pool.drop(addr)
+            self.pool.drop_dead(addr)
             raise BrokerUnreachableError(
                 f"{_code_name(code, RequestCode)} to {who} at {addr} got no answer: {e}",
                 broker=who, addr=addr, request=code) from None
@@ -241,10 +242,14 @@ class ClusterClient:
         if addr is None:
             if ":" in broker:
                 return broker
-            raise ClusterError(f"broker {broker!r} has no master in the routes the NameServers "
+            raise BrokerUnreachableError(f"broker {broker!r} has no master in the routes the NameServers "
                                f"({';'.join(self.namesrv_addrs)}) gave" + (f" for topic {topic!r}" if topic else ""),
                                broker=broker)
         return addr
+
+    def broker_addr_or_none(self, broker: str) -> str | None:
+        """The master address known for ``broker`` (no NameServer asked)."""
+        return self._addrs.get(broker)
 
     def forget_broker(self, broker: str) -> None:
         """Drop what is known of ``broker`` (after it failed): its address is asked again."""
@@ -252,7 +257,7 @@ class ClusterClient:
             addr = self._addrs.pop(broker, None)
             self._routes = {t: r for t, r in self._routes.items() if broker not in r.brokers}
         if addr is not None:
-            self.pool.drop(addr)
+            self.pool.drop_dead(addr)
 
     def invoke(self, broker: str, code: int, ext: dict[str, str], body: bytes = b"", *, topic: str | None = None,
                ok: Iterable[int] = (ResponseCode.SUCCESS,), timeout_s: float | None = None,
@@ -270,11 +275,9 @@ class ClusterClient:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def pull(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str, *,
-             expression: str = "*", expression_type: str = "TAG", sys_flag: int = PullSysFlag.SUBSCRIPTION,
-             suspend_ms: int = 0, max_bytes: int | None = None, timeout_s: float | None = None) -> PullResult:
-        """PULL_MESSAGE: up to ``max_nums`` messages of one queue from ``offset``, filtered by the
-        broker with the subscription expression (``sys_flag`` has SUBSCRIPTION by default)."""
+    def _pull_command(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str,
+                      expression: str, expression_type: str, sys_flag: int, suspend_ms: int,
+                      max_bytes: int | None) -> RemotingCommand:
         ext = {
             "consumerGroup": group, "topic": topic, "queueId": str(queue_id), "queueOffset": str(offset),
             "maxMsgNums": str(max_nums), "sysFlag": str(int(sys_flag)), "commitOffset": "0",
@@ -283,13 +286,62 @@ class ClusterClient:
         }
         if max_bytes is not None:
             ext["maxMsgBytes"] = str(max_bytes)
-        t = timeout_s or max(self.timeout_s, suspend_ms / 1000 + 5)
-        answer = self.invoke(broker, RequestCode.PULL_MESSAGE, ext, topic=topic, ok=PULL_CODES, timeout_s=t,
-                             what=f" of {topic}/{queue_id}@{offset}")
+        return RemotingCommand(RequestCode.PULL_MESSAGE, ext)
+
+    def _pull_result(self, answer: RemotingCommand, broker: str, addr: str, topic: str, queue_id: int,
+                     offset: int) -> PullResult:
+        if answer.code not in PULL_CODES:
+            raise self._fail(answer, RequestCode.PULL_MESSAGE, broker, addr, f" of {topic}/{queue_id}@{offset}")
         f = answer.ext_fields
         return PullResult(answer.code, answer.body if answer.code == ResponseCode.SUCCESS else b"",
                           int(f.get("nextBeginOffset", offset)), int(f.get("minOffset", 0)),
                           int(f.get("maxOffset", 0)), int(f.get("suggestWhichBrokerId", 0)))
+
+    def pull(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str, *,
+             expression: str = "*", expression_type: str = "TAG", sys_flag: int = PullSysFlag.SUBSCRIPTION,
+             suspend_ms: int = 0, max_bytes: int | None = None, timeout_s: float | None = None) -> PullResult:
+        """PULL_MESSAGE: up to ``max_nums`` messages of one queue from ``offset``, filtered by the
+        broker with the subscription expression (``sys_flag`` has SUBSCRIPTION by default)."""
+        cmd = self._pull_command(broker, topic, queue_id, offset, max_nums, group, expression, expression_type,
+                                 sys_flag, suspend_ms, max_bytes)
+        addr = self.broker_addr(broker, topic)
+        t = timeout_s or max(self.timeout_s, suspend_ms / 1000 + 5)
+        try:
+            answer = self._call(addr, cmd, broker, t)
+        except BrokerUnreachableError:
+            self.forget_broker(broker)
+            raise
+        return self._pull_result(answer, broker, addr, topic, queue_id, offset)
+
+    def pull_async(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str, *,
+                   expression: str = "*", expression_type: str = "TAG",
+                   sys_flag: int = PullSysFlag.SUBSCRIPTION) -> Callable[[float | None], PullResult]:
+        """PULL_MESSAGE sent now; returns ``wait(timeout_s)`` giving its :class:`PullResult` (or
+        raising as :meth:`pull`), so that many pulls can be in flight on one connection."""
+        cmd = self._pull_command(broker, topic, queue_id, offset, max_nums, group, expression, expression_type,
+                                 sys_flag, 0, None)
+        addr = self.broker_addr(broker, topic)
+        code = RequestCode.PULL_MESSAGE
+        try:
+            fut = self.pool.get(addr).submit(cmd)
+        except OSError as e:
+            self.pool.drop_dead(addr)
+            self.forget_broker(broker)
+            raise BrokerUnreachableError(f"PULL_MESSAGE (11) to {broker} at {addr} got no answer: {e}", broker=broker,
+                                         addr=addr, request=code) from None
+
+        def wait(timeout_s: float | None = None) -> PullResult:
+            try:
+                answer = fut.result(timeout_s or self.timeout_s)
+            except (OSError, FutureTimeout) as e:
+                fut.cancel()
+                self.pool.drop_dead(addr)
+                self.forget_broker(broker)
+                raise BrokerUnreachableError(f"PULL_MESSAGE (11) to {broker} at {addr} got no answer: {e or 'timeout'}",
+                                             broker=broker, addr=addr, request=code) from None
+            return self._pull_result(answer, broker, addr, topic, queue_id, offset)
+
+        return wait
 
     def _offset_call(self, code: int, broker: str, topic: str, queue_id: int, extra: dict[str, str] | None = None) -> int:
         ext = {"topic": topic, "queueId": str(queue_id), "bname": broker, **(extra or {})}
@@ -382,6 +434,29 @@ class ClusterClient:
         except OSError as e:
             raise BrokerUnreachableError(f"END_TRANSACTION to {broker} at {addr} failed: {e}", broker=broker,
                                          addr=addr, request=RequestCode.END_TRANSACTION) from None
+
+    def create_topic(self, broker: str, topic: str, queues: int = 4, *, perm: int = 6, order: bool = False) -> None:
+        """UPDATE_AND_CREATE_TOPIC on one broker (``broker`` a name from the routes or ``host:port``):
+        what ``mqadmin updateTopic -b`` sends."""
+        ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues), "writeQueueNums": str(queues),
+               "perm": str(perm), "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": str(order).lower()}
+        if broker not in self._addrs and ":" not in broker:
+            self.cluster_brokers()  # a broker no route names yet: the cluster's list knows it
+        self.invoke(broker, RequestCode.UPDATE_AND_CREATE_TOPIC, ext, what=f" of {topic}")
+
+    def cluster_brokers(self) -> dict[str, str]:
+        """Broker name -> master address of every broker the NameServers list
+        (GET_BROKER_CLUSTER_INFO)."""
+        answer = self.namesrv_request(RequestCode.GET_BROKER_CLUSTER_INFO)
+        if answer.code != ResponseCode.SUCCESS:
+            raise ClusterError(f"GET_BROKER_CLUSTER_INFO answered {answer.code}: {answer.remark}",
+                               request=RequestCode.GET_BROKER_CLUSTER_INFO, code=answer.code)
+        text = re.sub(r'([{,])\s*(-?\d+)\s*:', r'\1"\2":', answer.body.decode())
+        table = json.loads(text).get("brokerAddrTable") or {}
+        out = {name: (b.get("brokerAddrs") or {}).get("0") for name, b in table.items()}
+        with self._lock:
+            self._addrs.update({n: a for n, a in out.items() if a})
+        return {n: a for n, a in out.items() if a}
 
     def heartbeat(self, broker: str, *, producer_groups: Iterable[str] = (),
                   consumers: Iterable[Mapping[str, object]] = ()) -> None:

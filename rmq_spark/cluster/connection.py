@@ -3,7 +3,8 @@
 A :class:`Connection` writes requests from any thread and reads every frame on its own reader
 thread: a response completes the waiting request with its opaque; a request the server sends
 (``CHECK_TRANSACTION_STATE`` over a producer's connection, ``NOTIFY_CONSUMER_IDS_CHANGED``) goes
-to the ``on_request`` hook, whose answer (if any) is written back with the request's opaque.
+to the ``on_request`` hook, run on a small shared thread pool (so it may itself send requests and
+wait for their answers), whose answer (if any) is written back with the request's opaque.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from rmq_spark.remoting.command import FLAG_ONEWAY, FLAG_RESPONSE, FrameError, RemotingCommand, decode_frame
@@ -26,6 +27,17 @@ log = logging.getLogger("rmq_spark.cluster.connection")
 ServerRequestHook = Callable[["Connection", RemotingCommand], "RemotingCommand | None"]
 
 _opaques = itertools.count(1)
+_hooks: ThreadPoolExecutor | None = None
+_hooks_lock = threading.Lock()
+
+
+def _hook_pool() -> ThreadPoolExecutor:
+    """The threads that run ``on_request`` hooks (shared by every connection of the process)."""
+    global _hooks
+    with _hooks_lock:
+        if _hooks is None:
+            _hooks = ThreadPoolExecutor(4, thread_name_prefix="rmq-server-request")
+        return _hooks
 REMOTING_VERSION = 401  # V4_9_4: NameServers answer routes in standard JSON from here on
 
 
@@ -48,24 +60,38 @@ class Connection:
     def alive(self) -> bool:
         return self.closed is None
 
-    def request(self, cmd: RemotingCommand, timeout_s: float) -> RemotingCommand:
-        """Send ``cmd``; its response, or ``TimeoutError`` / ``ConnectionError``."""
-        cmd.opaque = next(_opaques) & 0x7FFFFFFF
+    def submit(self, cmd: RemotingCommand) -> Future[RemotingCommand]:
+        """Send ``cmd`` now; the future completes with its response (or ``ConnectionError``).
+        Many requests may be in flight on one connection: the broker answers each by opaque."""
+        cmd.opaque = opaque = next(_opaques) & 0x7FFFFFFF
         if not cmd.version:
             cmd.version = REMOTING_VERSION
         fut: Future[RemotingCommand] = Future()
         with self._pending_lock:
             if self.closed is not None:
                 raise ConnectionError(f"connection to {self.addr} is closed: {self.closed}")
-            self._pending[cmd.opaque] = fut
+            self._pending[opaque] = fut
+        fut.add_done_callback(lambda _f: self._forget(opaque))
         try:
             self._send(cmd)
+        except ConnectionError:
+            self._forget(opaque)
+            raise
+        return fut
+
+    def _forget(self, opaque: int) -> None:
+        with self._pending_lock:
+            self._pending.pop(opaque, None)
+
+    def request(self, cmd: RemotingCommand, timeout_s: float) -> RemotingCommand:
+        """Send ``cmd``; its response, or ``TimeoutError`` / ``ConnectionError``."""
+        fut = self.submit(cmd)
+        try:
             return fut.result(timeout_s)
         except FutureTimeout:
+            self._forget(cmd.opaque)
+            fut.cancel()
             raise TimeoutError(f"no answer from {self.addr} in {timeout_s:g}s") from None
-        finally:
-            with self._pending_lock:
-                self._pending.pop(cmd.opaque, None)
 
     def oneway(self, cmd: RemotingCommand) -> None:
         cmd.opaque = next(_opaques) & 0x7FFFFFFF
@@ -110,9 +136,12 @@ class Connection:
             f.close()
 
     def _serve(self, cmd: RemotingCommand) -> None:
+        if self.on_request is not None:  # off the reader thread: the hook may send and wait itself
+            _hook_pool().submit(self._run_hook, cmd)
+
+    def _run_hook(self, cmd: RemotingCommand) -> None:
         hook = self.on_request
-        if hook is None:
-            return
+        assert hook is not None
         try:
             answer = hook(self, cmd)
         except Exception:  # noqa: BLE001 -- a failing hook must not kill the connection
@@ -157,6 +186,7 @@ class ConnectionPool:
         self.on_request = on_request
         self._conns: dict[str, list[Connection | None]] = {}
         self._next: dict[str, int] = {}
+        self._opening: dict[tuple[str, int], threading.Lock] = {}
         self._lock = threading.Lock()
 
     def get(self, addr: str) -> Connection:
@@ -167,13 +197,24 @@ class ConnectionPool:
             conn = slots[i]
             if conn is not None and conn.alive:
                 return conn
-        conn = Connection(addr, self.connect_timeout_s, self.on_request)
-        with self._lock:
-            old = slots[i]
-            slots[i] = conn
-        if old is not None:
-            old.close()
+            opening = self._opening.setdefault((addr, i), threading.Lock())
+        with opening:  # one connect per slot; others wait for it
+            with self._lock:
+                conn = self._conns.get(addr, slots)[i]
+                if conn is not None and conn.alive:
+                    return conn
+            conn = Connection(addr, self.connect_timeout_s, self.on_request)
+            with self._lock:
+                self._conns.setdefault(addr, slots)[i] = conn
         return conn
+
+    def drop_dead(self, addr: str) -> None:
+        """Forget the connections to ``addr`` that failed (the live ones stay in use)."""
+        with self._lock:
+            slots = self._conns.get(addr, [])
+            for i, c in enumerate(slots):
+                if c is not None and not c.alive:
+                    slots[i] = None
 
     def drop(self, addr: str) -> None:
         with self._lock:

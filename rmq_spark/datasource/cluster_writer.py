@@ -36,6 +36,7 @@ import hashlib
 import random
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,9 @@ __all__ = ["ClusterBatchWriter", "ClusterStreamWriter", "ClusterCommit", "row_ke
 BATCH_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
 AUTO_CREATE_TOPIC = "TBW102"  # TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC
 DEFAULT_TOPIC_QUEUES = 4  # DefaultMQProducer.defaultTopicQueueNums
-RR_BLOCK_ROWS = 256  # round robin: consecutive rows to one queue, so batches stay large
+RR_BLOCK_ROWS = 256
+SEND_THREADS = 4  # queues sent to at once by one task
+BUSY_WAIT_S = 60.0  # a broker answering SYSTEM_BUSY (flow control) is waited for this long  # round robin: consecutive rows to one queue, so batches stay large
 # answers after which the Java producer tries again (DefaultMQProducer.retryResponseCodes), and
 # SYSTEM_BUSY (a broker's flow control)
 RETRY_CODES = frozenset({1, 2, 14, 16, 17, 19, 20})
@@ -205,9 +208,11 @@ class _Sender:
         self.opts = opts
         self.client = ClusterClient(opts.namesrv_addr or "", timeout_s=opts.send_timeout_s)
         self.rr = random.randrange(1 << 16)  # DefaultMQProducer starts its round robin at random
+        self.pool = ThreadPoolExecutor(SEND_THREADS, thread_name_prefix="rmq-cluster-send")
         self._routes: dict[str, tuple[list[tuple[str, int]], bool]] = {}
 
     def close(self) -> None:
+        self.pool.shutdown(wait=True)
         self.client.close()
 
     def queues(self, topic: str, refresh: bool = False) -> tuple[list[tuple[str, int]], bool]:
@@ -269,8 +274,11 @@ class _Sender:
         return out
 
     def round_robin(self, free: np.ndarray, n_queues: int) -> np.ndarray:
-        """Queue indices for the ``free`` rows: blocks of RR_BLOCK_ROWS to consecutive queues."""
-        blocks = np.arange(len(free), dtype=np.int64) // RR_BLOCK_ROWS
+        """Queue indices for the ``free`` rows: the chunk cut into one contiguous block per queue
+        (at least RR_BLOCK_ROWS rows each), blocks to consecutive queues: each block is sent as
+        few large batches."""
+        size = max(RR_BLOCK_ROWS, -(-len(free) // n_queues))
+        blocks = np.arange(len(free), dtype=np.int64) // size
         out = (self.rr + blocks) % n_queues
         self.rr += int(blocks[-1]) + 1 if len(free) else 0
         return out
@@ -280,12 +288,14 @@ class _Sender:
         ``qidx``; failures retried up to ``sendRetries`` times: on the same queue when ``fixed``,
         else on a queue of another broker."""
         from rmq_spark.cluster import BrokerUnreachableError, ClusterError
-        from rmq_spark.remoting.codes import RequestCode
+        from rmq_spark.remoting.codes import RequestCode, ResponseCode
 
         queues, auto = self.queues(topic)
         last: Exception | None = None
         failed: set[str] = set()
-        for attempt in range(self.opts.send_retries + 1):
+        busy_until = time.monotonic() + BUSY_WAIT_S
+        attempt = busy = 0
+        while attempt <= self.opts.send_retries:
             broker, qid = queues[qidx % len(queues)]
             ext = self.client._send_header(broker, self.opts.producer_group, topic, qid, {}, 0, 0, 0, props is None,
                                            DEFAULT_TOPIC_QUEUES)
@@ -300,8 +310,14 @@ class _Sender:
                 if not isinstance(e, BrokerUnreachableError) and e.code not in RETRY_CODES:
                     raise
                 last = e
+                if e.code == ResponseCode.SYSTEM_BUSY and time.monotonic() < busy_until:
+                    # the broker's flow control: wait and send to the same queue again
+                    busy += 1
+                    time.sleep(min(1.0, 0.02 * 2 ** min(busy, 6)))
+                    continue
                 failed.add(broker)
-            time.sleep(min(1.0, 0.1 * (attempt + 1)))
+            attempt += 1
+            time.sleep(min(1.0, 0.1 * attempt))
             queues, auto = self.queues(topic, refresh=True)
             if not fixed:  # as DefaultMQProducer: the next queue, on a broker that did not fail
                 others = [i for i, (b, _) in enumerate(queues) if b not in failed]
@@ -333,11 +349,15 @@ class _Sender:
             fixed = target >= 0
             free = np.flatnonzero(in_topic & ~fixed)
             target[free] = self.round_robin(free, len(queues))
-            for q in np.unique(target[in_topic & ~delayed]).tolist():
-                rows = np.flatnonzero(in_topic & ~delayed & (target == q))
-                # a fixed queue keeps its rows in order; free rows of a block go together
-                for sel, body in _batches(records, rows):
+            def one_queue(q: int, topic: str = topic) -> None:
+                # a queue's batches one after the other: a message group keeps its order
+                for sel, body in _batches(records, np.flatnonzero(in_topic & ~delayed & (target == q))):
                     self.send(topic, q, body, len(sel), bool(fixed[sel[0]]))
+
+            # the queues side by side: requests in flight on every broker at once (the
+            # connections are multiplexed), as a producer's several threads would
+            for f in [self.pool.submit(one_queue, q) for q in np.unique(target[in_topic & ~delayed]).tolist()]:
+                f.result()
             for i in np.flatnonzero(in_topic & delayed).tolist():  # a MessageBatch carries no delay
                 props = properties_column(table.slice(i, 1), keys.slice(i, 1))[0].as_py()
                 self.send(topic, int(target[i]), table.column("body")[i].as_py(), 1, bool(fixed[i]), props)

@@ -40,11 +40,13 @@ class ReadPath(Enum):
 
 
 READ_COMPRESSIONS = ("none", "lz4", "zstd")
-CONNECTION = ("endpoints", "path", "embeddedIdleExitS", "accessKey", "secretKey")
+CONNECTION = ("endpoints", "path", "namesrvAddr", "embeddedIdleExitS", "accessKey", "secretKey")
 SOURCE_COMMON = (
     "topics", "topicPattern", "assign", "startingOffsets", "startingTimestamp", "failOnDataLoss",
-    "tags", "sql", "avroSchema", "readPath", "maxRecordsPerPartition", "readCompression",
+    "tags", "sql", "avroSchema", "readPath", "maxRecordsPerPartition", "readCompression", "pullBatchSize",
+    "brokerUnavailableTimeout",
 )
+CLUSTER_ONLY = ("pullBatchSize", "brokerUnavailableTimeout")  # reads with namesrvAddr
 STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "consumerGroup")
 BATCH_ONLY = ("endingOffsets", "endingTimestamp")
 SINK = ("topic", "transactional", "avroSchema", "namesrvAddr", "producerGroup", "sendRetries", "sendTimeoutMs")
@@ -62,6 +64,8 @@ BROKER_FLAG_PREFIX = "broker."  # broker.<flag>=value: flags of an embedded brok
 DEFAULT_IDLE_EXIT_S = 30.0
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+DEFAULT_PULL_BATCH_SIZE = 1024  # messages asked per PULL_MESSAGE (a broker may answer fewer)
+DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_MS = 5 * 60 * 1000
 _DURATION = re.compile(
     r"^\s*(\d+)\s*(ms|milliseconds?|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)?\s*$",
     re.IGNORECASE,
@@ -86,6 +90,7 @@ class Connection:
     access_key: str | None = None  # with secret_key: every call to the broker is signed (its --acl)
     secret_key: str | None = field(default=None, repr=False)
     create_store: bool = True  # a sink or a stream may start a store at ``path``; a batch read never does
+    namesrv_addr: str | None = None  # "host:9876;host2:9876": a RocketMQ cluster over the remoting protocol
 
     @property
     def credentials(self) -> dict[str, str | None]:
@@ -138,6 +143,8 @@ class SourceOptions:
     read_path: ReadPath = ReadPath.AUTO
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
     read_compression: str = "lz4"  # the bulk read's stream: lz4, zstd or none (bench/arrow_stream_bench.py)
+    pull_batch_size: int = DEFAULT_PULL_BATCH_SIZE
+    broker_unavailable_timeout_ms: int = DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_MS
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,12 @@ def check_read_names(options: Mapping[str, str]) -> str | None:
     """Unknown option names fail now; returns ``avroSchema`` (the schema depends on it)."""
     o, _ = _normalize(options, Mode.ANY_READ)
     return o.get("avroSchema") or None
+
+
+def reads_cluster(options: Mapping[str, str]) -> bool:
+    """Does this read name a RocketMQ cluster (``namesrvAddr``)?  Its rows then carry ``brokerName``."""
+    o, _ = _normalize(options, Mode.ANY_READ)
+    return bool(o.get("namesrvAddr"))
 
 
 def parse_bool(name: str, value: str) -> bool:
@@ -261,11 +274,47 @@ def parse_offsets_json(name: str, value: str, allow: tuple[int, ...]) -> dict[st
     return out
 
 
+def parse_cluster_offsets_json(name: str, value: str, allow: tuple[int, ...]) -> dict[str, dict[str, dict[str, int]]]:
+    """``{"topic": {"brokerName": {"queueId": offset}}}`` (reads with ``namesrvAddr``)."""
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"option {name!r} is not valid JSON: {e.msg} at character {e.pos}") from None
+    example = '{"topic": {"broker-a": {"0": 42}}}'
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"option {name!r} must be a JSON object like {example} (with namesrvAddr)")
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for topic, brokers in data.items():
+        _parse_topic(name, topic)
+        if not isinstance(brokers, dict) or not all(isinstance(v, dict) for v in brokers.values()):
+            raise ConfigError(f"option {name!r}: topic {topic!r} must map broker names to {{queueId: offset}} "
+                              f"objects, like {example} (with namesrvAddr offsets name the broker)")
+        for broker, queues in brokers.items():
+            qs = parse_offsets_json(name, json.dumps({topic: queues}), allow)[topic] if queues else {}
+            out.setdefault(topic, {})[str(broker)] = qs
+    return out
+
+
 def _parse_connection(o: dict[str, str], flags: tuple[tuple[str, str], ...]) -> Connection:
     endpoints = o.get("endpoints") or None
     path = o.get("path") or None
+    namesrv = o.get("namesrvAddr") or None
+    if namesrv is not None:
+        from rmq_spark.cluster.client import parse_namesrv_addr
+
+        if endpoints is not None or path is not None:
+            other = "endpoints" if endpoints is not None else "path"
+            raise ConfigError(f"options 'namesrvAddr' and {other!r} conflict: give a cluster's NameServers or "
+                              "an rmq-broker, not both")
+        if flags:
+            raise ConfigError("broker.* options configure an embedded broker and do not apply with 'namesrvAddr'")
+        if o.get("accessKey") or o.get("secretKey"):
+            raise ConfigError("options 'accessKey'/'secretKey' are not supported with 'namesrvAddr' (RocketMQ's "
+                              "remoting ACL signing is not implemented)")
+        return Connection(namesrv_addr=";".join(parse_namesrv_addr(namesrv)), create_store=False)
     if endpoints is None and path is None:
-        raise ConfigError("format rmq needs option 'endpoints' (a running broker) or 'path' (a store directory)")
+        raise ConfigError("format rmq needs option 'endpoints' (a running broker), 'path' (a store directory) "
+                          "or 'namesrvAddr' (a RocketMQ cluster's NameServers)")
     if endpoints is not None:
         for ep in endpoints.split(","):
             host, _, port = ep.strip().rpartition(":")
@@ -329,7 +378,14 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
     mode = Mode.STREAM_READ if streaming else Mode.BATCH_READ
     o, flags = _normalize(options, mode)
     # a batch read never creates a store; a stream may watch a store its writer has yet to start
-    conn = replace(_parse_connection(o, flags), create_store=streaming)
+    conn = _parse_connection(o, flags)
+    cluster = conn.namesrv_addr is not None
+    if not cluster:
+        conn = replace(conn, create_store=streaming)
+        for name in CLUSTER_ONLY:
+            if name in o:
+                raise ConfigError(f"option {name!r} applies to reads of a RocketMQ cluster (option 'namesrvAddr')")
+    parse_json = parse_cluster_offsets_json if cluster else parse_offsets_json
     sub = _parse_subscription(o)
     if "startingOffsets" in o and "startingTimestamp" in o:
         raise ConfigError("options 'startingOffsets' and 'startingTimestamp' conflict: give one")
@@ -345,7 +401,7 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
             starting = StartSpec(StartKind.LATEST)
         else:
             allow = (-2, -1) if streaming else (-2,)
-            starting = StartSpec(StartKind.JSON, parse_offsets_json("startingOffsets", raw, allow))
+            starting = StartSpec(StartKind.JSON, parse_json("startingOffsets", raw, allow))  # type: ignore[arg-type]
     ending = EndSpec()
     if "endingOffsets" in o and "endingTimestamp" in o:
         raise ConfigError("options 'endingOffsets' and 'endingTimestamp' conflict: give one")
@@ -360,7 +416,7 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         if raw.lower() == "earliest":
             raise ConfigError("option 'endingOffsets' cannot be 'earliest'")
         if raw.lower() != "latest":
-            ending = EndSpec(False, parse_offsets_json("endingOffsets", raw, (-1,)))
+            ending = EndSpec(False, parse_json("endingOffsets", raw, (-1,)))  # type: ignore[arg-type]
     max_rows = parse_positive_int("maxOffsetsPerTrigger", o["maxOffsetsPerTrigger"]) if "maxOffsetsPerTrigger" in o else None
     min_rows = parse_positive_int("minOffsetsPerTrigger", o["minOffsetsPerTrigger"]) if "minOffsetsPerTrigger" in o else None
     if max_rows is not None and min_rows is not None and min_rows > max_rows:
@@ -388,6 +444,9 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         raise ConfigError(
             f"option 'readPath' must be one of {', '.join(p.value for p in ReadPath)}, not {o['readPath']!r}"
         ) from None
+    if cluster and read_path not in (ReadPath.AUTO, ReadPath.PULL):
+        raise ConfigError(f"option 'readPath={read_path.value}' does not apply with 'namesrvAddr': a cluster is "
+                          "read with PULL_MESSAGE (readPath auto or pull)")
     if read_path is ReadPath.FILES and conn.path is None and conn.endpoints is None:
         raise ConfigError("option readPath=files needs 'path' or a broker whose store this machine can open")
     read_compression = o.get("readCompression", "lz4").strip().lower()
@@ -400,6 +459,9 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         if "maxRecordsPerPartition" in o
         else DEFAULT_MAX_RECORDS_PER_PARTITION
     )
+    pull_batch = parse_positive_int("pullBatchSize", o["pullBatchSize"]) if "pullBatchSize" in o else DEFAULT_PULL_BATCH_SIZE
+    unavailable = (parse_duration_ms("brokerUnavailableTimeout", o["brokerUnavailableTimeout"])
+                   if "brokerUnavailableTimeout" in o else DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_MS)
     return SourceOptions(
         connection=conn,
         subscription=sub,
@@ -416,6 +478,8 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         read_path=read_path,
         max_records_per_partition=mrpp,
         read_compression=read_compression,
+        pull_batch_size=pull_batch,
+        broker_unavailable_timeout_ms=unavailable,
     )
 
 
@@ -433,7 +497,7 @@ def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptio
     o, flags = _normalize(options, mode)
     namesrv = o.get("namesrvAddr") or None
     if namesrv is not None:
-        return _parse_cluster_sink(o, flags)
+        raise ConfigError("option 'namesrvAddr' on a write: parse with rmq_spark.datasource.cluster_options.sink_options")
     for name in ("producerGroup", "sendRetries", "sendTimeoutMs"):
         if name in o:
             raise ConfigError(f"option {name!r} is for writes to a RocketMQ cluster and needs option 'namesrvAddr'")
@@ -453,37 +517,3 @@ def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptio
         avro_schema=avro,
     )
 
-
-def _parse_cluster_sink(o: dict[str, str], flags: tuple[tuple[str, str], ...]) -> SinkOptions:
-    """A sink writing through ``namesrvAddr`` (at-least-once, keyed rows: cluster_writer)."""
-    from rmq_spark.cluster import parse_namesrv_addr
-
-    clash = [k for k in ("endpoints", "path") if o.get(k)] + [f"{BROKER_FLAG_PREFIX}{k}" for k, _ in flags]
-    if clash:
-        raise ConfigError(f"option 'namesrvAddr' writes to a RocketMQ cluster; drop {', '.join(map(repr, clash))}")
-    addr = ";".join(parse_namesrv_addr(o["namesrvAddr"]))
-    if parse_bool("transactional", o.get("transactional", "false")):
-        raise ConfigError(
-            "option 'transactional=true' is not available with 'namesrvAddr': the sink writes to a RocketMQ "
-            "cluster at-least-once, each row with a deterministic message id to drop duplicates by (README: "
-            "\"Reading and writing an Apache RocketMQ cluster\")"
-        )
-    topic = o.get("topic") or None
-    if topic is not None:
-        _parse_topic("topic", topic)
-    avro = o.get("avroSchema") or None
-    if avro is not None:
-        from rmq_spark.datasource.avro import parse_avro_schema
-
-        parse_avro_schema(avro)
-    group = o.get("producerGroup", "rmq-spark-sink").strip()
-    if not re.fullmatch(r"[%|a-zA-Z0-9_-]{1,120}", group):
-        raise ConfigError(f"option 'producerGroup': {group!r} is not a RocketMQ group name ([%|a-zA-Z0-9_-], 1-120)")
-    retries = o.get("sendRetries", "2")
-    timeout = o.get("sendTimeoutMs", "10000")
-    if not retries.strip().isdigit() or int(retries) > 16:
-        raise ConfigError(f"option 'sendRetries' must be an integer from 0 to 16, not {retries!r}")
-    if not timeout.strip().isdigit() or int(timeout) <= 0:
-        raise ConfigError(f"option 'sendTimeoutMs' must be a positive integer, not {timeout!r}")
-    return SinkOptions(connection=Connection(), topic=topic, transactional=False, avro_schema=avro, namesrv_addr=addr,
-                       producer_group=group, send_retries=int(retries), send_timeout_s=int(timeout) / 1000)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from rmq_spark.store.reader import MESSAGE_SCHEMA
 
@@ -20,11 +20,17 @@ SOURCE_ARROW_SCHEMA: pa.Schema = MESSAGE_SCHEMA
 SOURCE_FIELDS: StructType = from_arrow_schema(SOURCE_ARROW_SCHEMA)
 
 
-def source_schema(avro_schema: str | None) -> StructType:
-    """The fixed source schema, plus a struct ``value`` when ``avroSchema`` is set."""
+BROKER_NAME = StructField("brokerName", StringType(), nullable=True)
+
+
+def source_schema(avro_schema: str | None, cluster: bool = False) -> StructType:
+    """The fixed source schema, plus ``brokerName`` for reads of a RocketMQ cluster
+    (``namesrvAddr``: queue ids repeat across brokers), plus a struct ``value`` when
+    ``avroSchema`` is set."""
+    fields = [*SOURCE_FIELDS.fields, *([BROKER_NAME] if cluster else [])]
     if avro_schema is None:
-        return SOURCE_FIELDS
+        return StructType(fields) if cluster else SOURCE_FIELDS
     from rmq_spark.datasource.avro import parse_avro_schema, spark_type
 
     value = spark_type(parse_avro_schema(avro_schema))
-    return StructType([*SOURCE_FIELDS.fields, StructField("value", value)])
+    return StructType([*fields, StructField("value", value)])

@@ -11,7 +11,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from rmq_spark.datasource.options import check_read_names, parse_sink_options, parse_source_options
+from rmq_spark.datasource.options import check_read_names, parse_source_options, reads_cluster
 from rmq_spark.datasource.schema import source_schema
 from rmq_spark.errors import ConfigError
 
@@ -43,6 +43,12 @@ class RmqDataSource(DataSource):
     ``endpoints``                all          ``host:port`` of a running broker
     ``path``                     all          store directory; alone, an embedded broker is started on
                                               demand and exits when idle (a batch read never creates one)
+    ``namesrvAddr``              all          ``host:port[;host:port]`` of a RocketMQ cluster's NameServers
+                                              (Apache RocketMQ, or rmq-broker's): reads pull from every
+                                              broker; offsets ``{"topic": {"brokerName": {"0": 42}}}``;
+                                              rows get a ``brokerName`` column
+    ``pullBatchSize``            reads        with namesrvAddr: messages asked per PULL_MESSAGE (1024)
+    ``brokerUnavailableTimeout`` reads        with namesrvAddr: how long a broker may not answer (5m)
     ``embeddedIdleExitS``        all          idle seconds before the embedded broker exits (30)
     ``broker.<flag>``            all          a flag of the embedded broker, e.g. ``broker.delay-levels``
     ``accessKey``/``secretKey``  all          credentials of a broker with ``--acl``: every call to it
@@ -95,13 +101,18 @@ class RmqDataSource(DataSource):
 
     def schema(self) -> StructType:
         # stream or batch is not known yet: names are checked now, values when reading
-        return source_schema(check_read_names(self.options))
+        return source_schema(check_read_names(self.options), reads_cluster(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from rmq_spark.datasource.batch_reader import RmqBatchReader, RmqPushdownBatchReader, pushdown_enabled
 
         opts = parse_source_options(self.options, streaming=False)
-        _check_schema(schema, source_schema(opts.avro_schema))
+        cluster = opts.connection.namesrv_addr is not None
+        _check_schema(schema, source_schema(opts.avro_schema, cluster))
+        if cluster:
+            from rmq_spark.datasource.cluster.batch import ClusterBatchReader
+
+            return ClusterBatchReader(opts, schema)
         cls = RmqPushdownBatchReader if pushdown_enabled() else RmqBatchReader
         return cls(opts, schema)
 
@@ -109,7 +120,12 @@ class RmqDataSource(DataSource):
         from rmq_spark.datasource.stream_reader import RmqStreamReader
 
         opts = parse_source_options(self.options, streaming=True)
-        _check_schema(schema, source_schema(opts.avro_schema))
+        cluster = opts.connection.namesrv_addr is not None
+        _check_schema(schema, source_schema(opts.avro_schema, cluster))
+        if cluster:
+            from rmq_spark.datasource.cluster.stream import ClusterStreamReader
+
+            return ClusterStreamReader(opts, schema)
         return RmqStreamReader(opts, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -117,7 +133,9 @@ class RmqDataSource(DataSource):
 
         if overwrite:
             raise ConfigError("format rmq appends messages; save mode 'overwrite' is not supported")
-        opts = parse_sink_options(self.options, streaming=False)
+        from rmq_spark.datasource.cluster_options import sink_options
+
+        opts = sink_options(self.options, streaming=False)
         if opts.namesrv_addr is not None:
             from rmq_spark.datasource.cluster_writer import ClusterBatchWriter
 
@@ -127,7 +145,9 @@ class RmqDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from rmq_spark.datasource.writer import RmqStreamWriter
 
-        opts = parse_sink_options(self.options, streaming=True)
+        from rmq_spark.datasource.cluster_options import sink_options
+
+        opts = sink_options(self.options, streaming=True)
         if opts.namesrv_addr is not None:
             from rmq_spark.datasource.cluster_writer import ClusterStreamWriter
 

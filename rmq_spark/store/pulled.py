@@ -3,7 +3,7 @@ bulk reader's vectorized gathers: no Python work per message.
 
 Where the records start is the only sequential fact of such a buffer (each record's TOTALSIZE
 says where the next begins).  It is found without a loop over records: every position whose
-MAGICCODE field holds a message magic is a candidate, each candidate points at the candidate its
+MAGICCODE field holds a message magic is a candidate (found by one byte compare over the buffer), each candidate points at the candidate its
 TOTALSIZE reaches, and the chain from position 0 is followed by pointer doubling (log2(n) numpy
 steps).  A chain that does not end exactly at the buffer's end is a :class:`CorruptStoreError`.
 
@@ -31,6 +31,8 @@ from rmq_spark.store.views import _at, _fixed_strings, _gather
 __all__ = ["record_starts", "records_arrow"]
 
 _MAGICS = np.array([L.MAGIC_V1, L.MAGIC_V2], dtype=np.uint32)
+_MAGIC_BYTE0 = L.MAGIC_V1 >> 24
+assert L.MAGIC_V2 >> 24 == _MAGIC_BYTE0
 COMPRESSION_TYPE_MASK = 0x7 << 8  # MessageSysFlag.COMPRESSION_TYPE_COMPARATOR
 COMPRESSION_ZLIB = 0x3 << 8
 
@@ -43,7 +45,11 @@ def record_starts(buf: np.ndarray) -> np.ndarray:
     if n < R.POS_BODY_V4:
         raise CorruptStoreError(f"a buffer of {n} bytes holds no whole record")
     ints = _at(buf, ">u4")
-    cand = np.flatnonzero(np.isin(ints[4:], _MAGICS)).astype(np.int64)  # positions p with a magic at p + 4
+    # positions p with a message magic at p + 4: first the magics' common first byte (one byte
+    # compare over the buffer), then the whole word at those few places
+    cand = np.flatnonzero(buf[4:n - 3] == _MAGIC_BYTE0).astype(np.int64)
+    words = ints[cand + 4]
+    cand = cand[(words == _MAGICS[0]) | (words == _MAGICS[1])]
     if len(cand) == 0 or cand[0] != 0:
         raise CorruptStoreError("the buffer does not begin with a message record (no MAGICCODE at byte 4)")
     size = _at(buf, ">i4")[cand].astype(np.int64)
@@ -63,7 +69,7 @@ def record_starts(buf: np.ndarray) -> np.ndarray:
             break
         path = np.concatenate([path, step])
         jump = jump[jump]
-    path = np.unique(path)
+    path = np.sort(path)  # distinct already: the chain never repeats a record
     starts = cand[path]
     end = int(starts[-1] + size[path[-1]])
     if end != n:

@@ -101,3 +101,60 @@ def test_errors_name_broker_address_request_and_code(broker):
     with ClusterClient(dead) as c:
         with pytest.raises(BrokerUnreachableError, match=dead):
             c.route(TOPIC)
+
+
+def test_a_range_of_a_broker_that_never_answers_fails_naming_it_after_the_timeout():
+    from rmq_spark.datasource.cluster.read import ClusterRange, ClusterReadContext, read_cluster_range
+
+    dead = _dead_addr()
+    ctx = ClusterReadContext(dead, "g", unavailable_timeout_ms=1000)
+    with pytest.raises(ClusterError) as e:
+        list(read_cluster_range(ClusterRange("T", "broker-x", 0, 0, 10, ctx)))
+    msg = str(e.value)
+    assert "broker-x did not answer" in msg and "brokerUnavailableTimeout" in msg and "T/broker-x/0" in msg
+    assert dead in msg
+
+
+def test_check_transaction_state_reaches_the_hook_which_commits(tmp_path):
+    import threading
+
+    from rmq_spark.cluster.client import TRANSACTION_PREPARED_TYPE
+    from rmq_spark.remoting.codes import RequestCode
+    from rmq_spark.services.config import BrokerConfig
+
+    cfg = BrokerConfig()
+    cfg.transaction_timeout_s = 0.5
+    cfg.transaction_check_interval_s = 0.5
+    opts = BrokerOptions(listen="127.0.0.1:0", remoting_listen="127.0.0.1:0", namesrv_listen="127.0.0.1:0")
+    checked = threading.Event()
+    seen: list[dict[str, str]] = []
+    with Broker(str(tmp_path / "store"), config=cfg, options=opts) as b:
+        def hook(conn, cmd):
+            if cmd.code != RequestCode.CHECK_TRANSACTION_STATE:
+                return None
+            f = cmd.ext_fields
+            seen.append(dict(f))
+            client.end_transaction(name, "txg", tran_state_table_offset=int(f["tranStateTableOffset"]),
+                                   commit_log_offset=int(f["commitLogOffset"]), commit=True, msg_id=f["msgId"],
+                                   transaction_id=f.get("transactionId"), from_check=True)
+            checked.set()
+            return None
+
+        with ClusterClient(b.namesrv_endpoint, on_request=hook) as client:
+            (name,) = client.route("TxT").brokers
+            client.heartbeat(name, producer_groups=["txg"])
+            half = client.send_message(name, "txg", "TxT", 0, b"half", {"TRAN_MSG": "true", "PGROUP": "txg",
+                                                                        "UNIQ_KEY": "TX1"},
+                                       sys_flag=TRANSACTION_PREPARED_TYPE)
+            assert half.status == "SEND_OK"
+            assert client.pull(name, "TxT", 0, 0, 32, "g").code != ResponseCode.SUCCESS  # a half is not readable
+            assert checked.wait(60), "no CHECK_TRANSACTION_STATE reached the hook"
+            assert seen[0]["msgId"] and "commitLogOffset" in seen[0]
+            r = None
+            for _ in range(100):
+                r = client.pull(name, "TxT", 0, 0, 32, "g")
+                if r.found:
+                    break
+                checked.wait(0.1)
+            assert r is not None and r.found
+            assert records_arrow(r.body).column("body").to_pylist() == [b"half"]

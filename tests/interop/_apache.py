@@ -132,8 +132,9 @@ class _JavaProcess:
         self.pid = self.proc.pid
         self.started_at = time.monotonic()
 
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> float:
+    def wait_ready(self, timeout_s: float | None = None) -> float:
         """Seconds from start until the ready line; raises if the process exits or times out."""
+        timeout_s = START_TIMEOUT_S if timeout_s is None else timeout_s
         deadline = self.started_at + timeout_s
         while time.monotonic() < deadline:
             if self.ready_text in self.log_text():

@@ -128,13 +128,13 @@ def test_failed_broker_is_retried_on_another(_apache, names: str) -> None:
     import pyarrow as pa
 
     from rmq_spark.datasource.cluster_writer import _Sender, key_prefix
-    from rmq_spark.datasource.options import parse_sink_options
+    from rmq_spark.datasource.cluster_options import sink_options
 
     cluster = _apache.cluster_process
     topic = _topic(names, "retry")
     brokers = create_topic(_apache.namesrv_addr, topic, 4)
     victim = brokers[-1]
-    opts = parse_sink_options({"namesrvAddr": _apache.namesrv_addr, "topic": topic}, streaming=False)
+    opts = sink_options({"namesrvAddr": _apache.namesrv_addr, "topic": topic}, streaming=False)
     sender = _Sender(opts)
     try:
         queues, _ = sender.queues(topic)

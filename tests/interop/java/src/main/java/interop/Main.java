@@ -32,7 +32,9 @@ public final class Main {
         PROGRAMS.put("lookup", Lookup::run);
         PROGRAMS.put("acl-clients", AclClients::run);
         PROGRAMS.put("bench-producer", BenchProducer::run);
+        PROGRAMS.put("bench-batch-producer", BenchBatchProducer::run);
         PROGRAMS.put("bench-consumer", BenchConsumer::run);
+        PROGRAMS.put("bench-lite-pull-consumer", BenchLitePullConsumer::run);
         PROGRAMS.put("mqadmin", opts -> 2); // handled in main(): its arguments are mqadmin's own
     }
 
