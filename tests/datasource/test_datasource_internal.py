@@ -330,3 +330,27 @@ def test_many_rows_go_through_one_put(broker):
     c.send(pa.table({"topic": ["Big"] * n, "body": pa.array(bodies).cast(pa.binary())}), {"mode": "normal"})
     hi, _ = c.offsets(["Big"])
     assert sum(hi["Big"].values()) == n
+
+
+def test_a_commit_rolls_back_the_halves_of_its_attempt_it_does_not_name(broker, monkeypatch):
+    """A task that failed after sending and was run again: only the retry's commit message
+    reaches commit(), so the failed task's halves (same attempt) are rolled back before the
+    commit record is written, and the check-back can never commit them.  Batches this large
+    commit through the vectorized path (commit_own)."""
+    from rmq_spark.broker.connector.sink import decode_offsets
+    from rmq_spark.services.transaction.states import TxnState
+
+    c = broker.client
+    txn = broker.core.transactions
+    general: list[int] = []
+    group = txn.commit_group
+    monkeypatch.setattr(txn, "commit_group", lambda halves, *a: general.append(len(halves)) or group(halves, *a))
+    stray = half(c, rows("S", 200, prefix="failed"), "q", 3, "a")
+    kept = half(c, rows("S", 300, prefix="retry"), "q", 3, "a")
+    assert c.commit_batch("q", 3, "a", [kept])["outcome"] == "COMMITTED"
+    assert general == []  # the vectorized path, no fallback
+    assert visible(c, "S") == sorted(f"retry{i}".encode() for i in range(300))
+    assert {txn.state(o) for o in decode_offsets([stray])} == {TxnState.ROLLED_BACK}
+    assert {txn.state(o) for o in decode_offsets([kept])} == {TxnState.COMMITTED}
+    assert c.commit_batch("q", 3, "b", [])["outcome"] == "ALREADY_COMMITTED"
+    assert visible(c, "S") == sorted(f"retry{i}".encode() for i in range(300))
