@@ -330,3 +330,49 @@ def test_many_rows_go_through_one_put(broker):
     c.send(pa.table({"topic": ["Big"] * n, "body": pa.array(bodies).cast(pa.binary())}), {"mode": "normal"})
     hi, _ = c.offsets(["Big"])
     assert sum(hi["Big"].values()) == n
+
+
+def test_a_commit_rolls_back_the_halves_of_its_attempt_it_does_not_name(broker, monkeypatch):
+    """A task that failed after sending and was run again: only the retry's commit message
+    reaches commit(), so the failed task's halves (same attempt) are rolled back before the
+    commit record is written, and the check-back can never commit them.  Batches this large
+    commit through the vectorized path (commit_own)."""
+    from rmq_spark.broker.connector.sink import decode_offsets
+    from rmq_spark.services.transaction.states import TxnState
+
+    c = broker.client
+    txn = broker.core.transactions
+    general: list[int] = []
+    group = txn.commit_group
+    monkeypatch.setattr(txn, "commit_group", lambda halves, *a: general.append(len(halves)) or group(halves, *a))
+    stray = half(c, rows("S", 200, prefix="failed"), "q", 3, "a")
+    kept = half(c, rows("S", 300, prefix="retry"), "q", 3, "a")
+    assert c.commit_batch("q", 3, "a", [kept])["outcome"] == "COMMITTED"
+    assert general == []  # the vectorized path, no fallback
+    assert visible(c, "S") == sorted(f"retry{i}".encode() for i in range(300))
+    assert {txn.state(o) for o in decode_offsets([stray])} == {TxnState.ROLLED_BACK}
+    assert {txn.state(o) for o in decode_offsets([kept])} == {TxnState.COMMITTED}
+    assert c.commit_batch("q", 3, "b", [])["outcome"] == "ALREADY_COMMITTED"
+    assert visible(c, "S") == sorted(f"retry{i}".encode() for i in range(300))
+
+
+def test_a_commit_writes_the_real_messages_encoded_when_the_halves_were_stored(broker, monkeypatch):
+    """Halves stored from bodies alone get their real messages encoded at the same time; the
+    commit appends those (no parse of the halves), and they read back as any commit's."""
+    from rmq_spark.broker.connector.sink import decode_offsets
+    from rmq_spark.services.transaction.states import TxnState
+
+    c, txn = broker.client, broker.core.transactions
+    other: list[str] = []
+    for name in ("commit_group", "commit_own"):
+        fn = getattr(txn, name)
+        monkeypatch.setattr(txn, name, lambda *a, _fn=fn, _n=name: other.append(_n) or _fn(*a))
+    offs = [half(c, rows("E", 300, prefix=f"p{k}-", queueId=[k] * 300), "q", 1, "a") for k in (0, 1)]
+    assert c.commit_batch("q", 1, "a", offs)["outcome"] == "COMMITTED"
+    assert other == []
+    assert visible(c, "E") == sorted(f"p{k}-{i}".encode() for k in (0, 1) for i in range(300))
+    assert {txn.state(o) for o in decode_offsets(offs)} == {TxnState.COMMITTED}
+    assert broker.service.sink._reals == {} and broker.service.sink._reals_bytes == 0
+    hi, _ = c.offsets(["E"])
+    got = [b for q in (0, 1) for b in c.read_arrow("E", q, 0, int(hi["E"][str(q)]))]
+    assert sum(b.num_rows for b in got) == 600

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from rmq_spark.errors import PermissionDeniedError, StoreError
 from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store.message import Message
+from rmq_spark.store.encoded import EncodedBatch
 from rmq_spark.store.store import PutResult
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,21 @@ class HalfLedger:
         """Bodies for one queue sharing ``properties`` as halves of ``producer_group`` (one write,
         built column-wise)."""
         return self._svc.prepare_bodies(topic, queue_id, bodies, properties, producer_group)
+
+    def put_half_bodies_for_commit(
+        self, topic: str, queue_id: int, bodies: list[bytes], properties: dict[str, str], producer_group: str
+    ) -> tuple[PutResult, EncodedBatch | None]:
+        """:meth:`put_half_bodies`, and the real messages their commit writes (or None), for
+        :meth:`commit_encoded`."""
+        return self._svc.prepare_bodies_for_commit(topic, queue_id, bodies, properties, producer_group)
+
+    def commit_encoded(self, offsets: Sequence[int], queue_offsets: Sequence[int], ids: list[str],
+                       reals: EncodedBatch) -> None:
+        """Commit halves the caller stored itself with the real messages made when it stored them."""
+        r = self._svc.commit_encoded(offsets, queue_offsets, ids, reals)
+        _refuse_foreign(r, len(offsets))
+        if not r.ok and r.status.value != "ALREADY_COMMITTED":
+            raise StoreError(f"committing {len(offsets)} half messages failed: {r.status.value} {_first(r)}")
 
     def register_resolver(self, prefix: str, fn: Callable[[dict[str, str]], TransactionAction]) -> None:
         """``fn`` decides the sink's orphaned halves; its UNKNOWN (an attempt still writing) ends

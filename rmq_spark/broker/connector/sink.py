@@ -42,12 +42,14 @@ from rmq_spark.broker.connector.ledger import HalfLedger, Outcome
 from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store import layout as L
 from rmq_spark.store.hashing import java_string_hash
+from rmq_spark.store.encoded import EncodedBatch, concat_encoded
 from rmq_spark.store.message import Message
 from rmq_spark.broker.access import Use, topic_name
 from rmq_spark.broker.rules import P_SINK_KEY, SendLimits, check_rows
 
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
-ATTEMPT_IDLE_MS = 300_000  # an attempt silent this long, and not committed, is given up
+ATTEMPT_IDLE_MS = 300_000
+REALS_MAX_BYTES = 512 << 20  # real messages kept for commits in flight (beyond: parsed at the commit)  # an attempt silent this long, and not committed, is given up
 ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
 
 
@@ -81,6 +83,11 @@ class SinkService:
         self._last_send_ms: dict[str, int] = {}  # attempt -> (broker clock) time of its last send
         # attempt -> CommitLog offsets of the halves this process stored for it (see _own_sent)
         self._sent: dict[str, list[np.ndarray]] = {}
+        # attempt -> the real messages of its halves, encoded when they were stored (offsets,
+        # queue offsets, ids, records); an attempt with a half stored otherwise is in _unencoded
+        self._reals: dict[str, list[tuple[np.ndarray, list[int], list[str], EncodedBatch]]] = {}
+        self._unencoded: set[str] = set()
+        self._reals_bytes = 0
         self._rr = itertools.count()
         if self.ledger is not None:
             self.ledger.register_resolver(SINK_PRODUCER_GROUP, self.resolve)
@@ -154,6 +161,32 @@ class SinkService:
         with self._lock:
             self._sent.setdefault(attempt, []).append(phys)
 
+    def _keep_reals(self, attempt: str, result: Any, reals: EncodedBatch | None) -> None:
+        """Keep the real messages of halves just stored for the commit (up to REALS_MAX_BYTES in
+        all: beyond, and for halves stored without them, the commit parses the halves)."""
+        with self._lock:
+            if reals is None or attempt in self._unencoded or self._reals_bytes + len(reals.buf) > REALS_MAX_BYTES:
+                self._unencoded.add(attempt)
+                self._reals_bytes -= sum(len(r[3].buf) for r in self._reals.pop(attempt, ()))
+                return
+            a = result.append
+            phys = np.asarray(a.phys_offsets, dtype=np.int64)
+            self._reals.setdefault(attempt, []).append((phys, list(a.queue_list()), list(reals.uniq_keys), reals))
+            self._reals_bytes += len(reals.buf)
+
+    def _encoded_commit(self, attempt: str, halves: list[int]) -> tuple[list[int], list[str], EncodedBatch] | None:
+        """The kept real messages of exactly the halves ``halves`` (queue offsets, ids, records),
+        or None."""
+        kept = self._reals.get(attempt)
+        if not kept or attempt in self._unencoded:
+            return None
+        phys = np.concatenate([k[0] for k in kept])
+        if len(phys) != len(halves) or not np.array_equal(np.sort(phys), np.sort(np.asarray(halves, dtype=np.int64))):
+            return None
+        qoffs = [q for k in kept for q in k[1]]
+        ids = [i for k in kept for i in k[2]]
+        return qoffs, ids, concat_encoded([k[3] for k in kept])
+
     @staticmethod
     def _plain(table: pa.Table) -> bool:
         """Only bodies for topics/queues: the columnar put path applies."""
@@ -193,14 +226,16 @@ class SinkService:
     def _send_plain_halves(self, table: pa.Table, qids: np.ndarray, key: str) -> P.SendResponse:
         """Rows of bodies only as halves, a column-wise write per queue."""
         n, offsets = 0, []
+        attempt = key.rsplit("|", 1)[1]
         for t, q, part in self._by_queue(table, qids):
-            result = self._halves().put_half_bodies(t, q, part, {P_SINK_KEY: key}, SINK_PRODUCER_GROUP)
+            result, reals = self._halves().put_half_bodies_for_commit(t, q, part, {P_SINK_KEY: key}, SINK_PRODUCER_GROUP)
             if not result.ok or result.append is None:
                 raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
             offsets.append(result.append.phys_offsets)
             n += len(part)
+            self._keep_reals(attempt, result, reals)
         phys = np.concatenate(offsets).astype(np.int64)
-        self._remember(key.rsplit("|", 1)[1], phys)
+        self._remember(attempt, phys)
         return P.SendResponse(count=n, offsets=encode_offsets(phys))
 
     def _queues(self, table: pa.Table) -> np.ndarray:
@@ -301,6 +336,7 @@ class SinkService:
             if committed is not None:
                 if halves and committed != attempt:
                     self._halves().rollback(halves, own)
+                self._forget(attempt)
                 return P.CommitBatchResponse(outcome=Outcome.ALREADY_COMMITTED.value, attempt=committed)
             if self.commits.aborted(attempt):
                 raise StoreError(
@@ -312,8 +348,12 @@ class SinkService:
                 self._halves().check_own(halves, own)  # before the commit record: a refusal changes nothing
             if stray:  # before the commit record, or the check-back would commit them with the batch
                 self._halves().rollback(stray, own)
+            encoded = self._encoded_commit(attempt, halves) if known and not stray else None
             self.commits.record(query_id, batch_id, attempt, self.core.clock.now_ms())
-            if halves:
+            if halves and encoded is not None:
+                phys_order = [int(p) for k in self._reals[attempt] for p in k[0]]
+                self._halves().commit_encoded(phys_order, *encoded)
+            elif halves:
                 self._halves().commit_group(halves, None if known else own)
             self._forget(attempt)
         return P.CommitBatchResponse(outcome=Outcome.COMMITTED.value, attempt=attempt)
@@ -321,6 +361,8 @@ class SinkService:
     def _forget(self, attempt: str) -> None:
         self._last_send_ms.pop(attempt, None)
         self._sent.pop(attempt, None)
+        self._unencoded.discard(attempt)
+        self._reals_bytes -= sum(len(r[3].buf) for r in self._reals.pop(attempt, ()))
 
     def abort_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> P.AbortBatchResponse:
         halves = decode_offsets(offsets)

@@ -64,7 +64,14 @@ class ParsedRecords:
 
     def values(self, key: str) -> list[str | None] | None:
         """The value of ``key`` per record (the last one when repeated; None when absent or
-        empty, as the decoder), or None when some value is not UTF-8."""
+        empty, as the decoder), or None when some value is not UTF-8.  Made once per key (the
+        list is shared: callers do not change it)."""
+        memo = self.__dict__.setdefault("_values", {})
+        if key not in memo:
+            memo[key] = self._values_of(key)
+        return memo[key]
+
+    def _values_of(self, key: str) -> list[str | None] | None:
         segs = np.flatnonzero(self.seg_key == self.keys.index(key))
         out: list[str | None] = [None] * len(self)
         if len(segs) == 0:

@@ -227,10 +227,14 @@ def body_halves(
     bodies: Sequence[bytes],
     properties: dict[str, str],
     producer_group: str,
+    ids: np.ndarray | None = None,
+    prepared_offsets: np.ndarray | None = None,
 ) -> EncodedBatch:
     """The halves of messages that differ only in their bodies (one topic and queue, shared
     ``properties``), built column-wise: the properties are encoded once, each record gets its own
-    id twice (UNIQ_KEY, the transaction id) in one numpy pass."""
+    id twice (UNIQ_KEY, the transaction id) in one numpy pass.  With ``prepared_offsets`` (the
+    halves' CommitLog offsets, ``ids`` theirs): the real messages their commit writes instead, the
+    same bytes :func:`~rmq_spark.services.transaction.commit.encode_commits` makes of them."""
     n = len(bodies)
     check_topic_cached(topic)
     cfg = store.topics.get_or_create(topic)
@@ -247,23 +251,28 @@ def body_halves(
     pre = encode_properties(base) + _UNIQ.encode()
     mid = f"\x02{_TXN_ID}".encode()
     tail = {L.P_PGROUP: producer_group, L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"}
+    if prepared_offsets is not None:  # the real messages: the half's routing dropped
+        tail = {L.P_PGROUP: producer_group}
     post = b"\x02" + encode_properties(tail)
     width = len(pre) + 32 + len(mid) + 32 + len(post)
     cfg_store = store.config
     check_properties_size(bytes(width + (PROP_CRC_BYTES if cfg_store.append_prop_crc else 0)))
-    ids = new_uniq_ids_array(n)
+    ids = new_uniq_ids_array(n) if ids is None else ids
     enc = np.empty((n, width), dtype=np.uint8)
     at = 0
     for part in (pre, ids, mid, ids, post):
         w = 32 if isinstance(part, np.ndarray) else len(part)
         enc[:, at : at + w] = part if isinstance(part, np.ndarray) else np.frombuffer(part, dtype=np.uint8)
         at += w
+    real = prepared_offsets is not None
     batch = encode_columns(
-        L.TRANS_HALF_TOPIC,
-        0,
+        topic if real else L.TRANS_HALF_TOPIC,
+        queue_id if real else 0,
         bodies,
         [{**base, **tail}] * n,  # one shared dict: tags and keys are the same for all
         enc,
+        sys_flags=L.TRANSACTION_COMMIT_TYPE if real else 0,
+        prepared_offsets=prepared_offsets if real else 0,
         born_timestamps=now_ms,
         store_host=host_bytes(cfg_store.store_host),
         store_port=cfg_store.store_port,

@@ -82,6 +82,7 @@ from rmq_spark.store.message import (
     Message,
     MessageExt,
     new_uniq_ids,
+    new_uniq_ids_array,
     tags_code,
 )
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
@@ -245,6 +246,55 @@ class TransactionService:
         return self.store.put_encoded(
             body_halves(self.store, now, topic, queue_id, bodies, properties, producer_group)
         )
+
+    def prepare_bodies_for_commit(
+        self, topic: str, queue_id: int, bodies: Sequence[bytes], properties: dict[str, str], producer_group: str
+    ) -> tuple[PutResult, EncodedBatch | None]:
+        """:meth:`prepare_bodies`, and the real messages a commit of these halves writes, encoded
+        now from the same bodies and ids (None for a few bodies: the general path): handed back
+        to :meth:`commit_encoded`, they spare the commit reading and patching the halves."""
+        if len(bodies) < PATCH_COMMIT_MIN or self._hooked() is None:
+            return self.prepare_bodies(topic, queue_id, bodies, properties, producer_group), None
+        now = self.clock.now_ms()
+        ids = new_uniq_ids_array(len(bodies))
+        r = self.store.put_encoded(body_halves(self.store, now, topic, queue_id, bodies, properties, producer_group, ids))
+        if not r.ok or r.append is None:
+            return r, None
+        phys = np.asarray(r.append.phys_offsets, dtype=np.int64)
+        reals = body_halves(self.store, now, topic, queue_id, bodies, properties, producer_group, ids, phys)
+        return r, reals
+
+    def commit_encoded(self, offsets: Sequence[int], queue_offsets: Sequence[int], ids: list[str],
+                       reals: EncodedBatch) -> GroupResult:
+        """Commit the halves at ``offsets`` (their half queue offsets and ids given) by writing the
+        op message and ``reals``, their real messages made by :meth:`prepare_bodies_for_commit`,
+        as one append; the halves must be pending (else the general :meth:`commit_group` says
+        why)."""
+        with self._lock:
+            busy = not self._state.keys().isdisjoint(ids) or not self._inflight.isdisjoint(ids)
+            if not busy:
+                self._inflight.update(ids)
+        if busy:
+            return self.commit_group(list(offsets))
+        return self._commit_written(offsets, list(queue_offsets), ids, reals)
+
+    def _commit_written(self, offsets: Sequence[int], queue_offsets: list[int], ids: list[str],
+                        reals: EncodedBatch) -> GroupResult:
+        """The op message and ``reals`` as one append, for halves marked in flight."""
+        put: PutResult | None = None
+        try:
+            op = self._op_row(queue_offsets, TransactionAction.COMMIT, len(ids))
+            put = self._put([op], reals)
+        finally:
+            with self._lock:
+                self._inflight.difference_update(ids)
+                if put is not None and put.append is not None:
+                    self._state.update(dict.fromkeys(ids, TxnState.COMMITTED))
+        if self._cache:
+            with self._cache_lock:
+                for p in offsets:
+                    self._cache.pop(p, None)
+        return GroupResult(EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT, put, ids)
 
     def _halves(
         self, msgs: Sequence[Message], group: str | None = None, force: bool = False
@@ -410,20 +460,7 @@ class TransactionService:
                 self._inflight.update(ids)
         if patched is None:  # ended already or being ended: the general path says how
             return self.commit_group(list(offsets))
-        put: PutResult | None = None
-        try:
-            op = self._op_row(rec.head["queue_offset"].tolist(), TransactionAction.COMMIT, len(ids))
-            put = self._put([op], patched)
-        finally:
-            with self._lock:
-                self._inflight.difference_update(ids)
-                if put is not None and put.append is not None:
-                    self._state.update(dict.fromkeys(ids, TxnState.COMMITTED))
-        if self._cache:
-            with self._cache_lock:
-                for p in offsets:
-                    self._cache.pop(p, None)
-        return GroupResult(EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT, put, ids)
+        return self._commit_written(offsets, rec.head["queue_offset"].tolist(), ids, patched)
 
     def rollback_group(
         self, halves: Iterable[int | tuple | HalfRef], expect: Mapping[str, str] | None = None
