@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
-import os
-import random
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
