@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextvars
 import enum
 import inspect
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -156,6 +157,9 @@ class AccessInterceptor(grpc.ServerInterceptor):
     def __init__(self, acl: AccessControl | None, services: Iterable[ServiceAccess]) -> None:
         self.acl = acl
         self.services = {s.service: s for s in services}
+        # (method, response code, ms) of every unary and server-streaming call answered, when set
+        # (``--metrics-listen``: rocketmq_rpc_latency with protocol_type="grpc")
+        self.observe: Callable[[str, str, float], None] | None = None
 
     def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
         return self.guard(continuation(details), details)
@@ -168,7 +172,7 @@ class AccessInterceptor(grpc.ServerInterceptor):
         svc = self.services.get(service)
         if svc is None or method not in svc.rules:
             return _no_rule(handler, details.method)
-        return _guarded(handler, self, svc, method, svc.rules[method])
+        return _timed(_guarded(handler, self, svc, method, svc.rules[method]), self, method)
 
     def admit(self, svc: ServiceAccess, method: str, rule: Rule | None, request: Any, context: grpc.ServicerContext) -> None:
         """Authenticate, read the need, authorize; set the caller.  Raises the refusal."""
@@ -184,6 +188,99 @@ class AccessInterceptor(grpc.ServerInterceptor):
             for topic, perm in need.topics:
                 self.acl.authorize(account, topic=topic, need=perm)  # type: ignore[union-attr]
         _CALLER.set(Caller(account))
+
+
+_CODE_NAMES: dict[tuple[type, int], str] = {}
+
+
+def _response_code(response: Any) -> str | None:
+    """The name of a RocketMQ response's ``status.code`` (``OK``, ``MESSAGE_NOT_FOUND``, ...);
+    None for a response without one (the connector's, a stream's message)."""
+    try:
+        if not response.HasField("status"):
+            return None
+    except (AttributeError, ValueError):  # not a message, or no such field
+        return None
+    status = response.status
+    code = status.code
+    key = (type(status), code)
+    name = _CODE_NAMES.get(key)
+    if name is None:
+        enum_type = type(status).DESCRIPTOR.fields_by_name["code"].enum_type
+        value = enum_type.values_by_number.get(code)
+        name = _CODE_NAMES[key] = value.name if value is not None else str(code)
+    return name
+
+
+def _timed(handler: Any, seam: AccessInterceptor, method: str) -> Any:
+    """``handler`` timed for ``seam.observe`` (read at each call: metrics may start later): a
+    unary call until its answer, a server stream until its last answer; a call that raised (an
+    abort) counts with the code ``ERROR``."""
+    if handler.unary_unary is not None:
+        inner_uu = handler.unary_unary
+        if _is_async(inner_uu):
+            async def async_unary_unary(request: Any, context: Any) -> Any:
+                observe = seam.observe
+                if observe is None:
+                    return await inner_uu(request, context)
+                t0 = time.perf_counter()
+                code = "ERROR"
+                try:
+                    response = await inner_uu(request, context)
+                    code = _response_code(response) or "OK"
+                    return response
+                finally:
+                    observe(method, code, (time.perf_counter() - t0) * 1000.0)
+
+            return handler._replace(unary_unary=async_unary_unary)
+
+        def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
+            observe = seam.observe
+            if observe is None:
+                return inner_uu(request, context)
+            t0 = time.perf_counter()
+            code = "ERROR"
+            try:
+                response = inner_uu(request, context)
+                code = _response_code(response) or "OK"
+                return response
+            finally:
+                observe(method, code, (time.perf_counter() - t0) * 1000.0)
+
+        return handler._replace(unary_unary=unary_unary)
+    if handler.unary_stream is not None:
+        inner_us = handler.unary_stream
+        if _is_async(inner_us):
+            async def async_unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                observe = seam.observe
+                t0 = time.perf_counter()
+                code = "ERROR"
+                try:
+                    async for response in inner_us(request, context):
+                        code = _response_code(response) or code
+                        yield response
+                    code = "OK" if code == "ERROR" else code
+                finally:
+                    if observe is not None:
+                        observe(method, code, (time.perf_counter() - t0) * 1000.0)
+
+            return handler._replace(unary_stream=async_unary_stream)
+
+        def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            observe = seam.observe
+            t0 = time.perf_counter()
+            code = "ERROR"
+            try:
+                for response in inner_us(request, context):
+                    code = _response_code(response) or code
+                    yield response
+                code = "OK" if code == "ERROR" else code
+            finally:
+                if observe is not None:
+                    observe(method, code, (time.perf_counter() - t0) * 1000.0)
+
+        return handler._replace(unary_stream=unary_stream)
+    return handler
 
 
 def _metadata(context: grpc.ServicerContext) -> dict[str, str]:

@@ -256,6 +256,11 @@ def start_metrics(broker: Any) -> MetricsServer:
             traffic.request("remoting", code, response, ms)
 
         remoting.broker_server.processor.observe = observe
+
+    def observe_grpc(method: str, code: str, ms: float) -> None:
+        traffic.request("grpc", method, code, ms)
+
+    broker.access.observe = observe_grpc  # every gRPC call on the port (broker/access.py)
     collector = BrokerCollector(broker.core, traffic, cluster=broker.options.cluster_name,
                                 node_id=broker.core.config.broker_name, pop=broker.service.pop,
                                 clients=clients)  # fmt: skip

@@ -109,6 +109,15 @@ def test_traffic_consumers_and_store_metrics(broker):
 
     assert value(got_metrics, "rocketmq_rpc_latency_count", protocol_type="remoting",
                  request_code=str(int(RequestCode.GET_BROKER_RUNTIME_INFO)), response_code="0") == 1
+    # gRPC calls too, by method and the name of the response's status code
+    assert value(got_metrics, "rocketmq_rpc_latency_count", protocol_type="grpc", request_code="SendMessage",
+                 response_code="OK") == len(bodies) + 1
+    assert value(got_metrics, "rocketmq_rpc_latency_count", protocol_type="grpc", request_code="AckMessage",
+                 response_code="OK") == len(got) - 1
+    assert value(got_metrics, "rocketmq_rpc_latency_count", protocol_type="grpc", request_code="ReceiveMessage",
+                 response_code="OK") >= 1
+    assert value(got_metrics, "rocketmq_rpc_latency_sum", protocol_type="grpc", request_code="SendMessage",
+                 response_code="OK") > 0
     segments = [f for f in os.listdir(os.path.join(broker.store.root, "commitlog"))]
     assert value(got_metrics, "rmq_spark_commitlog_segments") == len(segments)
     assert value(got_metrics, "rocketmq_storage_size", storage_type="local", storage_medium="disk") > 0
