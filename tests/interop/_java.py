@@ -161,6 +161,7 @@ class JavaPrograms:
     def __init__(self, version: str, classpath: str) -> None:
         self.version = version
         self.classpath = classpath
+        self.last_stderr = ""  # what the last mqadmin printed on stderr
 
     def command(self, program: str, *args: str, home: str | os.PathLike[str],
                 jvm_flags: tuple[str, ...] = ()) -> list[str]:
@@ -197,6 +198,7 @@ class JavaPrograms:
         """Runs the real mqadmin (``MQAdminStartup``) and returns what it printed."""
         proc = subprocess.run(self.command("mqadmin", *args, home=home), check=False, capture_output=True,
                               text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        self.last_stderr = proc.stderr
         if proc.returncode != 0:
             raise AssertionError(f"mqadmin {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc.stdout

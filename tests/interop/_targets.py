@@ -62,11 +62,17 @@ class Target:
 
     def create_topic(self, programs: JavaPrograms, home: Path, topic: str, queues: int = 4,
                      order: bool = False) -> None:
-        """mqadmin updateTopic on every broker of the cluster, then waits for the route."""
-        out = programs.mqadmin("updateTopic", "-n", self.namesrv_addr, "-c", self.cluster, "-t", topic,
-                               "-r", str(queues), "-w", str(queues), "-o", str(order).lower(), home=home)
-        if out.count("success") < len(self.broker_names):
-            raise AssertionError(f"updateTopic {topic}: {out}")
+        """mqadmin updateTopic on every broker of the cluster, then waits for the route.  Tried up
+        to three times (it is idempotent): mqadmin's requests time out after 3 s, which a loaded
+        machine can exceed, and it then prints its exception on stderr and exits 0."""
+        for attempt in range(3):
+            out = programs.mqadmin("updateTopic", "-n", self.namesrv_addr, "-c", self.cluster, "-t", topic,
+                                   "-r", str(queues), "-w", str(queues), "-o", str(order).lower(), home=home)
+            if out.count("success") >= len(self.broker_names):
+                break
+            time.sleep(1.0)
+        else:
+            raise AssertionError(f"updateTopic {topic}: {out}\n{programs.last_stderr}")
         self.wait_route(topic)
 
     def wait_route(self, topic: str) -> None:
