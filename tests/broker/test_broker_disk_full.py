@@ -25,10 +25,10 @@ def small_fs(tmp_path):
     mnt = tmp_path / "fs"
     mnt.mkdir()
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        pytest.fail("mounting a tmpfs needs root: run the suite as root (these machines do), as the disk-full test must")
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True)
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode(errors='replace').strip()}")
+        pytest.fail(f"cannot mount a tmpfs for the disk-full test: {r.stderr.decode(errors='replace').strip()}")
     try:
         yield str(mnt)
     finally:

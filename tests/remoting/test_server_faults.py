@@ -99,7 +99,7 @@ def test_a_thousand_idle_connections_cost_no_thread_and_block_nothing(broker):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < need:
         if hard != resource.RLIM_INFINITY and hard < need:
-            pytest.skip(f"the descriptor limit ({hard}) is below the {need} this test needs")
+            pytest.fail(f"the descriptor limit ({hard}) is below the {need} this test needs: raise it (ulimit -Hn)")
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
     threads_before = threading.active_count()
     idle = [_connect(broker.remoting_endpoint) for _ in range(1000)]
