@@ -304,16 +304,7 @@ class IndexService:
             rec_arr, hashes = rec_arr[order], hashes[order]
         key_phys = np.asarray(phys, dtype=np.int64)[rec_arr]
         key_ts = np.asarray(store_ts, dtype=np.int64)[rec_arr]
-        done = 0
-        try:
-            while done < len(hashes):
-                f, take = self._room_for(key_phys, done)
-                done += f.put_hashes(hashes[done : done + take], key_phys[done : done + take], key_ts[done : done + take])
-        except DiskFullError as e:
-            self._lag(int(key_phys[done]), e)
-            return len(sel)
-        self._last_phy = int(key_phys[-1])
-        self._lag_logged = False
+        self._put(hashes, key_phys, key_ts)
         return len(sel)
 
     def _index_uniq(
@@ -332,6 +323,12 @@ class IndexService:
         hashes = index_hashes([prefix + u for u in picked])  # type: ignore[operator]
         key_phys = phys[sel]
         key_ts = np.asarray(store_ts, dtype=np.int64)[sel]
+        self._put(hashes, key_phys, key_ts)
+        return len(sel)
+
+    def _put(self, hashes: np.ndarray, key_phys: np.ndarray, key_ts: np.ndarray) -> None:
+        """Write the entries (in record order) to the index files; on a full disk what is left is
+        indexed later (:meth:`_lag`)."""
         done = 0
         try:
             while done < len(hashes):
@@ -339,10 +336,9 @@ class IndexService:
                 done += f.put_hashes(hashes[done : done + take], key_phys[done : done + take], key_ts[done : done + take])
         except DiskFullError as e:
             self._lag(int(key_phys[done]), e)
-            return len(sel)
+            return
         self._last_phy = int(key_phys[-1])
         self._lag_logged = False
-        return len(sel)
 
     def _lag(self, phys: int, e: DiskFullError) -> None:
         """No new index file on a full disk: the records from ``phys`` on are indexed later, from
