@@ -7,13 +7,13 @@ MAGICCODE field holds a message magic is a candidate (found by one byte compare 
 TOTALSIZE reaches, and the chain from position 0 is followed by pointer doubling (log2(n) numpy
 steps).  A chain that does not end exactly at the buffer's end is a :class:`CorruptStoreError`.
 
-Bodies the Java producer compressed (SYSFLAG bit 0; zlib, RocketMQ 4.x and 5's ZLIB type) are
-inflated here, one call per compressed body (only those, which are over 4 KiB each).
+Bodies the Java producer compressed (SYSFLAG bit 0: zlib, or LZ4 / zstd by the compression type
+bits) are inflated by :func:`rmq_spark.store.apache.inflate_bodies`, the offline reader's, one
+call per compressed body (only those, which are over 4 KiB each).
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from types import SimpleNamespace
 
@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store import record as R
+from rmq_spark.store.apache import inflate_bodies
 from rmq_spark.store.message import offset_msg_ids
 from rmq_spark.store.reader import MESSAGE_SCHEMA, TS, _Columns, _repeated_string, _timestamps, empty_batch
 from rmq_spark.store.views import _at, _fixed_strings, _gather
@@ -33,8 +34,6 @@ __all__ = ["record_starts", "records_arrow"]
 _MAGICS = np.array([L.MAGIC_V1, L.MAGIC_V2], dtype=np.uint32)
 _MAGIC_BYTE0 = L.MAGIC_V1 >> 24
 assert L.MAGIC_V2 >> 24 == _MAGIC_BYTE0
-COMPRESSION_TYPE_MASK = 0x7 << 8  # MessageSysFlag.COMPRESSION_TYPE_COMPARATOR
-COMPRESSION_ZLIB = 0x3 << 8
 
 
 def record_starts(buf: np.ndarray) -> np.ndarray:
@@ -77,21 +76,6 @@ def record_starts(buf: np.ndarray) -> np.ndarray:
     return starts
 
 
-def _inflate(body: pa.Array, sys_flag: np.ndarray) -> pa.Array:
-    rows = np.flatnonzero(sys_flag & L.FLAG_COMPRESSED)
-    if len(rows) == 0:
-        return body
-    kinds = sys_flag[rows] & COMPRESSION_TYPE_MASK
-    bad = kinds[(kinds != 0) & (kinds != COMPRESSION_ZLIB)]
-    if len(bad):
-        raise CorruptStoreError(f"a message body is compressed with type {int(bad[0]) >> 8} (LZ4 or ZSTD); "
-                                "only zlib-compressed bodies can be read")
-    values = body.to_pylist()
-    for r in rows.tolist():
-        values[r] = zlib.decompress(values[r])
-    return pa.array(values, pa.binary())
-
-
 def records_arrow(data: bytes | bytearray | memoryview, columns: Sequence[str] | None = None,
                   tag_filter: object | None = None, sql_filter: object | None = None) -> pa.RecordBatch:
     """Every record of ``data`` as a batch of :data:`~rmq_spark.store.reader.MESSAGE_SCHEMA`."""
@@ -128,7 +112,7 @@ def records_arrow(data: bytes | bytearray | memoryview, columns: Sequence[str] |
         "commitLogOffset": pa.array(phys),
     }
     if "body" in need:
-        values["body"] = _inflate(cols.bytes_column(lambda p: p.head.body_start, lambda p: p.head.body_len),
+        values["body"] = inflate_bodies(cols.bytes_column(lambda p: p.head.body_start, lambda p: p.head.body_len),
                                   head.sys_flag)
     if "bornTimestamp" in need:
         values["bornTimestamp"] = _timestamps(cols.field("born_ts"))
