@@ -45,6 +45,38 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+WAIT = -1  # admitted_rows: wait for more (minOffsetsPerTrigger, before maxTriggerDelay)
+
+
+def default_read_limit(opts: SourceOptions) -> ReadLimit:
+    """The read limit the options ask for (Spark passes it back to ``latestOffset``)."""
+    if opts.max_offsets_per_trigger is not None:
+        return ReadMaxRows(opts.max_offsets_per_trigger)
+    if opts.min_offsets_per_trigger is not None:
+        return ReadMinRows(opts.min_offsets_per_trigger)
+    return ReadAllAvailable()
+
+
+def admitted_rows(opts: SourceOptions, limit: ReadLimit, available: int, available_now: bool,
+                  last_batch_ms: int) -> int | None:
+    """Admission control of a micro-batch with ``available`` rows: how many it may take (None:
+    all), or :data:`WAIT` while fewer than ``minOffsetsPerTrigger`` wait less than
+    ``maxTriggerDelay`` (never under AvailableNow, which must finish)."""
+    if isinstance(limit, ReadAllAvailable):
+        return None
+    if (
+        opts.min_offsets_per_trigger is not None
+        and available < opts.min_offsets_per_trigger
+        and not available_now
+        and _now_ms() - last_batch_ms < opts.max_trigger_delay_ms
+    ):
+        return WAIT
+    max_rows = opts.max_offsets_per_trigger
+    if isinstance(limit, ReadMaxRows):
+        max_rows = limit.max_rows if max_rows is None else min(max_rows, limit.max_rows)
+    return max_rows
+
+
 class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions, schema: StructType) -> None:
         self.opts = opts
@@ -69,12 +101,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return O.canonical(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        o = self.opts
-        if o.max_offsets_per_trigger is not None:
-            return ReadMaxRows(o.max_offsets_per_trigger)
-        if o.min_offsets_per_trigger is not None:
-            return ReadMinRows(o.min_offsets_per_trigger)
-        return ReadAllAvailable()
+        return default_read_limit(self.opts)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target, _ = self.planner.snapshot()
@@ -91,21 +118,11 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         available = O.total_rows(start, end)
         if available == 0:
             return start
-        if not isinstance(limit, ReadAllAvailable):
-            o = self.opts
-            now = _now_ms()
-            if (
-                o.min_offsets_per_trigger is not None
-                and available < o.min_offsets_per_trigger
-                and self._target is None  # AvailableNow must finish: it never waits for more
-                and now - self._last_batch_ms < o.max_trigger_delay_ms
-            ):
-                return start
-            max_rows = o.max_offsets_per_trigger
-            if isinstance(limit, ReadMaxRows):
-                max_rows = limit.max_rows if max_rows is None else min(max_rows, limit.max_rows)
-            if max_rows is not None:
-                end = O.not_before(O.rate_limit(start, end, max_rows), start)
+        rows = admitted_rows(self.opts, limit, available, self._target is not None, self._last_batch_ms)
+        if rows == WAIT:
+            return start
+        if rows is not None:
+            end = O.not_before(O.rate_limit(start, end, rows), start)
         if O.same(end, start):
             return start
         self._last_batch_ms = _now_ms()

@@ -20,10 +20,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
     ReadLimit,
-    ReadMaxRows,
-    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
@@ -40,6 +37,7 @@ from rmq_spark.datasource.cluster.planner import (
 from rmq_spark.datasource.cluster.read import ClusterRange, ClusterReadContext, read_rows, split_cluster_range
 from rmq_spark.datasource.options import SourceOptions
 from rmq_spark.datasource.read.partition import DataLossError
+from rmq_spark.datasource.stream_reader import WAIT, admitted_rows, default_read_limit
 
 log = logging.getLogger("rmq_spark.datasource.cluster")
 
@@ -88,12 +86,7 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return C.nested(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        o = self.opts
-        if o.max_offsets_per_trigger is not None:
-            return ReadMaxRows(o.max_offsets_per_trigger)
-        if o.min_offsets_per_trigger is not None:
-            return ReadMinRows(o.min_offsets_per_trigger)
-        return ReadAllAvailable()
+        return default_read_limit(self.opts)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = dict(self.planner.snapshot_all().hi)
@@ -135,16 +128,12 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         available = C.total_rows(base, end)
         if available == 0 and set(end) == set(begin):
             return C.nested(begin)
-        if not isinstance(limit, ReadAllAvailable) and available:
-            o = self.opts
-            if (o.min_offsets_per_trigger is not None and available < o.min_offsets_per_trigger
-                    and self._target is None and _now_ms() - self._last_batch_ms < o.max_trigger_delay_ms):
+        if available:
+            rows = admitted_rows(self.opts, limit, available, self._target is not None, self._last_batch_ms)
+            if rows == WAIT:
                 return C.nested(begin)
-            max_rows = o.max_offsets_per_trigger
-            if isinstance(limit, ReadMaxRows):
-                max_rows = limit.max_rows if max_rows is None else min(max_rows, limit.max_rows)
-            if max_rows is not None:
-                end = C.not_before(C.rate_limit(base, end, max_rows), base)
+            if rows is not None:
+                end = C.not_before(C.rate_limit(base, end, rows), base)
         self._last_batch_ms = _now_ms()
         return C.nested(end)
 
