@@ -195,6 +195,13 @@ class PopService:
             g.queues.pop((MAIN, topic, queue_id), None)
             g.queues.pop((RETRY, topic, queue_id), None)
 
+    def forget_topic(self, topic: str) -> None:
+        """Forget every group's state of ``topic``'s queues (the topic was deleted)."""
+        for g in list(self._groups.values()):
+            with g.lock:
+                for key in [k for k in g.queues if k[1] == topic]:
+                    del g.queues[key]
+
     # --- receive --------------------------------------------------------------------------------
     def pop(
         self,

@@ -325,6 +325,7 @@ class Broker:
                                                 namesrv_addrs=list(self.options.namesrv_addrs),
                                                 activity=self.activity, access_control=acl)  # fmt: skip
                 self.remoting.admin.on_reset = self.service.pop.reset  # its pop state forgets the queue
+                self.remoting.admin.on_delete = self.service.pop.forget_topic
             if self.options.metrics_listen:
                 from rmq_spark.broker.metrics import start_metrics
 

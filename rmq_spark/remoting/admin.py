@@ -46,6 +46,7 @@ class AdminProcessor:
         # told of every queue whose committed offset a reset moved: (group, topic, queue id) (the
         # broker's pop state forgets what it held of it)
         self.on_reset: Callable[[str, str, int], None] | None = None
+        self.on_delete: Callable[[str], None] | None = None  # told of each deleted topic
 
     # --- topics ---------------------------------------------------------------------------------
     def update_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
@@ -61,12 +62,14 @@ class AdminProcessor:
         return req.response(ResponseCode.SUCCESS)
 
     def delete_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
-        """DELETE_TOPIC_IN_BROKER: the topic's config goes (its stored messages stay until the
-        CommitLog segments holding them are deleted)."""
+        """DELETE_TOPIC_IN_BROKER: the topic's config, ConsumeQueues and consumer offsets go (its
+        records stay in the CommitLog, hidden, until their segments expire)."""
         topic = fields_of(req.ext_fields).str("topic")
         if L.is_system_topic(topic):
             return req.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
-        self.store.topics.delete(topic)
+        self.store.delete_topic(topic)
+        if self.on_delete is not None:
+            self.on_delete(topic)
         return req.response(ResponseCode.SUCCESS)
 
     def all_subscription_groups(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:

@@ -105,10 +105,15 @@ def check_units(
 
 
 def check_consume_queues(
-    cqs: Mapping[tuple[str, int], ConsumeQueue], commitlog: MappedFileQueue, end: int, force_prop_crc: bool
+    cqs: Mapping[tuple[str, int], ConsumeQueue],
+    commitlog: MappedFileQueue,
+    end: int,
+    force_prop_crc: bool,
+    deleted: Mapping[str, int] | None = None,
 ) -> list[str]:
     """What is wrong with the queues (each problem names its file and position; empty when
-    every unit is sound and together they index every record of the log up to ``end``).
+    every unit is sound and together they index every record of the log up to ``end``, but
+    for the records of a deleted topic below its tombstone in ``deleted``, which get none).
     Damage in the CommitLog itself, found in a gap between units, raises
     :class:`CorruptStoreError`."""
     problems: list[str] = []
@@ -125,10 +130,15 @@ def check_consume_queues(
         bad = bad_units(commitlog, phys, sizes, topic, qid, qoffs, force_prop_crc, check_crc=False)
         bad &= live
         bad |= live & (phys + sizes > end)
+        if deleted and topic in deleted:
+            bad |= live & (phys < deleted[topic])
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             path, pos = cq.unit_location(lo + i)
-            _, _, why = why_bad(commitlog, int(phys[i]), int(sizes[i]), force_prop_crc)
+            if deleted and int(phys[i]) < deleted.get(topic, -1):
+                why = f"the topic was deleted at CommitLog offset {deleted[topic]}"
+            else:
+                _, _, why = why_bad(commitlog, int(phys[i]), int(sizes[i]), force_prop_crc)
             problems.append(
                 f"{path}: unit {lo + i} of {topic}/{qid} at position {pos} (CommitLog offset "
                 f"{int(phys[i])}, {int(sizes[i])} bytes): {why}"
@@ -149,13 +159,15 @@ def check_consume_queues(
         i = int(overlap[0])
         return [f"{commitlog.directory}: two units name the bytes at CommitLog offset {int(nexts[i])}"]
     for a, b in zip(starts[nexts > starts].tolist(), nexts[nexts > starts].tolist()):
-        problem = _walk_gap(commitlog, a, b, force_prop_crc)
+        problem = _walk_gap(commitlog, a, b, force_prop_crc, deleted or {})
         if problem:
             return [problem]
     return []
 
 
-def _walk_gap(commitlog: MappedFileQueue, start: int, stop: int, force_prop_crc: bool) -> str:
+def _walk_gap(
+    commitlog: MappedFileQueue, start: int, stop: int, force_prop_crc: bool, deleted: Mapping[str, int]
+) -> str:
     """Records in ``[start, stop)`` that no unit names must be ones that get none."""
     offset = start
     while offset < stop:
@@ -178,6 +190,9 @@ def _walk_gap(commitlog: MappedFileQueue, start: int, stop: int, force_prop_crc:
         tran = sys_flag & L.TRANSACTION_MASK
         if tran in (L.TRANSACTION_NOT_TYPE, L.TRANSACTION_COMMIT_TYPE):
             m = R.decode_record(mf.mm, pos, read_body=False)
+            if offset < deleted.get(m.topic, -1):  # a deleted topic's
+                offset += size
+                continue
             return (
                 f"{mf.path}: the record at position {pos} (offset {offset}) of {m.topic}/{m.queue_id} "
                 f"offset {m.queue_offset} has no ConsumeQueue unit"

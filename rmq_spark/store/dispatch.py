@@ -110,6 +110,19 @@ class DispatchBatch:
         t = self.sys_flags & L.TRANSACTION_MASK
         return (t == L.TRANSACTION_NOT_TYPE) | (t == L.TRANSACTION_COMMIT_TYPE)
 
+    def take(self, idx: np.ndarray) -> DispatchBatch:
+        """The records at ``idx`` (ascending), as a batch of their own."""
+        at = idx.tolist()
+
+        def pick(values: list) -> list:  # type: ignore[type-arg]
+            return [values[i] for i in at] if values else values
+
+        return DispatchBatch(
+            self.phys[idx], self.sizes[idx], pick(self.topics), self.queue_ids[idx], self.queue_offsets[idx],
+            self.tags_codes[idx], self.sys_flags[idx], self.store_timestamps[idx],
+            pick(self.keys), pick(self.uniq_keys), pick(self.properties),
+        )  # fmt: skip
+
     def groups(self) -> dict[tuple[str, int], np.ndarray]:
         """Record indexes per (topic, queueId), in CommitLog order."""
         return group_by_queue(self.topics, self.queue_ids)

@@ -17,6 +17,7 @@ INFLIGHT_FILE = "inflight"  # the CommitLog write under way (store.inflight)
 LOCK_FILE = "lock"
 TOPICS_FILE = "topics.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
+DELETED_TOPICS_FILE = "deletedTopics.json"  # store.deleted: tombstones of deleted topics
 DELAY_OFFSET_FILE = "delayOffset.json"
 
 # --- default sizes ------------------------------------------------------------------------------

@@ -71,6 +71,14 @@ class ConsumerOffsetManager:
             self._dirty = True
         self.persist()
 
+    def remove_topic(self, topic: str) -> None:
+        """Every group's offsets of ``topic`` go (the topic was deleted)."""
+        with self._lock:
+            for k in [k for k in self._table if k.rsplit("@", 1)[0] == topic]:
+                del self._table[k]
+            self._dirty = True
+        self.persist()
+
     def persist(self) -> None:
         with self._lock:
             if not self._dirty and os.path.exists(self.path):

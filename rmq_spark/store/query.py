@@ -8,7 +8,7 @@ queue offset for a store time.
 * **unique id**: the index under ``topic#UNIQ_KEY``; records whose UNIQ_KEY or topic differ (hash
   collisions) are dropped; when several records carry the id the earliest stored wins, as in
   RocketMQ's ``MQAdminImpl.queryMessageByUniqKey``.  Without a topic every non-system topic is
-  searched.
+  searched.  Records of a deleted topic (:mod:`rmq_spark.store.deleted`) are never found.
 * **key**: the index under ``topic#key``; newest first, at most ``limit``; a record matches when one
   of its space-separated KEYS equals ``key`` exactly and its store time (milliseconds, re-read from
   the record) lies in ``[begin_ms, end_ms]``.  Collisions never use up the limit: the index is asked
@@ -95,13 +95,14 @@ class MessageQuery:
         else:
             topics = [topic]
         best: MessageExt | None = None
+        deleted = self.store.deleted.is_deleted
         for t in topics:
             want = _UNIQ_CANDIDATES
             while True:
                 offsets = index.query_offsets(t, uniq_id, want)
                 for phy in offsets:
                     m = self.read_at(phy)
-                    if m is None or m.topic != t or m.uniq_key != uniq_id:
+                    if m is None or m.topic != t or m.uniq_key != uniq_id or deleted(t, phy):
                         continue
                     if best is None or (m.store_timestamp_ms, m.commitlog_offset) < (
                         best.store_timestamp_ms, best.commitlog_offset
@@ -127,6 +128,7 @@ class MessageQuery:
         if limit <= 0 or not key or begin_ms > end_ms:
             return []
         want = limit
+        deleted = self.store.deleted.is_deleted
         while True:
             offsets = index.query_offsets(topic, key, want, begin_ms, end_ms)
             out: list[MessageExt] = []
@@ -138,6 +140,7 @@ class MessageQuery:
                 m = self.read_at(phy)
                 if (
                     m is None
+                    or deleted(topic, phy)
                     or m.topic != topic
                     or not begin_ms <= m.store_timestamp_ms <= end_ms
                     or key not in (m.keys or "").split(L.KEY_SEPARATOR)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from rmq_spark.store.commitlog import AppendResult, CommitLog
 from rmq_spark.store.config import TopicConfigManager
 from rmq_spark.store.consistency import check_consume_queues
 from rmq_spark.store.consumequeue import ConsumeQueue
+from rmq_spark.store.deleted import DeletedTopics
 from rmq_spark.store.dispatch import ConsumeQueueDispatcher, DispatchBatch, Dispatcher, as_list, group_by_queue
 from rmq_spark.store.flush import AsyncFlushService, GroupCommitService
 from rmq_spark.store.mapped import is_no_space, make_dirs
@@ -145,6 +147,7 @@ class MessageStore:
         self._crc_reserve = PROP_CRC_PLACEHOLDER if cfg.append_prop_crc else b""
         self.topics = TopicConfigManager(self.root, cfg.auto_create_topics, cfg.default_queue_nums)
         self.offsets = ConsumerOffsetManager(self.root)
+        self.deleted = DeletedTopics(self.root)
         self.checkpoint = StoreCheckpoint(self.root)
         self.commitlog = CommitLog(
             os.path.join(self.root, L.COMMITLOG_DIR),
@@ -288,7 +291,9 @@ class MessageStore:
             for cq in self._cqs.values():
                 cq.destroy()
             self._cqs.clear()
+            self.deleted.prune(1 << 62)  # no record left: a tombstone would hide new ones at offset 0
             return
+        self._drop_deleted_queues()
         has_cqs = any(cq.max_offset > 0 for cq in self._cqs.values())
         scan_from = min(cp.dispatched_offset, cp.confirm_phy_offset) if has_cqs else cl.min_offset
         try:
@@ -309,12 +314,13 @@ class MessageStore:
             if cq.max_phys_end > end:
                 cq.truncate_dirty(end)
         problems = [cq.damage for cq in self._cqs.values() if cq.damage]
-        problems += check_consume_queues(self._cqs, cl.mfq, end, self.config.append_prop_crc)
+        problems += check_consume_queues(self._cqs, cl.mfq, end, self.config.append_prop_crc, self.deleted.below)
         if problems:
             for problem in problems:
                 log.error("%s; the ConsumeQueues are rebuilt from the CommitLog, checked again", problem)
             self._rebuild_consume_queues(end)
         cl.queue_table = {k: cq.max_offset for k, cq in self._cqs.items()}
+        self.deleted.prune(cl.min_offset)
         self.dispatched_offset = end
         cp.confirm_phy_offset = end
         cp.dispatched_offset = end
@@ -329,7 +335,23 @@ class MessageStore:
         cl = self.commitlog
         cl.recover(cl.min_offset, end, self.config.truncate_corrupt, self._redispatch, force_prop_crc=self.config.append_prop_crc)
 
+    def _drop_deleted_queues(self) -> None:
+        """ConsumeQueues still holding units of a deleted topic (the broker stopped between the
+        tombstone and the files' removal) go; the check then rebuilds what the topic holds anew."""
+        for key, cq in list(self._cqs.items()):
+            below = self.deleted.below.get(key[0])
+            if below is None or cq.max_offset <= cq.min_offset:
+                continue
+            first = cq.unit(cq.min_offset)
+            if first is not None and first[0] < below:
+                log.warning("recovery: ConsumeQueue %s/%d of a deleted topic removed", *key)
+                cq.destroy()
+                del self._cqs[key]
+
     def _redispatch(self, batch: DispatchBatch) -> None:
+        batch = self.deleted.live(batch)
+        if len(batch) == 0:
+            return
         batch.tags_codes = np.fromiter(
             (
                 self._special_tags_code(t, p, int(ts)) or tags_code(p.get(L.P_TAGS))
@@ -354,6 +376,28 @@ class MessageStore:
             for mf, (w, f) in zip(self.commitlog.mfq.files, saved):
                 mf.wrote_position, mf.flushed_position = w, f
             assert self.commitlog.max_offset == end
+
+    # --- topics -------------------------------------------------------------------------------------
+    def delete_topic(self, topic: str) -> None:
+        """Delete ``topic`` as RocketMQ's ``deleteTopics`` does: its config, ConsumeQueues and
+        consumer offsets go; its records stay in the CommitLog until their segments expire, behind
+        a tombstone (:mod:`rmq_spark.store.deleted`) so that no check, recovery or lookup brings
+        them back, and a topic created again under the name starts empty, at queue offset 0."""
+        cl = self.commitlog
+        with cl.put_lock:
+            if self._group_commit is not None:  # what waits for its fdatasync is dispatched first
+                self._sync_flush()
+            self.deleted.add(topic, cl.max_offset)
+            with self.publish_lock:
+                keys = [k for k in self._cqs if k[0] == topic]
+                for key in keys:
+                    self._cqs.pop(key).destroy()
+                    cl.queue_table.pop(key, None)
+            shutil.rmtree(os.path.join(self.root, L.CONSUMEQUEUE_DIR, topic), ignore_errors=True)
+        self.offsets.remove_topic(topic)
+        self.topics.delete(topic)
+        log.info("topic %s deleted: %d ConsumeQueue(s) removed, its records hidden below CommitLog offset %d",
+                 topic, len(keys), self.deleted.below[topic])  # fmt: skip
 
     def _special_tags_code(self, topic: str, props: dict[str, str], store_ts: int) -> int | None:
         """The tagsCode a topic's rule gives a record (None: the hash of its TAGS)."""

@@ -114,6 +114,29 @@ def test_topic_lifecycle_through_the_namesrv_and_the_broker(capsys, broker):
     assert "Lifecycle" not in {t["topic"] for t in admin_json(capsys, broker, "topics", "list")}
 
 
+def test_a_deleted_topic_created_again_starts_empty(capsys, broker):
+    """As on Apache RocketMQ: the delete takes the topic's queues and its groups' offsets along, so
+    the topic made again under the name holds only what is sent to it afterwards."""
+    admin_json(capsys, broker, "topics", "create", "Reborn", "-q", "2")
+    produce(broker, "Reborn", ["old-1", "old-2", "old-3"])
+    assert len(consume(broker, "RebornGroup", "Reborn", 3)) == 3
+    lag = admin_json(capsys, broker, "groups", "lag", "RebornGroup", "-t", "Reborn")
+    assert sum(q["consumer_offset"] for q in lag["queues"]) == 3
+
+    admin_json(capsys, broker, "topics", "delete", "Reborn")
+    admin_json(capsys, broker, "topics", "create", "Reborn", "-q", "2")
+    assert [(q["min_offset"], q["max_offset"]) for q in admin_json(capsys, broker, "topics", "queues", "Reborn")] == [
+        (0, 0), (0, 0)]  # fmt: skip
+    code, _, err = admin(capsys, broker, "messages", "key", "Reborn", "old-1")
+    assert code == 1 and "no message of topic 'Reborn' has key 'old-1'" in err
+    produce(broker, "Reborn", ["new-1", "new-2"])
+    assert [m["keys"] for m in admin_json(capsys, broker, "messages", "key", "Reborn", "new-2")] == ["new-2"]
+    lag = admin_json(capsys, broker, "groups", "lag", "RebornGroup", "-t", "Reborn")
+    assert (sum(q["consumer_offset"] for q in lag["queues"]), lag["total_lag"]) == (0, 2)  # offsets went too
+    got = consume(broker, "RebornGroup", "Reborn", 2)
+    assert sorted(m.body for m in got) == [b"body of new-1", b"body of new-2"]
+
+
 def test_queues_and_message_lookups(capsys, broker):
     keys = ["order-1", "order-2", "order-3"]
     ids = produce(broker, "Lookups", keys)
