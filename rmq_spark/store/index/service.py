@@ -244,10 +244,9 @@ class IndexService:
         last = self._last_phy
         if (
             isinstance(phys, np.ndarray) and isinstance(sys_flags, np.ndarray) and len(phys) > SMALL_KEYS
-            and not any(keys) and topics.count(topics[0]) == len(topics)
-            and len(uniq_keys) == len(phys) and all(uniq_keys)
+            and not any(keys) and len(uniq_keys) == len(phys) and all(uniq_keys)
         ):  # fmt: skip
-            return self._index_uniq(phys, topics[0], sys_flags, store_ts, uniq_keys, last)
+            return self._index_uniq(phys, topics, sys_flags, store_ts, uniq_keys, last)
         phys_list = phys.tolist() if isinstance(phys, np.ndarray) else list(phys)
         sflags = sys_flags.tolist() if isinstance(sys_flags, np.ndarray) else list(sys_flags)
         sel = [
@@ -308,19 +307,26 @@ class IndexService:
         return len(sel)
 
     def _index_uniq(
-        self, phys: np.ndarray, topic: str, sys_flags: np.ndarray, store_ts: np.ndarray | list[int],
+        self, phys: np.ndarray, topics: list[str], sys_flags: np.ndarray, store_ts: np.ndarray | list[int],
         uniq_keys: list[str | None], last: int,
     ) -> int:
-        """:meth:`_index` of a large batch of one topic whose records have ids and no keys (a
-        bulk put, a sink's rows): the same entries, selected with numpy, in record order."""
+        """:meth:`_index` of a large batch whose records have ids and no keys (a bulk put, a
+        sink's rows, a group commit with its op message): the same entries, selected with numpy,
+        in record order."""
         phys = np.asarray(phys, dtype=np.int64)
         keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
         sel = np.flatnonzero(keep)
         if len(sel) == 0:
             return 0
-        prefix = topic + "#"
-        picked = uniq_keys if len(sel) == len(phys) else [uniq_keys[i] for i in sel.tolist()]
-        hashes = index_hashes([prefix + u for u in picked])  # type: ignore[operator]
+        every = len(sel) == len(phys)
+        picked = uniq_keys if every else [uniq_keys[i] for i in sel.tolist()]
+        if topics.count(topics[0]) == len(topics):
+            prefix = topics[0] + "#"
+            strs = [prefix + u for u in picked]  # type: ignore[operator]
+        else:
+            named = topics if every else [topics[i] for i in sel.tolist()]
+            strs = [f"{t}#{u}" for t, u in zip(named, picked)]
+        hashes = index_hashes(strs)
         key_phys = phys[sel]
         key_ts = np.asarray(store_ts, dtype=np.int64)[sel]
         self._put(hashes, key_phys, key_ts)
