@@ -65,7 +65,7 @@ class HalfLedger:
         return self._svc.prepare_bodies_for_commit(topic, queue_id, bodies, properties, producer_group)
 
     def commit_encoded(self, offsets: Sequence[int], queue_offsets: Sequence[int], ids: list[str],
-                       reals: EncodedBatch) -> None:
+                       reals: Sequence[EncodedBatch]) -> None:
         """Commit halves the caller stored itself with the real messages made when it stored them."""
         r = self._svc.commit_encoded(offsets, queue_offsets, ids, reals)
         _refuse_foreign(r, len(offsets))

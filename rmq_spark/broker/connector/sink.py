@@ -42,7 +42,7 @@ from rmq_spark.broker.connector.ledger import HalfLedger, Outcome
 from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store import layout as L
 from rmq_spark.store.hashing import java_string_hash
-from rmq_spark.store.encoded import EncodedBatch, concat_encoded
+from rmq_spark.store.encoded import EncodedBatch
 from rmq_spark.store.message import Message
 from rmq_spark.broker.access import Use, topic_name
 from rmq_spark.broker.rules import P_SINK_KEY, SendLimits, check_rows
@@ -174,9 +174,9 @@ class SinkService:
             self._reals.setdefault(attempt, []).append((phys, list(a.queue_list()), list(reals.uniq_keys), reals))
             self._reals_bytes += len(reals.buf)
 
-    def _encoded_commit(self, attempt: str, halves: list[int]) -> tuple[list[int], list[str], EncodedBatch] | None:
-        """The kept real messages of exactly the halves ``halves`` (queue offsets, ids, records),
-        or None."""
+    def _encoded_commit(self, attempt: str, halves: list[int]) -> tuple[list[int], list[str], list[EncodedBatch]] | None:
+        """The kept real messages of exactly the halves ``halves`` (queue offsets, ids, records in
+        parts: the commit joins them to its op message in one copy), or None."""
         kept = self._reals.get(attempt)
         if not kept or attempt in self._unencoded:
             return None
@@ -185,7 +185,7 @@ class SinkService:
             return None
         qoffs = [q for k in kept for q in k[1]]
         ids = [i for k in kept for i in k[2]]
-        return qoffs, ids, concat_encoded([k[3] for k in kept])
+        return qoffs, ids, [k[3] for k in kept]
 
     @staticmethod
     def _plain(table: pa.Table) -> bool:

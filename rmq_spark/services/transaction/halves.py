@@ -283,8 +283,11 @@ def body_halves(
     return batch
 
 
-def encode_rows(store: MessageStore, rows: list[Row], tail: EncodedBatch | None = None) -> EncodedBatch:
-    """``rows`` (checked, each with its UNIQ_KEY), then the records of ``tail``, as one batch to
+def encode_rows(
+    store: MessageStore, rows: list[Row], tail: EncodedBatch | Sequence[EncodedBatch] | None = None
+) -> EncodedBatch:
+    """``rows`` (checked, each with its UNIQ_KEY), then the records of ``tail`` (one batch or
+    several, joined with the rows in one copy), as one batch to
     append: the bulk form of ``store.put_messages``' encoding for records whose properties are
     already encoded."""
     cfg = store.config
@@ -316,7 +319,9 @@ def encode_rows(store: MessageStore, rows: list[Row], tail: EncodedBatch | None 
         prop_crc=cfg.append_prop_crc,
         tags_codes=np.array(codes, dtype=np.int64),
     )
-    return batch if tail is None else concat_encoded([batch, tail])
+    if tail is None:
+        return batch
+    return concat_encoded([batch, *tail] if isinstance(tail, (list, tuple)) else [batch, tail])
 
 
 def read_halves(

@@ -265,7 +265,7 @@ class TransactionService:
         return r, reals
 
     def commit_encoded(self, offsets: Sequence[int], queue_offsets: Sequence[int], ids: list[str],
-                       reals: EncodedBatch) -> GroupResult:
+                       reals: Sequence[EncodedBatch]) -> GroupResult:
         """Commit the halves at ``offsets`` (their half queue offsets and ids given) by writing the
         op message and ``reals``, their real messages made by :meth:`prepare_bodies_for_commit`,
         as one append; the halves must be pending (else the general :meth:`commit_group` says
@@ -279,7 +279,7 @@ class TransactionService:
         return self._commit_written(offsets, list(queue_offsets), ids, reals)
 
     def _commit_written(self, offsets: Sequence[int], queue_offsets: list[int], ids: list[str],
-                        reals: EncodedBatch) -> GroupResult:
+                        reals: EncodedBatch | Sequence[EncodedBatch]) -> GroupResult:
         """The op message and ``reals`` as one append, for halves marked in flight."""
         put: PutResult | None = None
         try:
@@ -301,7 +301,7 @@ class TransactionService:
     ) -> tuple[list[Row], list[Real]]:
         return half_rows(self.store, self.clock.now_ms(), msgs, group, force)
 
-    def _put(self, rows: list[Row], tail: EncodedBatch | None = None) -> PutResult:
+    def _put(self, rows: list[Row], tail: EncodedBatch | Sequence[EncodedBatch] | None = None) -> PutResult:
         """Write ``rows``, then the records of ``tail``, as one append."""
         if tail is None and len(rows) <= FEW_RECORDS:
             return self.store.put_rows(rows)
