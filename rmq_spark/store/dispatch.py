@@ -143,6 +143,11 @@ class DispatchBatch:
         return tuple(map(as_list, cols))  # type: ignore[return-value]
 
 
+# batches up to this many records are dispatched record by record
+SMALL_DISPATCH = 128
+GROUP_TOPICS_VECTORISED = 8  # group_by_queue of a large batch of up to this many topics: numpy
+
+
 def group_by_queue(topics: list[str], queue_ids: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
     """Record indexes per (topic, queueId), in order (one pass in numpy when a batch is for one
     topic, the common case)."""
@@ -158,6 +163,21 @@ def group_by_queue(topics: list[str], queue_ids: np.ndarray) -> dict[tuple[str, 
         bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
         return {
             (topics[0], int(q)): order[bounds[k] : bounds[k + 1]] for k, q in enumerate(uniq.tolist())
+        }
+    names = list(dict.fromkeys(topics))
+    if len(names) <= GROUP_TOPICS_VECTORISED and n > SMALL_DISPATCH:
+        # a few topics (a group commit: its op message and the real messages): codes by numpy
+        tarr = np.array(topics, dtype=object)
+        code = np.zeros(n, dtype=np.int64)
+        for k, t in enumerate(names[1:], 1):
+            code[tarr == t] = k
+        key = (code << 32) | np.asarray(queue_ids, dtype=np.int64)
+        uniq, inverse = np.unique(key, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
+        return {
+            (names[int(u) >> 32], int(u) & 0xFFFFFFFF): order[bounds[k] : bounds[k + 1]]
+            for k, u in enumerate(uniq.tolist())
         }
     out: dict[tuple[str, int], list[int]] = {}
     for i, (t, q) in enumerate(zip(topics, np.asarray(queue_ids).tolist())):
@@ -175,8 +195,6 @@ class Dispatcher(Protocol):
     def dispatch(self, batch: DispatchBatch) -> None: ...
 
 
-# batches up to this many records are dispatched record by record
-SMALL_DISPATCH = 128
 
 
 class ConsumeQueueDispatcher:

@@ -94,6 +94,15 @@ class EncodedBatch:
         if size * n == len(self.buf) and int(sizes.min()) == size and int(self.store_ts_pos.min()) == int(self.store_ts_pos.max()):
             self._finalize_uniform(size, phys_offsets, queue_offsets, store_ts_ms)
             return
+        size = int(sizes[-1])
+        head = int(self.rel_pos[1]) if n > 1 else 0
+        if (head + size * (n - 1) == len(self.buf) and int(sizes[1:].min()) == size
+                and int(self.store_ts_pos[1:].min()) == int(self.store_ts_pos[1:].max())):  # fmt: skip
+            # one record, then records of one size (a group commit: its op message, the messages)
+            phys, qoffs = as_list(phys_offsets[:1]), as_list(queue_offsets[:1])
+            self._finalize_record(0, int(sizes[0]), int(self.store_ts_pos[0]), phys[0], qoffs[0], store_ts_ms)
+            self._finalize_uniform(size, phys_offsets[1:], queue_offsets[1:], store_ts_ms, head)
+            return
         arr = np.frombuffer(self.buf, dtype=np.uint8)
         eight = np.arange(8, dtype=np.int64)
         phys = np.asarray(phys_offsets, dtype=">i8").view(np.uint8).reshape(n, 8)
@@ -111,13 +120,14 @@ class EncodedBatch:
             arr[pos[:, None] + np.arange(10, dtype=np.int64)] = digits
             mv.release()
 
-    def _finalize_uniform(self, size: int, phys_offsets, queue_offsets, store_ts_ms: int) -> None:  # type: ignore[no-untyped-def]
-        """:meth:`finalize` of records of one size: strided column stores on an (n, size) view."""
-        n = len(self._sizes)
-        rows = np.frombuffer(self.buf, dtype=np.uint8).reshape(n, size)
+    def _finalize_uniform(self, size: int, phys_offsets, queue_offsets, store_ts_ms: int, start: int = 0) -> None:  # type: ignore[no-untyped-def]
+        """:meth:`finalize` of the records of one size from byte ``start`` to the end: strided
+        column stores on an (n, size) view."""
+        n = (len(self.buf) - start) // size
+        rows = np.frombuffer(self.buf, dtype=np.uint8, offset=start).reshape(n, size)
         rows[:, POS_QUEUE_OFFSET : POS_QUEUE_OFFSET + 8] = np.asarray(queue_offsets, dtype=">i8").view(np.uint8).reshape(n, 8)
         rows[:, POS_PHYSICAL_OFFSET : POS_PHYSICAL_OFFSET + 8] = np.asarray(phys_offsets, dtype=">i8").view(np.uint8).reshape(n, 8)
-        at = int(self.store_ts_pos[0])
+        at = int(self.store_ts_pos[-1])
         rows[:, at : at + 8] = np.frombuffer(_TS.pack(store_ts_ms), dtype=np.uint8)
         if self.prop_crc:
             crcs = np.fromiter(map(crc32, rows[:, : size - PROP_CRC_BYTES]), np.int64, n)
@@ -130,18 +140,18 @@ class EncodedBatch:
         rels, sizes, ts_positions = self._rel_pos, self._sizes, self._store_ts_pos
         if rels.__class__ is not list or sizes.__class__ is not list or ts_positions.__class__ is not list:
             rels, sizes, ts_positions = as_list(rels), as_list(sizes), as_list(ts_positions)
-        buf = self.buf
-        mv = memoryview(buf) if self.prop_crc else None
         for rel, size, ts_pos, phys, qoff in zip(rels, sizes, ts_positions, phys_offsets, queue_offsets):
-            _QP.pack_into(buf, rel + POS_QUEUE_OFFSET, qoff, phys)
-            _TS.pack_into(buf, rel + ts_pos, store_ts_ms)
-            if mv is not None:
-                end = rel + size - PROP_CRC_BYTES
-                crc = crc32(mv[rel:end]) & 0x7FFFFFFF
-                at = end + len(PROP_CRC_PREFIX)
-                buf[at : at + 10] = (b"%010d" % crc)[::-1]
-        if mv is not None:
-            mv.release()
+            self._finalize_record(rel, size, ts_pos, phys, qoff, store_ts_ms)
+
+    def _finalize_record(self, rel: int, size: int, ts_pos: int, phys: int, qoff: int, store_ts_ms: int) -> None:
+        buf = self.buf
+        _QP.pack_into(buf, rel + POS_QUEUE_OFFSET, qoff, phys)
+        _TS.pack_into(buf, rel + ts_pos, store_ts_ms)
+        if self.prop_crc:
+            end = rel + size - PROP_CRC_BYTES
+            crc = crc32(memoryview(buf)[rel:end]) & 0x7FFFFFFF
+            at = end + len(PROP_CRC_PREFIX)
+            buf[at : at + 10] = (b"%010d" % crc)[::-1]
 
 
 class _Chain(Sequence):  # type: ignore[type-arg]

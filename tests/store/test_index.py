@@ -402,20 +402,24 @@ def test_catch_up_reads_the_same_fields_as_a_full_decode(store_dir):
 
 
 def test_a_large_batch_of_several_topics_with_ids_only_is_indexed_as_one_record_at_a_time(tmp_path):
-    """A group commit (its op message, then the real messages) takes the vectorised id-only path;
-    its entries are those of the general path, byte for byte."""
-    def msgs(first, count):
-        return [Message("OP" if i % 100 == 0 else "Real", b"m", {"UNIQ_KEY": f"ID{i:06d}"}, 0)
-                for i in range(first, first + count)]  # fmt: skip
+    """A group commit (its op message, which has no id, then the real messages) takes the
+    vectorised id-only path; its entries are those of the general path, byte for byte."""
+    from rmq_spark.store.encode import encode_columns
+    from rmq_spark.store.properties import encode_properties
+
+    def batch(first, count):
+        props = [{} if i % 100 == 0 else {"UNIQ_KEY": f"ID{i:06d}"} for i in range(first, first + count)]
+        topics = ["OP" if i % 100 == 0 else "Real" for i in range(first, first + count)]
+        return encode_columns(topics, 0, [b"m"] * count, props, [encode_properties(p) for p in props])
 
     roots = [str(tmp_path / "batched"), str(tmp_path / "single")]
     sizes = {"slots": 97, "entries": 2000, "commitlog_segment_bytes": 1 << 20}
     with open_store(roots[0], FakeClock(), **sizes) as s:
-        s.put_messages(msgs(0, 600))
+        s.put_encoded(batch(0, 600))
         batched = index_bytes(roots[0], s)
-        assert index_of(s).key_count == 600
-        assert index_of(s).query_offsets("OP", "ID000300") and index_of(s).query_offsets("Real", "ID000301")
+        assert index_of(s).key_count == 594  # 6 op messages without an id
+        assert index_of(s).query_offsets("Real", "ID000301")
     with open_store(roots[1], FakeClock(), **sizes) as s:
         for i in range(600):
-            s.put_messages(msgs(i, 1))
+            s.put_encoded(batch(i, 1))
         assert index_bytes(roots[1], s) == batched

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 
+import numpy as np
 import pytest
 
 from rmq_spark.services.config import BrokerConfig
@@ -206,3 +207,26 @@ def test_redelivery_patched_writes_the_bytes_of_decoding_and_encoding(tmp_path, 
         finally:
             core.shutdown()
     assert_same_files(roots[True], roots[False])
+
+
+@pytest.mark.parametrize("prop_crc", [False, True])
+def test_finalize_of_one_record_then_records_of_one_size_writes_what_record_by_record_does(prop_crc):
+    """A group commit's batch (its op message, then real messages of one size) is finalized with
+    strided stores after the first record: the bytes are those of finalizing each record alone."""
+    from rmq_spark.store.encode import encode_columns
+    from rmq_spark.store.encoded import SMALL_BATCH
+    from rmq_spark.store.properties import encode_properties
+
+    n = SMALL_BATCH * 3
+    bodies = [b"an op message body of another size"] + [b"x" * 50] * n
+    props = [{"UNIQ_KEY": "OP"}] + [{"UNIQ_KEY": f"ID{i:05d}"} for i in range(n)]
+    args = (["OP_TOPIC"] + ["Real"] * n, [0] + [i % 4 for i in range(n)], bodies, props,
+            [encode_properties(p) for p in props])  # fmt: skip
+    fast, slow = encode_columns(*args, prop_crc=prop_crc), encode_columns(*args, prop_crc=prop_crc)
+    phys = np.cumsum(fast.sizes.astype(np.int64)) - fast.sizes + 4096
+    qoffs = np.arange(n + 1, dtype=np.int64) + 7
+    fast.finalize(phys, qoffs, 1_700_000_000_123)
+    for i in range(n + 1):
+        slow._finalize_record(int(slow.rel_pos[i]), int(slow.sizes[i]), int(slow.store_ts_pos[i]), int(phys[i]),
+                              int(qoffs[i]), 1_700_000_000_123)  # fmt: skip
+    assert bytes(fast.buf) == bytes(slow.buf)

@@ -166,8 +166,8 @@ class IndexService:
             else:
                 self._drain()
                 self._index(
-                    batch.column_list("phys"), batch.topics, batch.column_list("sys_flags"),
-                    batch.column_list("store_timestamps"), batch.keys, batch.uniq_keys,
+                    batch._phys, batch.topics, batch._sys_flags,  # noqa: SLF001 - lists or arrays, as built
+                    batch._store_timestamps, batch.keys, batch.uniq_keys,  # noqa: SLF001
                 )  # fmt: skip
             end = batch.end_offset
             if self._covered is None or end > self._covered:
@@ -242,11 +242,9 @@ class IndexService:
         if self._lag_from is not None:
             return 0  # behind after a full disk: the catch-up reads these again from the CommitLog
         last = self._last_phy
-        if (
-            isinstance(phys, np.ndarray) and isinstance(sys_flags, np.ndarray) and len(phys) > SMALL_KEYS
-            and not any(keys) and len(uniq_keys) == len(phys) and all(uniq_keys)
-        ):  # fmt: skip
-            return self._index_uniq(phys, topics, sys_flags, store_ts, uniq_keys, last)
+        if len(phys) > SMALL_KEYS and len(uniq_keys) == len(phys) and not any(keys):
+            return self._index_uniq(np.asarray(phys, dtype=np.int64), topics, np.asarray(sys_flags, dtype=np.int32),
+                                    store_ts, uniq_keys, last)  # fmt: skip
         phys_list = phys.tolist() if isinstance(phys, np.ndarray) else list(phys)
         sflags = sys_flags.tolist() if isinstance(sys_flags, np.ndarray) else list(sys_flags)
         sel = [
@@ -310,11 +308,13 @@ class IndexService:
         self, phys: np.ndarray, topics: list[str], sys_flags: np.ndarray, store_ts: np.ndarray | list[int],
         uniq_keys: list[str | None], last: int,
     ) -> int:
-        """:meth:`_index` of a large batch whose records have ids and no keys (a bulk put, a
-        sink's rows, a group commit with its op message): the same entries, selected with numpy,
-        in record order."""
+        """:meth:`_index` of a large batch whose records have no keys (a bulk put, a sink's rows,
+        a group commit with its op message, which has no id): the same entries, selected with
+        numpy, in record order."""
         phys = np.asarray(phys, dtype=np.int64)
         keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
+        if not all(uniq_keys):  # records without an id get no entry
+            keep &= np.fromiter(map(bool, uniq_keys), dtype=bool, count=len(uniq_keys))
         sel = np.flatnonzero(keep)
         if len(sel) == 0:
             return 0
