@@ -446,6 +446,8 @@ class Broker:
         finally:
             self._close_loop()
         try:
+            if self.internal_handler is not None:
+                self.internal_handler.connector.close()  # the sink's queued group commits
             self.service.shutdown()
         finally:
             self.core.shutdown()

@@ -40,6 +40,7 @@ class Broker:
     def close(self) -> None:
         self.client.close()
         self.server.stop(0).wait()
+        self.handler.connector.close()  # as the broker's stop: queued group commits first
         self.core.shutdown()
 
 
@@ -139,8 +140,9 @@ def test_abort_rolls_back_and_the_attempt_cannot_commit_later(broker):
 
 
 def test_an_abort_after_the_commit_record_finishes_the_commit(broker, monkeypatch):
-    """A commit that fails after its commit record (Spark then aborts the batch) never leaves the
-    batch in part: the abort finishes the commit, all the batch's rows at once."""
+    """The commit record is the commit point: a group commit that fails after it leaves the
+    halves pending (never a batch in part), and the abort Spark may send then finishes it, all
+    the batch's rows at once."""
     c = broker.client
     offs = half(c, rows("T", 50), "q", 0, "a1")
     ledger = broker.service.sink.ledger
@@ -148,8 +150,7 @@ def test_an_abort_after_the_commit_record_finishes_the_commit(broker, monkeypatc
     monkeypatch.setattr(
         ledger, "commit_group", lambda offsets, expect=None: (_ for _ in ()).throw(StoreError("disk trouble"))
     )
-    with pytest.raises(StoreError, match="disk trouble"):
-        c.commit_batch("q", 0, "a1", [offs])
+    assert c.commit_batch("q", 0, "a1", [offs]) == {"outcome": "COMMITTED", "attempt": "a1"}
     assert visible(c, "T") == []
     with pytest.raises(StoreError, match=r"batch 0 of query q is recorded as committed .* check-back commits them"):
         c.abort_batch("q", 0, "a1", [offs])
@@ -159,11 +160,66 @@ def test_an_abort_after_the_commit_record_finishes_the_commit(broker, monkeypatc
     assert c.commit_batch("q", 0, "a2", []) == {"outcome": "ALREADY_COMMITTED", "attempt": "a1"}
 
 
+@pytest.mark.parametrize("n", [50, 3000])  # the general group commit; halves stored with their real messages
+def test_the_commit_answers_at_its_record_and_a_read_waits_for_the_group_commit(broker, monkeypatch, n):
+    """CommitBatch answers once the commit record is durable; the group commit follows on the
+    committer thread.  Meanwhile the check-back is told to wait, an abort of the attempt waits,
+    and a read plans only after it: what was written before a read is in it."""
+    c, sink = broker.client, broker.service.sink
+    ledger = sink.ledger
+    release, started = threading.Event(), threading.Event()
+    name = "commit_group" if n < 128 else "commit_encoded"
+    real = getattr(ledger, name)
+
+    def slow(*a, **kw):  # type: ignore[no-untyped-def]
+        started.set()
+        assert release.wait(30)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ledger, name, slow)
+    offs = half(c, rows("W", n), "q", 0, "a1")
+    assert c.commit_batch("q", 0, "a1", [offs]) == {"outcome": "COMMITTED", "attempt": "a1"}
+    assert started.wait(30)
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 0, "a1")}) is TransactionAction.UNKNOWN
+    got: list[list[bytes]] = []
+    reader = threading.Thread(target=lambda: got.append(visible(c, "W")))
+    reader.start()
+    reader.join(0.5)
+    assert reader.is_alive()  # waiting for the group commit
+    release.set()
+    reader.join(30)
+    assert got == [sorted(f"m{i}".encode() for i in range(n))]
+    assert sink.resolve({P_SINK_KEY: sink_key("q", 0, "a1")}) is TransactionAction.COMMIT
+    assert c.abort_batch("q", 0, "a1", [offs]) == {"rolled_back": 0}
+    assert visible(c, "W") == got[0]
+
+
+def test_group_commits_run_in_the_order_of_their_batches_and_a_stop_finishes_them(store_dir):
+    b = Broker(store_dir)
+    c = b.client
+    for batch in range(5):
+        offs = half(c, rows("Ord", 200, prefix=f"b{batch}-"), "q", batch, f"a{batch}")
+        assert c.commit_batch("q", batch, f"a{batch}", [offs])["outcome"] == "COMMITTED"
+    b.close()  # before the store closes, the queued group commits are done
+    b = Broker(store_dir)
+    try:
+        store = b.core.store
+        per_queue = [m.body.decode() for q in range(store.topics.get("Ord").read_queue_nums)
+                     for m in store.get_messages("Ord", q, 0, max_msgs=2000).messages]  # fmt: skip
+        assert sorted(per_queue) == sorted(f"b{k}-{i}" for k in range(5) for i in range(200))
+        for q in range(store.topics.get("Ord").read_queue_nums):
+            batches = [int(m.body.decode()[1]) for m in store.get_messages("Ord", q, 0, max_msgs=2000).messages]
+            assert batches == sorted(batches)  # batch after batch in every queue
+    finally:
+        b.close()
+
+
 def test_resolver_decides_orphans_by_the_same_attempt(broker):
     sink = broker.service.sink
     c = broker.client
     offs = half(c, rows("T", 2), "q", 7, "winner")
     c.commit_batch("q", 7, "winner", [offs])
+    sink.wait_visible()  # (its group commit done: until then the resolver says UNKNOWN)
     assert sink.resolve({P_SINK_KEY: sink_key("q", 7, "winner")}) is TransactionAction.COMMIT
     # a dead attempt of the same batch (its driver was killed before commit): never committed
     assert sink.resolve({P_SINK_KEY: sink_key("q", 7, "loser")}) is TransactionAction.ROLLBACK

@@ -101,6 +101,7 @@ class ConnectorService:
 
     def offsets(self, req: P.OffsetsRequest) -> P.OffsetsResponse:
         topics = [str(t) for t in req.topics]
+        self.sink.wait_visible()  # the batches the sink committed before this are in the snapshot
         snap = self.store.max_offsets_snapshot(topics)  # one atomic snapshot under publish_lock
         max_out: dict[str, dict[str, int]] = {}
         min_out: dict[str, dict[str, int]] = {}
@@ -160,6 +161,10 @@ class ConnectorService:
 
     def abort_batch(self, req: P.SinkBatchRequest) -> P.AbortBatchResponse:
         return self.sink.abort_batch(str(req.query_id), int(req.batch_id), str(req.attempt), req.offsets)
+
+    def close(self) -> None:
+        """The broker stops: the sink's queued group commits are finished first."""
+        self.sink.close()
 
     def sink_status(self, req: P.SinkStatusRequest) -> P.SinkStatusResponse:
         batches = self.sink.commits.batches(str(req.query_id))

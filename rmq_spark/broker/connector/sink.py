@@ -11,23 +11,31 @@ whose commit record is written finishes its commit instead: a batch is never lef
    halves (``ALREADY_COMMITTED``);
 2. this attempt was given up (an abort record exists: rolled back by an abort or by the
    check-back) -> fail, so Spark replays the batch with a fresh attempt;
-3. otherwise write the commit record durably, then commit every half of the attempt in one
-   atomic group commit (``COMMITTED``).
+3. otherwise write the commit record durably and answer ``COMMITTED``: the batch is committed
+   from that moment (the commit point, as Kafka's transaction coordinator answers EndTxn once
+   PREPARE_COMMIT is in its log).  The group commit that makes every half of the attempt visible
+   at once runs next on the sink's committer thread, one batch after another in the order of
+   their commit records, while Spark goes on with the next micro-batch; a crash before it ends
+   leaves the halves to the check-back, which commits them from the record.  The connector's
+   offsets (what a Spark read plans from) wait for the group commits of the batches committed
+   before it asked, so a read after a write sees the write.
 
 Only this service ends the sink's halves, and it writes an abort record before it rolls any
 half of an attempt back, so an attempt without one has all its halves pending: step 3 needs no
 per-half check.  Halves whose producer died are decided by the resolver registered with the
 transaction service: commit iff a commit record of the *same attempt* exists; otherwise roll
 back (abort record first) when another attempt committed the batch or the attempt has sent
-nothing for ``ATTEMPT_IDLE_MS``; a live attempt still writing a long batch gets UNKNOWN, so the
-check-back asks again later.
+nothing for ``ATTEMPT_IDLE_MS``; a live attempt still writing a long batch, or one whose group
+commit is queued or running, gets UNKNOWN, so the check-back asks again later.
 """
 
 from __future__ import annotations
 
 import base64
 import itertools
+import logging
 import threading
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,7 +55,10 @@ from rmq_spark.store.message import Message
 from rmq_spark.broker.access import Use, topic_name
 from rmq_spark.broker.rules import P_SINK_KEY, SendLimits, check_rows
 
+log = logging.getLogger("rmq_spark.sink")
+
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
+VISIBLE_WAIT_S = 60.0  # how long a read waits for the group commits of batches committed before it
 ATTEMPT_IDLE_MS = 300_000
 REALS_MAX_BYTES = 512 << 20  # real messages kept for commits in flight (beyond: parsed at the commit)  # an attempt silent this long, and not committed, is given up
 ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
@@ -89,6 +100,14 @@ class SinkService:
         self._unencoded: set[str] = set()
         self._reals_bytes = 0
         self._rr = itertools.count()
+        # group commits of committed batches, in commit order (see the module docstring): queued
+        # jobs, the attempts whose job is queued or running, and how many were taken / are done
+        self._jobs: deque[_GroupCommit] = deque()
+        self._committing: dict[str, _GroupCommit] = {}
+        self._jobs_taken = self._jobs_done = 0
+        self._jobs_changed = threading.Condition(self._lock)
+        self._committer: threading.Thread | None = None
+        self._closed = False
         if self.ledger is not None:
             self.ledger.register_resolver(SINK_PRODUCER_GROUP, self.resolve)
 
@@ -349,14 +368,75 @@ class SinkService:
             if stray:  # before the commit record, or the check-back would commit them with the batch
                 self._halves().rollback(stray, own)
             encoded = self._encoded_commit(attempt, halves) if known and not stray else None
+            if halves and self._closed:
+                raise StoreError("the broker is stopping: the batch will be replayed")
             self.commits.record(query_id, batch_id, attempt, self.core.clock.now_ms())
-            if halves and encoded is not None:
-                phys_order = [int(p) for k in self._reals[attempt] for p in k[0]]
-                self._halves().commit_encoded(phys_order, *encoded)
-            elif halves:
-                self._halves().commit_group(halves, None if known else own)
+            if halves:
+                phys = np.concatenate([k[0] for k in self._reals[attempt]]) if encoded is not None else None
+                self._enqueue(_GroupCommit(attempt, batch_id, halves, None if known else own, phys, encoded))
             self._forget(attempt)
         return P.CommitBatchResponse(outcome=Outcome.COMMITTED.value, attempt=attempt)
+
+    # --- the group commits of committed batches -------------------------------------------------------------
+    def _enqueue(self, job: _GroupCommit) -> None:
+        """(under the lock) Queue ``job`` for the committer thread."""
+        self._jobs.append(job)
+        self._committing[job.attempt] = job
+        if self._committer is None:
+            self._committer = threading.Thread(target=self._commit_jobs, name="rmq-sink-committer", daemon=True)
+            self._committer.start()
+        self._jobs_changed.notify_all()
+
+    def _commit_jobs(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs and not self._closed:
+                    self._jobs_changed.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+                self._jobs_taken += 1
+            try:
+                self._group_commit(job)
+            except Exception as e:  # the halves stay pending: the check-back commits them from the record
+                job.error = e
+                log.error("the group commit of batch %d (attempt %s, %d messages) failed: %s; the broker's check-back "
+                          "commits them from the batch's commit record", job.batch_id, job.attempt, len(job.halves), e)  # fmt: skip
+            with self._lock:
+                self._committing.pop(job.attempt, None)
+                self._jobs_done += 1
+                self._jobs_changed.notify_all()
+
+    def _group_commit(self, job: _GroupCommit) -> None:
+        ledger = self._halves()
+        if job.encoded is not None:
+            ledger.commit_encoded(job.phys.tolist(), *job.encoded)  # type: ignore[union-attr]
+        else:
+            ledger.commit_group(job.halves, job.expect)
+
+    def wait_visible(self, timeout_s: float = VISIBLE_WAIT_S) -> None:
+        """Wait until the group commits of every batch committed so far are done (a read plans
+        after it: it sees what was written before it)."""
+        with self._lock:
+            target = self._jobs_taken + len(self._jobs)
+            if not self._jobs_changed.wait_for(lambda: self._jobs_done >= target, timeout_s):
+                raise StoreError(f"committed sink batches were not visible after {timeout_s:.0f}s")
+
+    def _wait_committed(self, attempt: str) -> _GroupCommit | None:
+        """(under the lock) Wait for the group commit of ``attempt`` if it is queued or running."""
+        job = self._committing.get(attempt)
+        if job is not None:
+            self._jobs_changed.wait_for(lambda: attempt not in self._committing)
+        return job
+
+    def close(self) -> None:
+        """Finish the group commits queued so far (a clean stop) and take no more."""
+        with self._lock:
+            self._closed = True
+            self._jobs_changed.notify_all()
+            committer = self._committer
+        if committer is not None:
+            committer.join()
 
     def _forget(self, attempt: str) -> None:
         self._last_send_ms.pop(attempt, None)
@@ -371,6 +451,9 @@ class SinkService:
             if self.commits.lookup(query_id, batch_id) == attempt:
                 # the commit record is written, so the batch IS committed: a commit that failed
                 # after it (Spark aborts then) is finished here, never left in part
+                job = self._wait_committed(attempt)
+                if job is not None and job.error is None:
+                    return P.AbortBatchResponse(rolled_back=0)
                 try:
                     if halves:
                         self._halves().commit_group(halves, own)
@@ -400,10 +483,25 @@ class SinkService:
         with self._lock:
             committed = self.commits.lookup(query_id, batch_id)
             if committed == attempt:
-                return TransactionAction.COMMIT
+                # its group commit is queued or running: ending the half here would race it
+                return TransactionAction.UNKNOWN if attempt in self._committing else TransactionAction.COMMIT
             last = self._last_send_ms.get(attempt)
             if committed is None and last is not None and self.core.clock.now_ms() - last < ATTEMPT_IDLE_MS:
                 return TransactionAction.UNKNOWN
             self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())
             self._forget(attempt)
             return TransactionAction.ROLLBACK
+
+
+class _GroupCommit:
+    """The group commit of one committed batch: its halves (CommitLog offsets), the properties
+    each must carry (None: this process stored them all), and, for halves stored with their real
+    messages, those (offsets in the order kept, queue offsets, ids, records)."""
+
+    __slots__ = ("attempt", "batch_id", "halves", "expect", "phys", "encoded", "error")
+
+    def __init__(self, attempt: str, batch_id: int, halves: list[int], expect: dict[str, str] | None,
+                 phys: np.ndarray | None, encoded: tuple[list[int], list[str], list[EncodedBatch]] | None) -> None:
+        self.attempt, self.batch_id, self.halves, self.expect = attempt, batch_id, halves, expect
+        self.phys, self.encoded = phys, encoded
+        self.error: Exception | None = None
