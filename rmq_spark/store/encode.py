@@ -98,12 +98,20 @@ def encode_columns(
     store_port: int = 0,
     prop_crc: bool = False,
     tags_codes: np.ndarray | None = None,
+    keys: list[str | None] | None = None,
+    uniq_keys: list[str | None] | None = None,
 ) -> EncodedBatch:
     """Encode ``n`` records into one buffer. Per-record arguments are sequences of length ``n``
     or a scalar shared by all (``topics`` too).  ``encoded_properties`` may be a 2-D uint8 array
-    when every record's properties have the same length (the columnar fast path).  IPv6 hosts
-    set their sysflag bits automatically."""
+    when every record's properties have the same length (the columnar fast path), or an Arrow
+    binary array (properties built column-wise, :mod:`rmq_spark.store.rowprops`: a shared topic,
+    ``tags_codes``, ``keys`` and ``uniq_keys`` given, ``properties`` read only when asked for).
+    IPv6 hosts set their sysflag bits automatically."""
     n = len(bodies)
+    if isinstance(encoded_properties, pa.Array) and n > SMALL_BATCH:
+        assert isinstance(topics, str) and tags_codes is not None and keys is not None and uniq_keys is not None
+    elif isinstance(encoded_properties, pa.Array):
+        encoded_properties = encoded_properties.to_pylist()
     if 0 < n <= SMALL_BATCH and not isinstance(encoded_properties, np.ndarray):
         return _encode_columns_few(
             topics, queue_ids, bodies, properties, encoded_properties, flags, sys_flags,
@@ -142,6 +150,21 @@ def encode_columns(
         tails = None
         tail_lens = np.full(n, width, dtype=np.int64)
         props_bytes = None
+    elif shared_topic and isinstance(encoded_properties, pa.Array):
+        # TOPIC + PROPERTIES joined by Arrow: the topic field, each record's 2-byte length, its bytes
+        props_arr = encoded_properties
+        if prop_crc:
+            props_arr = pc.binary_join_element_wise(props_arr, pa.scalar(PROP_CRC_PLACEHOLDER, pa.binary()),
+                                                    pa.scalar(b"", pa.binary()))  # fmt: skip
+        plens = pc.binary_length(props_arr).to_numpy(zero_copy_only=False).astype(np.int64)
+        prefix = np.asarray(plens, dtype=">u2").view(np.uint8).reshape(n, 2)
+        prefix_arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(2), n, [None, pa.py_buffer(prefix.copy())])
+        tails_arrow = pc.binary_join_element_wise(
+            pa.scalar(topic_field, pa.binary()), prefix_arr.cast(pa.binary()), props_arr, pa.scalar(b"", pa.binary())
+        )  # fmt: skip
+        tail_lens = len(topic_field) + 2 + plens
+        props_bytes = tails_arrow  # (an Arrow array: the tails themselves)
+        tails = None
     else:
         props_bytes = [bytes(p) for p in encoded_properties]
         if prop_crc:
@@ -189,8 +212,12 @@ def encode_columns(
         h["prepared_offset"] = _col(prepared_offsets, n, np.int64)
         h["body_len"] = body_lens
         total = int(sizes.sum())
+        arrow_tails = isinstance(props_bytes, pa.Array)
+        if arrow_tails:
+            tail_list = props_bytes  # type: ignore[assignment]
         if total >= n * LARGE_RECORD_BYTES:
-            buf = _assemble_large(h, bodies, body_lens, tails2d if props_bytes is None else tail_list, total)
+            big_tails = tails2d if props_bytes is None else (tail_list.to_pylist() if arrow_tails else tail_list)
+            buf = _assemble_large(h, bodies, body_lens, big_tails, total)
         elif props_bytes is None and n and int(body_lens.min()) == int(body_lens.max()):
             buf = _assemble_uniform(h, bodies, int(body_lens[0]), tails2d)
         else:
@@ -198,6 +225,8 @@ def encode_columns(
                 tails = pa.FixedSizeBinaryArray.from_buffers(
                     pa.binary(tails2d.shape[1]), n, [None, pa.py_buffer(tails2d)]
                 ).cast(pa.binary())
+            elif arrow_tails:
+                tails = tail_list
             else:
                 tails = pa.array(tail_list, pa.binary())
             headers = pa.FixedSizeBinaryArray.from_buffers(
@@ -211,6 +240,8 @@ def encode_columns(
         store_ts_pos = np.full(n, POS_STORE_TIMESTAMP_V4, dtype=np.int64)
     else:
         hosts = bhosts if bhosts is not None else [bytes(born_hosts)] * n  # type: ignore[arg-type]
+        if isinstance(props_bytes, pa.Array):
+            tail_list = props_bytes.to_pylist()
         tail_py = tail_list if props_bytes is not None else [r.tobytes() for r in tails2d]
         flg = _col(flags, n, np.int32)
         bts = _col(born_timestamps, n, np.int64)
@@ -243,6 +274,12 @@ def encode_columns(
     rel_pos = np.cumsum(sizes) - sizes
     if properties is None or len(properties) != n:
         raise ValueError("properties must give one dict per record")
+    if keys is not None and uniq_keys is not None:  # given with properties built column-wise
+        return EncodedBatch(
+            buf=buf, rel_pos=rel_pos, sizes=sizes.astype(np.int32), store_ts_pos=store_ts_pos, queue_ids=qids,
+            topics=topic_list, tags_codes=tags_codes, sys_flags=sflags, keys=keys, uniq_keys=uniq_keys,
+            properties=properties, prop_crc=prop_crc,
+        )  # fmt: skip
     return EncodedBatch(
         buf=buf,
         rel_pos=rel_pos,

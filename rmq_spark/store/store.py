@@ -43,6 +43,7 @@ from rmq_spark.store.mapped import is_no_space, make_dirs
 from rmq_spark.store.message import Message, MessageExt, host_bytes, new_uniq_ids, new_uniq_ids_array, split_ids, tags_code
 from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.offsets import ConsumerOffsetManager
+from rmq_spark.store.rowprops import RowProperties, decoded, id_column
 from rmq_spark.store.encode import (
     V4_SYS_FLAG_MASK,
     encode_columns,
@@ -112,6 +113,9 @@ class GetResult:
 # delivery time there): ``rule(properties, store_timestamp_ms) -> tagsCode or None``.  The services
 # above the store give theirs to :class:`MessageStore`; recovery and re-dispatch apply them too.
 TagsCodeRule = Callable[[dict[str, str], int], "int | None"]
+
+
+_UNIQ_PREFIX = b"UNIQ_KEY\x01"
 
 
 class MessageStore:
@@ -545,11 +549,12 @@ class MessageStore:
         topic: str,
         queue_id: int,
         bodies: Sequence[bytes],
-        properties: dict[str, str] | None = None,
+        properties: dict[str, str] | RowProperties | None = None,
         *,
         born_timestamp_ms: int = 0,
     ) -> PutResult:
-        """Fast path: many bodies for one queue sharing ``properties`` (each gets its own UNIQ_KEY)."""
+        """Fast path: many bodies for one queue sharing ``properties``, or each with its own
+        (:class:`RowProperties`, built column-wise); each gets its own UNIQ_KEY."""
         if not bodies:
             raise StoreError("put_bodies needs at least one body")
         check_topic_cached(topic, allow_system=True)
@@ -560,6 +565,8 @@ class MessageStore:
         n = len(bodies)
         if max(map(len, bodies)) > limit:
             check_body(max(bodies, key=len), limit)
+        if isinstance(properties, RowProperties):
+            return self._put_row_properties(topic, queue_id, bodies, properties, born_timestamp_ms)
         base = dict(properties or {})
         base.pop(L.P_UNIQ_KEY, None)
         prefix = encode_properties(base) + b"UNIQ_KEY\x01"
@@ -598,6 +605,25 @@ class MessageStore:
             prop_crc=self.config.append_prop_crc,
             tags_codes=np.full(n, tags_code(base.get(L.P_TAGS)), dtype=np.int64),
         )
+        batch.uniq_keys = uniq
+        return self._put_encoded(batch, uniq)
+
+    def _put_row_properties(
+        self, topic: str, queue_id: int, bodies: Sequence[bytes], props: RowProperties, born_timestamp_ms: int
+    ) -> PutResult:
+        n = len(bodies)
+        if len(props) != n:
+            raise StoreError(f"{len(props)} rows of properties for {n} bodies")
+        check_properties_size(bytes(props.max_bytes() + len(_UNIQ_PREFIX) + 33) + self._crc_reserve)
+        ids = new_uniq_ids_array(n)
+        full = props.joined(_UNIQ_PREFIX, id_column(ids), b"\x02")
+        uniq = split_ids(ids)
+        batch = encode_columns(
+            topic, queue_id, bodies, decoded(full), full,
+            born_timestamps=born_timestamp_ms or self.clock.now_ms(), store_host=self._store_host,
+            store_port=self.config.store_port, prop_crc=self.config.append_prop_crc,
+            tags_codes=props.tags_codes, keys=props.keys, uniq_keys=uniq,
+        )  # fmt: skip
         batch.uniq_keys = uniq
         return self._put_encoded(batch, uniq)
 

@@ -432,3 +432,90 @@ def test_a_commit_writes_the_real_messages_encoded_when_the_halves_were_stored(b
     hi, _ = c.offsets(["E"])
     got = [b for q in (0, 1) for b in c.read_arrow("E", q, 0, int(hi["E"][str(q)]))]
     assert sum(b.num_rows for b in got) == 600
+
+
+def _rows_with_properties(n: int) -> pa.Table:
+    return pa.table({
+        "topic": ["Props" if i % 5 else "Props2" for i in range(n)],
+        "body": [f"r{i}".encode() for i in range(n)],
+        "tags": [None if i % 7 == 0 else ("" if i % 7 == 1 else f"tag{i % 3}") for i in range(n)],
+        "keys": [None if i % 4 == 0 else f"key{i} k{i % 10}" for i in range(n)],
+        "properties": pa.array([None if i % 6 == 0 else ([] if i % 6 == 1 else [("color", f"c{i}"), ("none", None)])
+                                for i in range(n)], pa.map_(pa.string(), pa.string())),
+        "messageGroup": [f"g{i % 4}" if i % 3 == 0 else None for i in range(n)],
+    })  # fmt: skip
+
+
+def _expected(table: pa.Table) -> dict[bytes, tuple[str, dict[str, str]]]:
+    """What the record-by-record path stores for each row: its topic and properties."""
+    out = {}
+    for r in table.to_pylist():
+        p = {k: v for k, v in (r["properties"] or []) if v is not None}
+        if r["tags"]:
+            p[L.P_TAGS] = r["tags"]
+        if r["keys"]:
+            p[L.P_KEYS] = r["keys"]
+        if r["messageGroup"] is not None:
+            p[L.P_SHARDING_KEY] = r["messageGroup"]
+        out[r["body"]] = (r["topic"], p)
+    return out
+
+
+def _stored(core, topics, drop=(L.P_UNIQ_KEY, L.P_TRANSACTION_ID, L.P_PGROUP, P_SINK_KEY, L.P_TRAN_MSG, L.P_REAL_TOPIC,
+                                 L.P_REAL_QID, L.P_TRAN_PREPARED_QUEUE_OFFSET)):  # fmt: skip
+    store = core.store
+    out = {}
+    for t in topics:
+        cfg = store.topics.get(t)
+        for q in range(cfg.read_queue_nums if cfg else 0):
+            msgs = store.get_messages(t, q, 0, max_msgs=100_000, max_bytes=1 << 30).messages
+            units = store.consume_queue(t, q).units(0, len(msgs)) if msgs else []
+            for m, unit in zip(msgs, units):
+                assert m.uniq_key and int(unit["tags_code"]) == store_tags_code(m.tags)
+                out[m.body] = (m.topic, {k: v for k, v in m.properties.items() if k not in drop})
+    return out
+
+
+def store_tags_code(tags):  # type: ignore[no-untyped-def]
+    from rmq_spark.store.message import tags_code
+
+    return tags_code(tags)
+
+
+@pytest.mark.parametrize("n", [40, 3000])  # a few rows; enough for the real messages to be kept for the commit
+@pytest.mark.parametrize("mode", ["normal", "half"])
+def test_rows_with_their_own_properties_are_stored_as_the_record_by_record_path_stores_them(broker, n, mode):
+    """Tags, keys, user properties and message groups, built column-wise: every message holds
+    what the record-by-record path puts there (tagsCode, index keys included), rows of two
+    topics, a message group keeping its queue."""
+    c = broker.client
+    table = _rows_with_properties(n)
+    if mode == "normal":
+        assert c.send(table, {"mode": "normal"})["count"] == n
+    else:
+        offs = half(c, table, "qp", 0, "ap")
+        kept = broker.service.sink._reals.get("ap")
+        assert bool(kept) == (n >= 3000)  # the real messages made with the halves, for the commit
+        assert c.commit_batch("qp", 0, "ap", [offs])["outcome"] == "COMMITTED"
+        broker.service.sink.wait_visible()
+    assert _stored(broker.core, ["Props", "Props2"]) == _expected(table)
+    from rmq_spark.store.query import MessageQuery
+
+    found = MessageQuery(broker.core.store).by_key("Props", f"key{n - 1}")
+    assert [m.body for m in found] == [f"r{n - 1}".encode()]
+    by_group: dict = {}
+    for t in ("Props", "Props2"):
+        for q in range(broker.core.store.topics.get(t).read_queue_nums):
+            for m in broker.core.store.get_messages(t, q, 0, max_msgs=100_000).messages:
+                if L.P_SHARDING_KEY in m.properties:
+                    by_group.setdefault((t, m.properties[L.P_SHARDING_KEY]), set()).add(q)
+    assert by_group and all(len(qs) == 1 for qs in by_group.values())
+
+
+def test_body_only_rows_of_several_topics(broker):
+    c = broker.client
+    table = pa.table({"topic": ["A1", "B22", "A1", "C333"] * 50, "body": [f"b{i}".encode() for i in range(200)]})
+    assert c.send(table, {"mode": "normal"})["count"] == 200
+    offs = half(c, table.slice(0, 100), "qm", 0, "am")
+    assert c.commit_batch("qm", 0, "am", [offs])["outcome"] == "COMMITTED"
+    assert visible(c, "B22") == sorted([f"b{i}".encode() for i in range(1, 200, 4)] + [f"b{i}".encode() for i in range(1, 100, 4)])

@@ -17,6 +17,7 @@ from rmq_spark.errors import PermissionDeniedError, StoreError
 from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store.message import Message
 from rmq_spark.store.encoded import EncodedBatch
+from rmq_spark.store.rowprops import RowProperties
 from rmq_spark.store.store import PutResult
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,16 @@ class HalfLedger:
         return self._svc.prepare(msgs, producer_group)
 
     def put_half_bodies(
-        self, topic: str, queue_id: int, bodies: list[bytes], properties: dict[str, str], producer_group: str
+        self, topic: str, queue_id: int, bodies: list[bytes], properties: dict[str, str] | RowProperties,
+        producer_group: str,
     ) -> PutResult:
         """Bodies for one queue sharing ``properties`` as halves of ``producer_group`` (one write,
         built column-wise)."""
         return self._svc.prepare_bodies(topic, queue_id, bodies, properties, producer_group)
 
     def put_half_bodies_for_commit(
-        self, topic: str, queue_id: int, bodies: list[bytes], properties: dict[str, str], producer_group: str
+        self, topic: str, queue_id: int, bodies: list[bytes], properties: dict[str, str] | RowProperties,
+        producer_group: str,
     ) -> tuple[PutResult, EncodedBatch | None]:
         """:meth:`put_half_bodies`, and the real messages their commit writes (or None), for
         :meth:`commit_encoded`."""

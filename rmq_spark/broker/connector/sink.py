@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import base64
 import itertools
-import logging
 import threading
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,20 +43,20 @@ import pyarrow.compute as pc
 
 from rmq_spark.errors import MessageIllegalError, PermissionDeniedError, StoreError
 from rmq_spark.broker.connector import protocol as P
+from rmq_spark.broker.connector.committer import VISIBLE_WAIT_S, GroupCommit, GroupCommitter
 from rmq_spark.broker.connector.sinklog import SinkCommitLog
 from rmq_spark.broker.connector.ledger import HalfLedger, Outcome
 from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store import layout as L
 from rmq_spark.store.hashing import java_string_hash
 from rmq_spark.store.encoded import EncodedBatch
+from rmq_spark.store.dispatch import group_by_queue
 from rmq_spark.store.message import Message
+from rmq_spark.store.rowprops import RowProperties, row_properties
 from rmq_spark.broker.access import Use, topic_name
 from rmq_spark.broker.rules import P_SINK_KEY, SendLimits, check_rows
 
-log = logging.getLogger("rmq_spark.sink")
-
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
-VISIBLE_WAIT_S = 60.0  # how long a read waits for the group commits of batches committed before it
 ATTEMPT_IDLE_MS = 300_000
 REALS_MAX_BYTES = 512 << 20  # real messages kept for commits in flight (beyond: parsed at the commit)  # an attempt silent this long, and not committed, is given up
 ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
@@ -100,14 +98,8 @@ class SinkService:
         self._unencoded: set[str] = set()
         self._reals_bytes = 0
         self._rr = itertools.count()
-        # group commits of committed batches, in commit order (see the module docstring): queued
-        # jobs, the attempts whose job is queued or running, and how many were taken / are done
-        self._jobs: deque[_GroupCommit] = deque()
-        self._committing: dict[str, _GroupCommit] = {}
-        self._jobs_taken = self._jobs_done = 0
-        self._jobs_changed = threading.Condition(self._lock)
-        self._committer: threading.Thread | None = None
-        self._closed = False
+        # the group commits of committed batches, in commit order (see the module docstring)
+        self.committer = GroupCommitter(self._group_commit)
         if self.ledger is not None:
             self.ledger.register_resolver(SINK_PRODUCER_GROUP, self.resolve)
 
@@ -153,6 +145,8 @@ class SinkService:
         plain = self._plain(table)
         if mode == "normal" and plain:
             return self._send_plain(table, qids)
+        if mode == "normal" and self._columnar(table):
+            return self._send_rows(table, qids)
         key = None
         if mode == "half":
             query_id, batch_id, attempt = header.sink_attempt()
@@ -161,8 +155,8 @@ class SinkService:
                 if self.commits.aborted(attempt):
                     raise StoreError(f"sink attempt {attempt} was rolled back; the batch will be replayed")
                 self._last_send_ms[attempt] = self.core.clock.now_ms()
-            if plain:
-                return self._send_plain_halves(table, qids, key)
+            if plain or self._columnar(table):
+                return self._send_plain_halves(table, qids, key, None if plain else self._row_properties(table, key))
         msgs = self._messages(table, qids, key)
         if mode == "half":
             result = self._halves().put_halves(msgs, SINK_PRODUCER_GROUP)
@@ -217,37 +211,72 @@ class SinkService:
         return True
 
     @staticmethod
-    def _by_queue(table: pa.Table, qids: np.ndarray) -> Iterator[tuple[str, int, list[bytes]]]:
-        """The bodies of the rows per (topic, queue)."""
-        topics = table.column("topic").to_numpy(zero_copy_only=False)
+    def _columnar(table: pa.Table) -> bool:
+        """No delayed or timed row (those go through the schedule and timer services one by
+        one): every property is encoded column-wise (:mod:`rmq_spark.store.rowprops`)."""
+        for name in ("delayLevel", "deliverTimeMs"):
+            if name in table.column_names:
+                col = table.column(name)
+                if name == "delayLevel":
+                    if col.null_count < len(col) and pc.any(pc.greater(col, 0)).as_py():
+                        return False
+                elif col.null_count < len(col):
+                    return False
+        return True
+
+    @staticmethod
+    def _row_properties(table: pa.Table, key: str | None) -> RowProperties:
+        """Each row's properties, column-wise: its user properties, TAGS, KEYS, its message group
+        (SHARDING_KEY), then the sink key of a half."""
+        names = set(table.column_names)
+
+        def col(name: str) -> pa.Array | None:
+            return table.column(name).combine_chunks() if name in names else None
+
+        named = {L.P_TAGS: col("tags"), L.P_KEYS: col("keys"), L.P_SHARDING_KEY: col("messageGroup")}
+        return row_properties(table.num_rows, properties=col("properties"), named=named,
+                              shared={P_SINK_KEY: key} if key is not None else None)  # fmt: skip
+
+    def _send_rows(self, table: pa.Table, qids: np.ndarray) -> P.SendResponse:
+        """Rows with their own properties, a column-wise write per queue."""
+        props = self._row_properties(table, None)
+        n = 0
+        for t, q, part, idx in self._by_queue(table, qids):
+            result = self.store.put_bodies(t, q, part, props.take(idx) if len(idx) != len(props) else props)
+            if not result.ok:
+                raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
+            n += len(part)
+        return P.SendResponse(count=n, offsets="")
+
+    @staticmethod
+    def _by_queue(table: pa.Table, qids: np.ndarray) -> Iterator[tuple[str, int, list[bytes], np.ndarray]]:
+        """The bodies of the rows per (topic, queue), and the rows' indexes."""
+        topics = table.column("topic").to_pylist()
         bodies = table.column("body").to_pylist()
-        keys = np.char.add(topics.astype(str), np.char.add("\x00", qids.astype(str))) if len(set(topics.tolist())) > 1 else None
-        groups: dict[tuple[str, int], np.ndarray] = {}
-        if keys is None:
-            for q in np.unique(qids).tolist():
-                groups[(str(topics[0]), int(q))] = np.flatnonzero(qids == q)
-        else:
-            for k in np.unique(keys).tolist():
-                t, q = k.split("\x00")
-                groups[(t, int(q))] = np.flatnonzero(keys == k)
-        for (t, q), idx in groups.items():
-            yield t, q, [bodies[i] for i in idx.tolist()]
+        for (t, q), idx in group_by_queue(topics, qids).items():
+            yield t, q, [bodies[i] for i in idx.tolist()], idx
 
     def _send_plain(self, table: pa.Table, qids: np.ndarray) -> P.SendResponse:
         n = 0
-        for t, q, part in self._by_queue(table, qids):
+        for t, q, part, _idx in self._by_queue(table, qids):
             result = self.store.put_bodies(t, q, part)
             if not result.ok:
                 raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
             n += len(part)
         return P.SendResponse(count=n, offsets="")
 
-    def _send_plain_halves(self, table: pa.Table, qids: np.ndarray, key: str) -> P.SendResponse:
-        """Rows of bodies only as halves, a column-wise write per queue."""
+    def _send_plain_halves(
+        self, table: pa.Table, qids: np.ndarray, key: str, props: RowProperties | None = None
+    ) -> P.SendResponse:
+        """Rows as halves, a column-wise write per queue: bodies only (``props`` None), or each row
+        with its own properties (``props``, the sink key among them)."""
         n, offsets = 0, []
         attempt = key.rsplit("|", 1)[1]
-        for t, q, part in self._by_queue(table, qids):
-            result, reals = self._halves().put_half_bodies_for_commit(t, q, part, {P_SINK_KEY: key}, SINK_PRODUCER_GROUP)
+        for t, q, part, idx in self._by_queue(table, qids):
+            shared: dict[str, str] | RowProperties = {P_SINK_KEY: key}
+            if props is not None:
+                shared = props.take(idx) if len(idx) != len(props) else props
+            result, reals = self._halves().put_half_bodies_for_commit(t, q, part, shared, SINK_PRODUCER_GROUP)
             if not result.ok or result.append is None:
                 raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
             offsets.append(result.append.phys_offsets)
@@ -368,46 +397,16 @@ class SinkService:
             if stray:  # before the commit record, or the check-back would commit them with the batch
                 self._halves().rollback(stray, own)
             encoded = self._encoded_commit(attempt, halves) if known and not stray else None
-            if halves and self._closed:
+            if halves and self.committer.closed:
                 raise StoreError("the broker is stopping: the batch will be replayed")
             self.commits.record(query_id, batch_id, attempt, self.core.clock.now_ms())
             if halves:
                 phys = np.concatenate([k[0] for k in self._reals[attempt]]) if encoded is not None else None
-                self._enqueue(_GroupCommit(attempt, batch_id, halves, None if known else own, phys, encoded))
+                self.committer.enqueue(GroupCommit(attempt, batch_id, halves, None if known else own, phys, encoded))
             self._forget(attempt)
         return P.CommitBatchResponse(outcome=Outcome.COMMITTED.value, attempt=attempt)
 
-    # --- the group commits of committed batches -------------------------------------------------------------
-    def _enqueue(self, job: _GroupCommit) -> None:
-        """(under the lock) Queue ``job`` for the committer thread."""
-        self._jobs.append(job)
-        self._committing[job.attempt] = job
-        if self._committer is None:
-            self._committer = threading.Thread(target=self._commit_jobs, name="rmq-sink-committer", daemon=True)
-            self._committer.start()
-        self._jobs_changed.notify_all()
-
-    def _commit_jobs(self) -> None:
-        while True:
-            with self._lock:
-                while not self._jobs and not self._closed:
-                    self._jobs_changed.wait()
-                if not self._jobs:
-                    return
-                job = self._jobs.popleft()
-                self._jobs_taken += 1
-            try:
-                self._group_commit(job)
-            except Exception as e:  # the halves stay pending: the check-back commits them from the record
-                job.error = e
-                log.error("the group commit of batch %d (attempt %s, %d messages) failed: %s; the broker's check-back "
-                          "commits them from the batch's commit record", job.batch_id, job.attempt, len(job.halves), e)  # fmt: skip
-            with self._lock:
-                self._committing.pop(job.attempt, None)
-                self._jobs_done += 1
-                self._jobs_changed.notify_all()
-
-    def _group_commit(self, job: _GroupCommit) -> None:
+    def _group_commit(self, job: GroupCommit) -> None:
         ledger = self._halves()
         if job.encoded is not None:
             ledger.commit_encoded(job.phys.tolist(), *job.encoded)  # type: ignore[union-attr]
@@ -415,28 +414,12 @@ class SinkService:
             ledger.commit_group(job.halves, job.expect)
 
     def wait_visible(self, timeout_s: float = VISIBLE_WAIT_S) -> None:
-        """Wait until the group commits of every batch committed so far are done (a read plans
-        after it: it sees what was written before it)."""
-        with self._lock:
-            target = self._jobs_taken + len(self._jobs)
-            if not self._jobs_changed.wait_for(lambda: self._jobs_done >= target, timeout_s):
-                raise StoreError(f"committed sink batches were not visible after {timeout_s:.0f}s")
-
-    def _wait_committed(self, attempt: str) -> _GroupCommit | None:
-        """(under the lock) Wait for the group commit of ``attempt`` if it is queued or running."""
-        job = self._committing.get(attempt)
-        if job is not None:
-            self._jobs_changed.wait_for(lambda: attempt not in self._committing)
-        return job
+        """Wait until the group commits of every batch committed so far are done."""
+        self.committer.wait_visible(timeout_s)
 
     def close(self) -> None:
         """Finish the group commits queued so far (a clean stop) and take no more."""
-        with self._lock:
-            self._closed = True
-            self._jobs_changed.notify_all()
-            committer = self._committer
-        if committer is not None:
-            committer.join()
+        self.committer.close()
 
     def _forget(self, attempt: str) -> None:
         self._last_send_ms.pop(attempt, None)
@@ -451,7 +434,7 @@ class SinkService:
             if self.commits.lookup(query_id, batch_id) == attempt:
                 # the commit record is written, so the batch IS committed: a commit that failed
                 # after it (Spark aborts then) is finished here, never left in part
-                job = self._wait_committed(attempt)
+                job = self.committer.wait_committed(attempt)
                 if job is not None and job.error is None:
                     return P.AbortBatchResponse(rolled_back=0)
                 try:
@@ -484,7 +467,7 @@ class SinkService:
             committed = self.commits.lookup(query_id, batch_id)
             if committed == attempt:
                 # its group commit is queued or running: ending the half here would race it
-                return TransactionAction.UNKNOWN if attempt in self._committing else TransactionAction.COMMIT
+                return TransactionAction.UNKNOWN if self.committer.committing(attempt) else TransactionAction.COMMIT
             last = self._last_send_ms.get(attempt)
             if committed is None and last is not None and self.core.clock.now_ms() - last < ATTEMPT_IDLE_MS:
                 return TransactionAction.UNKNOWN
@@ -492,16 +475,3 @@ class SinkService:
             self._forget(attempt)
             return TransactionAction.ROLLBACK
 
-
-class _GroupCommit:
-    """The group commit of one committed batch: its halves (CommitLog offsets), the properties
-    each must carry (None: this process stored them all), and, for halves stored with their real
-    messages, those (offsets in the order kept, queue offsets, ids, records)."""
-
-    __slots__ = ("attempt", "batch_id", "halves", "expect", "phys", "encoded", "error")
-
-    def __init__(self, attempt: str, batch_id: int, halves: list[int], expect: dict[str, str] | None,
-                 phys: np.ndarray | None, encoded: tuple[list[int], list[str], list[EncodedBatch]] | None) -> None:
-        self.attempt, self.batch_id, self.halves, self.expect = attempt, batch_id, halves, expect
-        self.phys, self.encoded = phys, encoded
-        self.error: Exception | None = None

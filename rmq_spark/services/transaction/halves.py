@@ -21,6 +21,7 @@ from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.encode import encode_columns, Row
 from rmq_spark.store.encoded import concat_encoded, EncodedBatch
 from rmq_spark.store.properties import PROP_CRC_BYTES
+from rmq_spark.store.rowprops import RowProperties, decoded, id_column
 from rmq_spark.store.record import HEADER_V4
 from rmq_spark.services.redelivery.patch import ParsedRecords, parse_records, record_sizes
 from rmq_spark.store.store import MessageStore
@@ -225,16 +226,17 @@ def body_halves(
     topic: str,
     queue_id: int,
     bodies: Sequence[bytes],
-    properties: dict[str, str],
+    properties: dict[str, str] | RowProperties,
     producer_group: str,
     ids: np.ndarray | None = None,
     prepared_offsets: np.ndarray | None = None,
 ) -> EncodedBatch:
-    """The halves of messages that differ only in their bodies (one topic and queue, shared
-    ``properties``), built column-wise: the properties are encoded once, each record gets its own
-    id twice (UNIQ_KEY, the transaction id) in one numpy pass.  With ``prepared_offsets`` (the
-    halves' CommitLog offsets, ``ids`` theirs): the real messages their commit writes instead, the
-    same bytes :func:`~rmq_spark.services.transaction.commit.encode_commits` makes of them."""
+    """The halves of messages of one topic and queue, built column-wise: shared ``properties``
+    are encoded once and each record gets its own id twice (UNIQ_KEY, the transaction id) in one
+    numpy pass; with :class:`RowProperties` (each record its own, encoded column-wise) the same
+    parts are joined onto each record's by Arrow.  With ``prepared_offsets`` (the halves'
+    CommitLog offsets, ``ids`` theirs): the real messages their commit writes instead, the same
+    bytes :func:`~rmq_spark.services.transaction.commit.encode_commits` makes of them."""
     n = len(bodies)
     check_topic_cached(topic)
     cfg = store.topics.get_or_create(topic)
@@ -246,6 +248,8 @@ def body_halves(
         for b in bodies:
             check_body(b, limit)
         bodies = [bytes(b) for b in bodies]
+    if isinstance(properties, RowProperties):
+        return _row_halves(store, now_ms, topic, queue_id, bodies, properties, producer_group, ids, prepared_offsets)
     added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, L.P_PGROUP, *HALF_ONLY}
     base = {k: v for k, v in properties.items() if k not in added}
     pre = encode_properties(base) + _UNIQ.encode()
@@ -280,6 +284,35 @@ def body_halves(
         tags_codes=np.full(n, tags_code(base.get(L.P_TAGS)), dtype=np.int64),
     )
     batch.uniq_keys = split_ids(ids)
+    return batch
+
+
+def _row_halves(  # type: ignore[no-untyped-def]
+    store: MessageStore, now_ms: int, topic: str, queue_id: int, bodies: Sequence[bytes], props: RowProperties,
+    producer_group: str, ids, prepared_offsets,
+) -> EncodedBatch:
+    """:func:`body_halves` of records each with its own properties (checked by the caller: no
+    reserved key among them)."""
+    n = len(bodies)
+    real = prepared_offsets is not None
+    tail = {L.P_PGROUP: producer_group}
+    if not real:
+        tail.update({L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"})
+    post = b"\x02" + encode_properties(tail)
+    cfg_store = store.config
+    extra = len(_UNIQ) + 32 + 1 + len(_TXN_ID) + 32 + len(post)
+    check_properties_size(bytes(props.max_bytes() + extra + (PROP_CRC_BYTES if cfg_store.append_prop_crc else 0)))
+    ids = new_uniq_ids_array(n) if ids is None else ids
+    id_arr = id_column(ids)
+    full = props.joined(_UNIQ.encode(), id_arr, f"\x02{_TXN_ID}".encode(), id_arr, post)
+    uniq = split_ids(ids)
+    batch = encode_columns(
+        topic if real else L.TRANS_HALF_TOPIC, queue_id if real else 0, bodies, decoded(full), full,
+        sys_flags=L.TRANSACTION_COMMIT_TYPE if real else 0, prepared_offsets=prepared_offsets if real else 0,
+        born_timestamps=now_ms, store_host=host_bytes(cfg_store.store_host), store_port=cfg_store.store_port,
+        prop_crc=cfg_store.append_prop_crc, tags_codes=props.tags_codes, keys=props.keys, uniq_keys=uniq,
+    )  # fmt: skip
+    batch.uniq_keys = uniq
     return batch
 
 

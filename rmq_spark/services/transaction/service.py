@@ -87,6 +87,7 @@ from rmq_spark.store.message import (
 )
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.properties import encode_properties
+from rmq_spark.store.rowprops import RowProperties, decoded
 from rmq_spark.services.transaction.commit import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_topic
@@ -234,13 +235,14 @@ class TransactionService:
         topic: str,
         queue_id: int,
         bodies: Sequence[bytes],
-        properties: dict[str, str],
+        properties: dict[str, str] | RowProperties,
         producer_group: str,
     ) -> PutResult:
-        """:meth:`prepare` of messages that differ only in their bodies (one topic and queue,
-        shared ``properties``), built column-wise (:func:`~rmq_spark.services.transaction.halves.body_halves`)."""
+        """:meth:`prepare` of messages of one topic and queue (shared ``properties``, or each its
+        own as :class:`RowProperties`), built column-wise (:func:`~rmq_spark.services.transaction.halves.body_halves`)."""
         if len(bodies) < PATCH_COMMIT_MIN:  # a few: the general path keeps them for the commit
-            msgs = [Message(topic, b, dict(properties), queue_id=queue_id) for b in bodies]
+            each = decoded(properties.blobs) if isinstance(properties, RowProperties) else [properties] * len(bodies)
+            msgs = [Message(topic, b, dict(p), queue_id=queue_id) for b, p in zip(bodies, each)]
             return self.prepare(msgs, producer_group)
         now = self.clock.now_ms()
         return self.store.put_encoded(
@@ -248,7 +250,8 @@ class TransactionService:
         )
 
     def prepare_bodies_for_commit(
-        self, topic: str, queue_id: int, bodies: Sequence[bytes], properties: dict[str, str], producer_group: str
+        self, topic: str, queue_id: int, bodies: Sequence[bytes], properties: dict[str, str] | RowProperties,
+        producer_group: str,
     ) -> tuple[PutResult, EncodedBatch | None]:
         """:meth:`prepare_bodies`, and the real messages a commit of these halves writes, encoded
         now from the same bodies and ids (None for a few bodies: the general path): handed back
