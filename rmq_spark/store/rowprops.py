@@ -1,12 +1,13 @@
 """Properties of many records that differ from record to record, encoded column by column.
 
 A batch of rows (a sink's, a bulk writer's) may carry its own tags, keys, message group and user
-properties.  Encoding them record by record (a dict, then ``k\\x01v\\x02`` bytes, per row) costs
-microseconds of Python each; here every property becomes an Arrow string column, ``NAME\\x01value\\x02`` is joined onto
-each value in one C++ pass (nothing where the value is null or empty), and a row's properties are
-the join of those columns.  User properties (an Arrow ``map<string, string>``) are joined per
-entry, then per row through the map's own offsets.  The bytes are those :func:`encode_properties`
-makes of the same properties (in the order given), so a record decodes the same either way.
+properties. Encoding them record by record (a dict, then ``k\\x01v\\x02`` bytes, per row) costs
+microseconds of Python each; here every property becomes an Arrow string column,
+``NAME\\x01value\\x02`` is joined onto each value in one C++ pass (nothing where the value is null
+or empty), and a row's properties are the join of those columns. User properties (an Arrow
+``map<string, string>``) are joined per entry, then per row through the map's own offsets. The
+bytes are those :func:`encode_properties` makes of the same properties (in the order given), so a
+record decodes the same either way.
 
 What the store needs besides the bytes comes along: each record's tagsCode (the Java hash of its
 TAGS, vectorised), its KEYS (the index), and its properties as dicts when a service asks for one
