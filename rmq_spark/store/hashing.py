@@ -8,6 +8,7 @@ import struct
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow as pa
 
 __all__ = ["java_string_hash", "java_string_hashes"]
 
@@ -56,6 +57,25 @@ def java_string_hashes(strings: Sequence[str]) -> np.ndarray:
             dtype=np.int64,
             count=n,
         )
+    return _hashes_of_units(units, lens)
+
+
+def java_string_hashes_arrow(strings: pa.Array) -> np.ndarray:
+    """:func:`java_string_hashes` of an Arrow string column (no nulls), read from its buffers when
+    every character is ASCII (a UTF-16 code unit per byte), else through Python strings."""
+    n = len(strings)
+    if n == 0:
+        return np.empty(0, dtype=np.int32)
+    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int32)[strings.offset : strings.offset + n + 1]
+    data = strings.buffers()[2]
+    units = np.frombuffer(data, dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])] if data is not None else np.empty(0, np.uint8)
+    if len(units) and int(units.max()) >= 0x80:
+        return java_string_hashes(strings.to_pylist())
+    return _hashes_of_units(units, np.diff(offsets).astype(np.int64))
+
+
+def _hashes_of_units(units: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    n = len(lens)
     distinct = np.unique(lens)
     if len(distinct) <= 8 and len(units):  # a few lengths (topic#UNIQ_KEY): one matrix product each
         return _hashes_by_length(units, lens, distinct)

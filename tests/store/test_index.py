@@ -74,6 +74,14 @@ def test_java_hash_known_values():
 @given(st.lists(st.text(max_size=40), max_size=30))
 def test_vectorized_hash_equals_scalar_java_hash(strings):
     assert java_string_hashes(strings).tolist() == [java_string_hash(s) for s in strings]
+    import pyarrow as pa
+
+    from rmq_spark.store.hashing import java_string_hashes_arrow
+
+    column = pa.array(["pad"] + strings, pa.string()).slice(1)  # a sliced column, ASCII or not
+    assert java_string_hashes_arrow(column).tolist() == [java_string_hash(s) for s in strings]
+    ascii_only = pa.array(["pad"] + [s.encode("ascii", "ignore").decode() for s in strings], pa.string()).slice(1)
+    assert java_string_hashes_arrow(ascii_only).tolist() == [java_string_hash(s) for s in ascii_only.to_pylist()]
     # the scalar keyHash (a few keys) equals the vectorized one (many keys)
     vectorized = np.abs(java_string_hashes(strings).astype(np.int64))
     vectorized[vectorized > 2**31 - 1] = 0
@@ -421,5 +429,37 @@ def test_a_large_batch_of_several_topics_with_ids_only_is_indexed_as_one_record_
         assert index_of(s).query_offsets("Real", "ID000301")
     with open_store(roots[1], FakeClock(), **sizes) as s:
         for i in range(600):
+            s.put_encoded(batch(i, 1))
+        assert index_bytes(roots[1], s) == batched
+
+
+@pytest.mark.parametrize("topics", [("Keyed",), ("Keyed", "Other")])
+def test_a_large_batch_with_keys_is_indexed_as_one_record_at_a_time(tmp_path, topics):
+    """KEYS split into words, prefixed and hashed column-wise (Arrow): the entries of the general
+    path, byte for byte, words of several spaces, empty keys, records without an id, and
+    non-ASCII words (hashed over UTF-16 as Java does) among them."""
+    from rmq_spark.store.encode import encode_columns
+    from rmq_spark.store.properties import encode_properties
+
+    def props(i):
+        p = {} if i % 50 == 0 else {"UNIQ_KEY": f"ID{i:06d}"}
+        if i % 3:
+            p["KEYS"] = f"order-{i}  cust-{i % 7} " + ("日本" if i % 11 == 0 else "x")
+        return p
+
+    def batch(first, count):
+        ps = [props(i) for i in range(first, first + count)]
+        names = [topics[i % len(topics)] for i in range(first, first + count)]
+        one = len(set(names)) == 1
+        return encode_columns(names[0] if one else names, 0, [b"m"] * count, ps, [encode_properties(p) for p in ps])
+
+    roots = [str(tmp_path / "batched"), str(tmp_path / "single")]
+    sizes = {"slots": 397, "entries": 4000, "commitlog_segment_bytes": 1 << 20}
+    with open_store(roots[0], FakeClock(), **sizes) as s:
+        s.put_encoded(batch(0, 900))
+        batched = index_bytes(roots[0], s)
+        assert index_of(s).query_offsets(topics[0], "order-4") and index_of(s).query_offsets(topics[0], "日本")
+    with open_store(roots[1], FakeClock(), **sizes) as s:
+        for i in range(900):
             s.put_encoded(batch(i, 1))
         assert index_bytes(roots[1], s) == batched

@@ -40,11 +40,12 @@ import struct
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow as pa
 from zlib_ng.zlib_ng import crc32
 
 from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.hashing import java_string_hash, java_string_hashes
+from rmq_spark.store.hashing import java_string_hash, java_string_hashes, java_string_hashes_arrow
 from rmq_spark.store.mapped import ALLOCATE_AHEAD_BYTES, allocate
 from rmq_spark.store.properties import find_properties
 from rmq_spark.store.record import (
@@ -89,6 +90,13 @@ def index_hashes(keys: Sequence[str]) -> np.ndarray:
     if len(keys) <= SMALL_KEYS:
         return np.array([index_hash(k) for k in keys], dtype=np.int32)
     h = np.abs(java_string_hashes(keys).astype(np.int64))
+    h[h > INT_MAX] = 0
+    return h.astype(np.int32)
+
+
+def index_hashes_arrow(keys: pa.Array) -> np.ndarray:
+    """:func:`index_hashes` of an Arrow string column."""
+    h = np.abs(java_string_hashes_arrow(keys).astype(np.int64))
     h[h > INT_MAX] = 0
     return h.astype(np.int32)
 

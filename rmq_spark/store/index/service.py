@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from rmq_spark.errors import ConfigError, CorruptStoreError, DiskFullError
 from rmq_spark.store import layout as L
@@ -41,6 +43,7 @@ from rmq_spark.store.index.indexfile import (
     _index_fields,
     index_hash,
     index_hashes,
+    index_hashes_arrow,
 )
 from rmq_spark.store.record import RecordCheck, check_record
 
@@ -242,9 +245,9 @@ class IndexService:
         if self._lag_from is not None:
             return 0  # behind after a full disk: the catch-up reads these again from the CommitLog
         last = self._last_phy
-        if len(phys) > SMALL_KEYS and len(uniq_keys) == len(phys) and not any(keys):
+        if len(phys) > SMALL_KEYS and len(uniq_keys) == len(phys) and len(keys) in (0, len(phys)):
             return self._index_uniq(np.asarray(phys, dtype=np.int64), topics, np.asarray(sys_flags, dtype=np.int32),
-                                    store_ts, uniq_keys, last)  # fmt: skip
+                                    store_ts, uniq_keys, last, keys if any(keys) else None)  # fmt: skip
         phys_list = phys.tolist() if isinstance(phys, np.ndarray) else list(phys)
         sflags = sys_flags.tolist() if isinstance(sys_flags, np.ndarray) else list(sys_flags)
         sel = [
@@ -306,11 +309,11 @@ class IndexService:
 
     def _index_uniq(
         self, phys: np.ndarray, topics: list[str], sys_flags: np.ndarray, store_ts: np.ndarray | list[int],
-        uniq_keys: list[str | None], last: int,
+        uniq_keys: list[str | None], last: int, keys: list[str | None] | None = None,
     ) -> int:
-        """:meth:`_index` of a large batch whose records have no keys (a bulk put, a sink's rows,
-        a group commit with its op message, which has no id): the same entries, selected with
-        numpy, in record order."""
+        """:meth:`_index` of a large batch (a bulk put, a sink's rows, a group commit with its op
+        message, which has no id): the same entries, selected with numpy, in record order; the
+        words of ``keys`` split, prefixed and hashed by Arrow."""
         phys = np.asarray(phys, dtype=np.int64)
         keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
         if not all(uniq_keys):  # records without an id get no entry
@@ -319,18 +322,53 @@ class IndexService:
         if len(sel) == 0:
             return 0
         every = len(sel) == len(phys)
+        one_topic = topics.count(topics[0]) == len(topics)
+        if keys is not None:  # records with no id still have their key words indexed
+            keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
+            chosen = np.flatnonzero(keep)
+        else:
+            chosen = sel
         picked = uniq_keys if every else [uniq_keys[i] for i in sel.tolist()]
-        if topics.count(topics[0]) == len(topics):
+        if one_topic:
             prefix = topics[0] + "#"
             strs = [prefix + u for u in picked]  # type: ignore[operator]
         else:
             named = topics if every else [topics[i] for i in sel.tolist()]
             strs = [f"{t}#{u}" for t, u in zip(named, picked)]
         hashes = index_hashes(strs)
-        key_phys = phys[sel]
-        key_ts = np.asarray(store_ts, dtype=np.int64)[sel]
+        rec = sel
+        if keys is not None and len(chosen):
+            words_rec, words_hash = self._key_words(chosen, topics, keys, one_topic)
+            if len(words_rec):
+                rec = np.concatenate([sel, words_rec])
+                hashes = np.concatenate([hashes, words_hash])
+                order = np.argsort(rec, kind="stable")  # by record: its id first, then its words
+                rec, hashes = rec[order], hashes[order]
+        if len(rec) == 0:
+            return len(chosen)
+        key_phys = phys[rec]
+        key_ts = np.asarray(store_ts, dtype=np.int64)[rec]
         self._put(hashes, key_phys, key_ts)
-        return len(sel)
+        return len(chosen)
+
+    @staticmethod
+    def _key_words(chosen: np.ndarray, topics: list[str], keys: list[str | None], one_topic: bool):  # type: ignore[no-untyped-def]
+        """(record, hash) of every non-empty word of the KEYS of the records ``chosen``, in record
+        order, each word hashed as ``topic#word``."""
+        picked = keys if len(chosen) == len(keys) else [keys[i] for i in chosen.tolist()]
+        split = pc.split_pattern(pa.array(picked, pa.string()), L.KEY_SEPARATOR)
+        words = pc.list_flatten(split)
+        parents = pc.list_parent_indices(split).to_numpy()
+        nonempty = pc.greater(pc.binary_length(words), 0)
+        if not pc.all(nonempty).as_py():
+            words, parents = words.filter(nonempty), parents[nonempty.to_numpy(zero_copy_only=False)]
+        rec = chosen[parents]
+        if one_topic:
+            full = pc.binary_join_element_wise(pa.scalar(topics[0] + "#"), words, pa.scalar(""))
+        else:
+            named = pa.array([topics[i] + "#" for i in rec.tolist()], pa.string())
+            full = pc.binary_join_element_wise(named, words, pa.scalar(""))
+        return rec, index_hashes_arrow(full)
 
     def _put(self, hashes: np.ndarray, key_phys: np.ndarray, key_ts: np.ndarray) -> None:
         """Write the entries (in record order) to the index files; on a full disk what is left is
