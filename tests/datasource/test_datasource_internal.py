@@ -519,3 +519,38 @@ def test_body_only_rows_of_several_topics(broker):
     offs = half(c, table.slice(0, 100), "qm", 0, "am")
     assert c.commit_batch("qm", 0, "am", [offs])["outcome"] == "COMMITTED"
     assert visible(c, "B22") == sorted([f"b{i}".encode() for i in range(1, 200, 4)] + [f"b{i}".encode() for i in range(1, 100, 4)])
+
+
+def test_a_committed_batch_is_remembered_by_offset_and_a_second_end_is_refused(broker):
+    """The halves of a batch the sink stored and committed in one group are remembered as one
+    array of CommitLog offsets (8 bytes a message, not an entry per transaction id): ending one
+    again (its producer group's END_TRANSACTION, a group commit, the check-back) is refused, and
+    the memory goes once the check-back has walked past them."""
+    from rmq_spark.broker.connector.sink import decode_offsets
+    from rmq_spark.services.transaction.check import CHECK_GROUP
+    from rmq_spark.services.transaction.states import EndTxStatus
+
+    c, sink = broker.client, broker.service.sink
+    svc = sink.ledger._svc
+    n = 3000
+    offs = half(c, rows("Once", n), "q1", 0, "a1")
+    c.commit_batch("q1", 0, "a1", [offs])
+    sink.wait_visible()
+    halves = decode_offsets([offs])
+    ids = {m.uniq_key for m in broker.core.store.get_messages("Once", 0, 0, max_msgs=n).messages}
+    assert ids and not ids & set(svc._state) and len(svc._runs) == n
+    assert svc.end_transaction(halves[7], None, "rmq-spark-sink") is EndTxStatus.ALREADY_COMMITTED
+    assert svc.commit_group(halves[:10]).status is EndTxStatus.ALREADY_COMMITTED
+    half_msg = broker.core.store.look_message_by_offset(halves[3])
+    assert svc.is_resolved(half_msg)
+    assert len(visible(c, "Once")) == n  # nothing written twice
+    # an abort of the committed attempt (its commit answer lost) ends nothing again
+    assert c.abort_batch("q1", 0, "a1", [offs]) == {"rolled_back": 0}
+    assert len(visible(c, "Once")) == n
+    now = broker.core.clock.now_ms()
+    svc._forget_old_ends(now)
+    assert len(svc._runs) == n  # the check-back has not walked past them yet
+    store = broker.core.store
+    store.offsets.commit(CHECK_GROUP, L.TRANS_HALF_TOPIC, 0, store.max_offset(L.TRANS_HALF_TOPIC, 0))
+    svc._forget_old_ends(now)
+    assert len(svc._runs) == 0

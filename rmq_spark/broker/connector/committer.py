@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import numpy as np
@@ -27,6 +27,7 @@ __all__ = ["GroupCommit", "GroupCommitter", "VISIBLE_WAIT_S"]
 log = logging.getLogger("rmq_spark.sink")
 
 VISIBLE_WAIT_S = 60.0  # how long a read waits for the group commits of batches committed before it
+RECENT_JOBS = 4096  # finished group commits remembered (an abort of a committed attempt asks)
 
 
 class GroupCommit:
@@ -52,6 +53,7 @@ class GroupCommitter:
         self._changed = threading.Condition(self._lock)
         self._jobs: deque[GroupCommit] = deque()
         self._committing: dict[str, GroupCommit] = {}  # attempt -> its job, queued or running
+        self._recent: OrderedDict[str, GroupCommit] = OrderedDict()  # attempt -> its finished job
         self._taken = self._done = 0
         self._thread: threading.Thread | None = None
         self.closed = False
@@ -72,12 +74,13 @@ class GroupCommitter:
         return attempt in self._committing
 
     def wait_committed(self, attempt: str) -> GroupCommit | None:
-        """Wait for the group commit of ``attempt`` if it is queued or running (its job, done)."""
+        """The group commit of ``attempt``, once done (waited for if queued or running; None if
+        this process ran none for it lately): an abort of a committed attempt whose commit
+        answer was lost asks, and must not end its halves a second time."""
         with self._lock:
-            job = self._committing.get(attempt)
-            if job is not None:
+            if attempt in self._committing:
                 self._changed.wait_for(lambda: attempt not in self._committing)
-            return job
+            return self._recent.get(attempt)
 
     def wait_visible(self, timeout_s: float = VISIBLE_WAIT_S) -> None:
         """Wait until the group commits of every batch committed so far are done."""
@@ -112,5 +115,8 @@ class GroupCommitter:
                           "commits them from the batch's commit record", job.batch_id, job.attempt, len(job.halves), e)  # fmt: skip
             with self._lock:
                 self._committing.pop(job.attempt, None)
+                self._recent[job.attempt] = job
+                while len(self._recent) > RECENT_JOBS:
+                    self._recent.popitem(last=False)
                 self._done += 1
                 self._changed.notify_all()

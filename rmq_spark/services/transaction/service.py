@@ -87,6 +87,7 @@ from rmq_spark.store.message import (
 )
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.properties import encode_properties
+from rmq_spark.services.transaction.runs import EndedRuns
 from rmq_spark.store.rowprops import RowProperties, decoded
 from rmq_spark.services.transaction.commit import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
@@ -164,6 +165,7 @@ class TransactionService:
         self._lock = threading.Lock()  # guards _state and _inflight
         self._state: dict[str, TxnState] = {}  # transaction id -> how it ended
         self._inflight: set[str] = set()
+        self._runs = EndedRuns()  # groups of halves their caller stored itself, by CommitLog offset
         # _state is in the order transactions ended; each check round marks (now, how many ended
         # so far), and the ends older than the file reserved time are forgotten (_forget_old_ends)
         self._ended_marks: deque[tuple[int, int]] = deque()
@@ -283,7 +285,8 @@ class TransactionService:
 
     def _commit_written(self, offsets: Sequence[int], queue_offsets: list[int], ids: list[str],
                         reals: EncodedBatch | Sequence[EncodedBatch]) -> GroupResult:
-        """The op message and ``reals`` as one append, for halves marked in flight."""
+        """The op message and ``reals`` as one append, for halves marked in flight (halves their
+        caller stored itself: how they ended is remembered by offset, :mod:`.runs`)."""
         put: PutResult | None = None
         try:
             op = self._op_row(queue_offsets, TransactionAction.COMMIT, len(ids))
@@ -292,7 +295,7 @@ class TransactionService:
             with self._lock:
                 self._inflight.difference_update(ids)
                 if put is not None and put.append is not None:
-                    self._state.update(dict.fromkeys(ids, TxnState.COMMITTED))
+                    self._runs.add(self.clock.now_ms(), max(queue_offsets), np.asarray(offsets), TxnState.COMMITTED)
         if self._cache:
             with self._cache_lock:
                 for p in offsets:
@@ -383,7 +386,9 @@ class TransactionService:
     def state(self, commitlog_offset: int) -> TxnState:
         """What became of the half at ``commitlog_offset`` (of any copy of its transaction)."""
         (h,) = self._lookup([commitlog_offset])
-        return TxnState.NOT_FOUND if h is None else self.transaction_state(h.txn_id)
+        if h is None:
+            return TxnState.NOT_FOUND
+        return self._runs.state_of(h.phys) or self.transaction_state(h.txn_id)
 
     def transaction_state(self, transaction_id: str) -> TxnState:
         return self._state.get(transaction_id, TxnState.PENDING)
@@ -392,7 +397,7 @@ class TransactionService:
         return self.state(commitlog_offset) is TxnState.PENDING
 
     def is_resolved(self, half: MessageExt) -> bool:
-        return txn_id_of(half) in self._state
+        return txn_id_of(half) in self._state or self._runs.state_of(half.commitlog_offset) is not None
 
     # --- ending transactions -------------------------------------------------------------------------
     def end_transaction(
@@ -537,14 +542,17 @@ class TransactionService:
         commit = act is TransactionAction.COMMIT
         with self._lock:
             state, inflight = self._state, self._inflight
+            ran = self._runs.states_of(np.fromiter((h.phys for h in halves), dtype=np.int64, count=len(halves)))
             by_txn: dict[str, Half] = {}  # the first half of each transaction (copies alike)
-            for h in halves:
+            for k, h in enumerate(halves):
                 if h.txn_id not in by_txn:
                     by_txn[h.txn_id] = h
                     if h.txn_id in inflight:
                         rejected[h.phys] = EndTxStatus.IN_PROGRESS
                     elif h.txn_id in state:
                         rejected[h.phys] = _ALREADY[state[h.txn_id]]
+                    elif ran is not None and ran[k] is not None:
+                        rejected[h.phys] = _ALREADY[ran[k]]
             if rejected:
                 todo = [h for h in by_txn.values() if h.phys not in rejected]
                 ids = [h.txn_id for h in todo]
@@ -580,7 +588,7 @@ class TransactionService:
         tid = h.txn_id
         commit = act is TransactionAction.COMMIT
         with self._lock:
-            done = self._state.get(tid)
+            done = self._state.get(tid) or self._runs.state_of(h.phys)
             if done is not None or tid in self._inflight:
                 why = EndTxStatus.IN_PROGRESS if done is None else _ALREADY[done]
                 return why, None, [], {h.phys: why}
@@ -735,6 +743,8 @@ class TransactionService:
         """Drop how transactions ended from before the file reserved time (as RocketMQ, whose
         check discards such halves): the state stays as large as the ends of that time.  A half
         stored longer ago than that is refused (EXPIRED) rather than found pending."""
+        checked = self.store.offsets.query(C.CHECK_GROUP, L.TRANS_HALF_TOPIC, 0)
+        self._runs.forget(checked, now_ms - self.file_reserved_ms)
         with self._lock:
             self._ended_marks.append((now_ms, len(self._state) + self._forgotten))
             upto = self._forgotten

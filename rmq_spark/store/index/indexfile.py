@@ -41,6 +41,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from zlib_ng.zlib_ng import crc32
 
 from rmq_spark.errors import CorruptStoreError
@@ -99,6 +100,26 @@ def index_hashes_arrow(keys: pa.Array) -> np.ndarray:
     h = np.abs(java_string_hashes_arrow(keys).astype(np.int64))
     h[h > INT_MAX] = 0
     return h.astype(np.int32)
+
+
+def key_word_hashes(chosen: np.ndarray, topics: list[str], keys: list[str | None], one_topic: bool):  # type: ignore[no-untyped-def]
+    """(record, keyHash) of every non-empty word of the KEYS of the records ``chosen`` (indexes
+    into ``topics`` and ``keys``), in record order, each word hashed as ``topic#word``: split,
+    prefixed and hashed column-wise (Arrow)."""
+    picked = keys if len(chosen) == len(keys) else [keys[i] for i in chosen.tolist()]
+    split = pc.split_pattern(pa.array(picked, pa.string()), L.KEY_SEPARATOR)
+    words = pc.list_flatten(split)
+    parents = pc.list_parent_indices(split).to_numpy()
+    nonempty = pc.greater(pc.binary_length(words), 0)
+    if not pc.all(nonempty).as_py():
+        words, parents = words.filter(nonempty), parents[nonempty.to_numpy(zero_copy_only=False)]
+    rec = chosen[parents]
+    if one_topic:
+        full = pc.binary_join_element_wise(pa.scalar(topics[0] + "#"), words, pa.scalar(""))
+    else:
+        named = pa.array([topics[i] + "#" for i in rec.tolist()], pa.string())
+        full = pc.binary_join_element_wise(named, words, pa.scalar(""))
+    return rec, index_hashes_arrow(full)
 
 
 def file_bytes(slot_num: int, index_num: int) -> int:

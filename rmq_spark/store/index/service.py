@@ -25,8 +25,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from rmq_spark.errors import ConfigError, CorruptStoreError, DiskFullError
 from rmq_spark.store import layout as L
@@ -43,7 +41,7 @@ from rmq_spark.store.index.indexfile import (
     _index_fields,
     index_hash,
     index_hashes,
-    index_hashes_arrow,
+    key_word_hashes,
 )
 from rmq_spark.store.record import RecordCheck, check_record
 
@@ -338,7 +336,7 @@ class IndexService:
         hashes = index_hashes(strs)
         rec = sel
         if keys is not None and len(chosen):
-            words_rec, words_hash = self._key_words(chosen, topics, keys, one_topic)
+            words_rec, words_hash = key_word_hashes(chosen, topics, keys, one_topic)
             if len(words_rec):
                 rec = np.concatenate([sel, words_rec])
                 hashes = np.concatenate([hashes, words_hash])
@@ -350,25 +348,6 @@ class IndexService:
         key_ts = np.asarray(store_ts, dtype=np.int64)[rec]
         self._put(hashes, key_phys, key_ts)
         return len(chosen)
-
-    @staticmethod
-    def _key_words(chosen: np.ndarray, topics: list[str], keys: list[str | None], one_topic: bool):  # type: ignore[no-untyped-def]
-        """(record, hash) of every non-empty word of the KEYS of the records ``chosen``, in record
-        order, each word hashed as ``topic#word``."""
-        picked = keys if len(chosen) == len(keys) else [keys[i] for i in chosen.tolist()]
-        split = pc.split_pattern(pa.array(picked, pa.string()), L.KEY_SEPARATOR)
-        words = pc.list_flatten(split)
-        parents = pc.list_parent_indices(split).to_numpy()
-        nonempty = pc.greater(pc.binary_length(words), 0)
-        if not pc.all(nonempty).as_py():
-            words, parents = words.filter(nonempty), parents[nonempty.to_numpy(zero_copy_only=False)]
-        rec = chosen[parents]
-        if one_topic:
-            full = pc.binary_join_element_wise(pa.scalar(topics[0] + "#"), words, pa.scalar(""))
-        else:
-            named = pa.array([topics[i] + "#" for i in rec.tolist()], pa.string())
-            full = pc.binary_join_element_wise(named, words, pa.scalar(""))
-        return rec, index_hashes_arrow(full)
 
     def _put(self, hashes: np.ndarray, key_phys: np.ndarray, key_ts: np.ndarray) -> None:
         """Write the entries (in record order) to the index files; on a full disk what is left is
