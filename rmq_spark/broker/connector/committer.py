@@ -113,6 +113,8 @@ class GroupCommitter:
                 job.error = e
                 log.error("the group commit of batch %d (attempt %s, %d messages) failed: %s; the broker's check-back "
                           "commits them from the batch's commit record", job.batch_id, job.attempt, len(job.halves), e)  # fmt: skip
+            job.phys = job.encoded = None  # remembered done: its messages are not kept (an
+            job.halves = []  # abort of an attempt whose job failed gets its halves from Spark)
             with self._lock:
                 self._committing.pop(job.attempt, None)
                 self._recent[job.attempt] = job
