@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.jsonfile import JsonObject, write_json_atomic
@@ -65,16 +66,15 @@ class ConsumerOffsetManager:
             return sorted({k.split("@", 1)[1] for k in self._table})
 
     def remove_group(self, group: str) -> None:
-        with self._lock:
-            for k in [k for k in self._table if k.split("@", 1)[1] == group]:
-                del self._table[k]
-            self._dirty = True
-        self.persist()
+        self._remove(lambda k: k.split("@", 1)[1] == group)
 
     def remove_topic(self, topic: str) -> None:
         """Every group's offsets of ``topic`` go (the topic was deleted)."""
+        self._remove(lambda k: k.rsplit("@", 1)[0] == topic)
+
+    def _remove(self, which: Callable[[str], bool]) -> None:
         with self._lock:
-            for k in [k for k in self._table if k.rsplit("@", 1)[0] == topic]:
+            for k in [k for k in self._table if which(k)]:
                 del self._table[k]
             self._dirty = True
         self.persist()
