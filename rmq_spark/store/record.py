@@ -313,32 +313,72 @@ def check_records(  # type: ignore[no-untyped-def]
     if topic is not None:
         ok &= topic_len == len(topic)
         if len(topic):
-            names = _at(buf, f"V{len(topic)}")[np.where(ok, topic_at, p)]
-            ok &= names == np.frombuffer(topic, dtype=f"V{len(topic)}")[0]
+            names = _at(buf, _name_dtype(topic))[np.where(ok, topic_at, p)]
+            ok &= names == (topic if b"\x00" not in topic else np.frombuffer(topic, dtype=f"V{len(topic)}")[0])
     if not check_crc:
         return ~ok
-    # the whole-record CRC where the property is there, else the body CRC
+    # the whole-record CRC where the property is there, else the body CRC; the property's 20
+    # bytes (prefix, 10 digits least significant first, terminator) gathered at once
     crc_at = end - PROP_CRC_BYTES
     has_prop = ok & (props_len >= PROP_CRC_BYTES)
-    width = len(PROP_CRC_PREFIX)
-    prefix = np.frombuffer(PROP_CRC_PREFIX, dtype=f"V{width}")[0]
-    has_prop &= _at(buf, f"V{width}")[np.where(has_prop, crc_at, p)] == prefix
+    tail = _at(buf, _CRC_TAIL)[np.where(has_prop, crc_at, p)]
+    has_prop &= tail["prefix"] == PROP_CRC_PREFIX
     if force_prop_crc:
         ok &= has_prop
-    digits = _at(buf, "V10")[np.where(has_prop, end - 11, p)].view(np.uint8).reshape(n, 10) - np.uint8(48)
-    ok &= ~has_prop | ((digits <= 9).all(axis=1) & (buf[end - 1] == 2))
+    digits = tail["digits"] - np.uint8(48)
+    ok &= ~has_prop | ((digits <= 9).all(axis=1) & (tail["end"] == 2))
     want = np.where(has_prop, digits @ _POW10, head["body_crc"])
     lo = np.where(has_prop, p, body_at)
     hi = np.where(has_prop, crc_at, body_end)
     rows = np.flatnonzero(ok)
-    mv = memoryview(buf)
-    got = np.fromiter(
-        (crc32(mv[a:b]) & 0x7FFFFFFF for a, b in zip(lo[rows].tolist(), hi[rows].tolist())),
-        dtype=np.int64,
-        count=len(rows),
-    )
-    ok[rows] = got == want[rows]
+    ok[rows] = crc32_ranges(buf, lo[rows], hi[rows]) == want[rows]
     return ~ok
+
+
+_CRC_TAIL = np.dtype([("prefix", f"S{len(PROP_CRC_PREFIX)}"), ("digits", "u1", (10,)), ("end", "u1")])
+assert _CRC_TAIL.itemsize == PROP_CRC_BYTES and b"\x00" not in PROP_CRC_PREFIX
+GATHER_CRC_BYTES = 4096  # ranges up to this long are copied out together, longer ones read in place
+
+
+def _name_dtype(topic: bytes) -> str:
+    """``S`` items compare in C (a topic has no NUL, so S's NUL padding cannot make two differ
+    by less); a name with a NUL falls back to raw ``V`` items."""
+    return f"S{len(topic)}" if b"\x00" not in topic else f"V{len(topic)}"
+
+
+def crc32_ranges(buf: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``UtilAll.crc32`` (sign bit cleared) of each ``buf[lo:hi]``: ranges of one length are
+    gathered into one array and its rows hashed (no slice object per record), the others
+    read in place."""
+    from rmq_spark.store.views import _at
+
+    n = len(lo)
+    out = np.empty(n, dtype=np.int64)
+    if n == 0:
+        return out
+    lengths = hi - lo
+    first = int(lengths[0])
+    if bool((lengths == first).all()):
+        groups: list[tuple[int, np.ndarray | None]] = [(first, None)]
+    else:
+        sizes, inverse = np.unique(lengths, return_inverse=True)
+        if len(sizes) > 16:
+            groups = []
+        else:
+            groups = [(int(size), np.flatnonzero(inverse == i)) for i, size in enumerate(sizes)]
+    if not groups or any(size > GATHER_CRC_BYTES or size <= 0 for size, _ in groups):
+        mv = memoryview(buf)
+        out[:] = np.fromiter(map(crc32, map(mv.__getitem__, map(slice, lo.tolist(), hi.tolist()))), np.int64, n)
+    else:
+        for size, idx in groups:
+            starts = lo if idx is None else lo[idx]
+            got = np.fromiter(map(crc32, _at(buf, f"V{size}")[starts]), np.int64, len(starts))
+            if idx is None:
+                out[:] = got
+            else:
+                out[idx] = got
+    out &= 0x7FFFFFFF
+    return out
 
 
 def decode_record(buf, pos: int, read_body: bool = True) -> MessageExt:  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ from rmq_spark.store.encoded import SMALL_BATCH
 from rmq_spark.store.record import (
     blank_record,
     check_record,
+    crc32_ranges,
     decode_record,
     record_length,
     RecordCheck,
@@ -270,3 +271,25 @@ def test_uniq_ids_are_unique_and_well_formed():
     assert all(len(i) == 32 for i in ids[:10])
     assert len(set(ids[:65536])) == 65536
     assert ids[0][:8] == "7F000001"
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [187] * 500,  # one length: gathered at once
+        [10, 300, 10, 4096, 300, 1] * 50,  # a few lengths: gathered per length
+        list(range(1, 40)) * 3,  # many lengths: read in place
+        [5000, 20, 5000],  # longer than GATHER_CRC_BYTES: read in place
+        [0, 7, 0],  # empty ranges
+        [],
+    ],
+)
+def test_crc32_ranges_is_utilall_crc32_of_each_range(lengths):
+    rng = np.random.default_rng(len(lengths))
+    buf = rng.integers(0, 256, sum(lengths) + 64 * len(lengths) + 1, dtype=np.uint8)
+    gaps = rng.integers(0, 64, len(lengths))
+    lo = np.cumsum(np.r_[0, np.add(lengths, gaps)[:-1]]).astype(np.int64) if lengths else np.zeros(0, np.int64)
+    hi = lo + np.asarray(lengths, dtype=np.int64)
+    got = crc32_ranges(buf, lo, hi)
+    want = [zlib.crc32(buf[a:b].tobytes()) & 0x7FFFFFFF for a, b in zip(lo.tolist(), hi.tolist())]
+    assert got.dtype == np.int64 and got.tolist() == want
