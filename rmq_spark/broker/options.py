@@ -37,6 +37,9 @@ flag (config-file key)             meaning                                  defa
 --workers N                        threads for the store work of calls      128
                                    (streams and long polls wait on the
                                    event loop and hold none)
+--read-workers N                   processes decoding Spark's bulk reads    one per CPU (>= 2)
+                                   (ReadArrow) beside the broker; 0: in
+                                   the broker's process
 --remoting-listen HOST:PORT        RocketMQ remoting protocol (Java and     127.0.0.1:10911 [*]
                                    other remoting clients, mqadmin)
 --namesrv-listen HOST:PORT         the NameServer of this broker            127.0.0.1:9876 [*]
@@ -89,6 +92,7 @@ class BrokerOptions:
     acl_path: str | None = None
     acl_window_ms: int = 15 * 60 * 1000  # rmq_spark.broker.auth.DATE_WINDOW_MS
     workers: int = 128  # threads for calls' store work (rmq_spark.broker.server)
+    read_workers: int = -1  # processes decoding ReadArrow (rmq_spark.broker.connector.readers); -1: one per CPU
     max_receive_batch: int = 1024
     max_pull_batch: int = 10_000
     # remoting protocol and NameServer (rmq_spark.remoting): off unless an address is given
@@ -138,6 +142,8 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("timer-max-delay-s", int, "furthest delivery time accepted, in seconds (default 259200: 3 days)"),
     ("broker-name", str, "broker name shown in routes (default rmq-spark-broker)"),
     ("workers", int, "threads for the store work of calls; open streams and long polls hold none (default 128)"),
+    ("read-workers", int, "processes decoding Spark's bulk reads (ReadArrow); 0: in the broker's process "
+                          "(default: one per CPU, at least 2)"),
     ("remoting-listen", str, f"HOST:PORT of the remoting protocol (default {DEFAULT_REMOTING_LISTEN}; port 0 when "
                              "--listen's port is 0)"),
     ("namesrv-listen", str, f"HOST:PORT of this broker's NameServer (default {DEFAULT_NAMESRV_LISTEN}; port 0 when "
@@ -324,6 +330,8 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
         opt_kw["auto_renew_invisible_ms"] = int(pos("auto-renew-invisible-s", v["auto-renew-invisible-s"]) * 1000)
     if "workers" in v:
         opt_kw["workers"] = at_least("workers", v["workers"], 4)
+    if "read-workers" in v:
+        opt_kw["read_workers"] = at_least("read-workers", v["read-workers"], 0)
     if "metrics-listen" in v:
         split_listen(v["metrics-listen"], "metrics-listen")
         opt_kw["metrics_listen"] = v["metrics-listen"]

@@ -257,14 +257,22 @@ class _Counted(grpc.GenericRpcHandler):
         return self.activity.wrap(self.inner.service(handler_call_details))
 
 
-def _internal_handler(core: BrokerCore) -> grpc.GenericRpcHandler | None:
+def _read_workers(n: int) -> int:
+    if n >= 0:
+        return n
+    from rmq_spark.broker.connector.readers import default_workers
+
+    return default_workers()
+
+
+def _internal_handler(core: BrokerCore, read_workers: int) -> grpc.GenericRpcHandler | None:
     try:
         from rmq_spark.broker.connector.server import make_internal_handler
     except ModuleNotFoundError as e:
         if e.name in ("rmq_spark.broker.connector", "rmq_spark.broker.connector.server"):
             return None
         raise
-    return make_internal_handler(core)
+    return make_internal_handler(core, read_workers)
 
 
 class Broker:
@@ -303,7 +311,7 @@ class Broker:
                 acl = AccessControl.load(self.options.acl_path, clock, self.options.acl_window_ms)
             self.service = MessagingService(self.core, self.options, (host, port))
             self.activity = self.service.activity
-            internal = self.internal_handler = _internal_handler(self.core)
+            internal = self.internal_handler = _internal_handler(self.core, _read_workers(self.options.read_workers))
             services = [self.service.access()]
             if internal is not None:
                 services.append(internal.connector.access())

@@ -347,17 +347,29 @@ class StoreReader:
         self.commitlog = MappedFileQueue(cl_dir, commitlog_segment_bytes, writable=False)
         self.commitlog.refresh()
         self.cq_segment_units = cq_segment_units
-        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._cqs: dict[tuple[str, int], tuple[ConsumeQueue, int]] = {}  # with its directory's inode
 
     def _cq(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        cq = self._cqs.get((topic, queue_id))
-        if cq is None:
-            d = os.path.join(self.root, L.CONSUMEQUEUE_DIR, topic, str(queue_id))
-            if not os.path.isdir(d):
-                return None
+        """The queue's ConsumeQueue, mapped again when its directory is not the one mapped (the
+        topic was deleted, and perhaps created again, since)."""
+        d = os.path.join(self.root, L.CONSUMEQUEUE_DIR, topic, str(queue_id))
+        try:
+            ino = os.stat(d).st_ino
+        except FileNotFoundError:
+            ino = None
+        held = self._cqs.get((topic, queue_id))
+        if held is not None and held[1] != ino:
+            held[0].close()
+            del self._cqs[(topic, queue_id)]
+            held = None
+        if ino is None:
+            return None
+        if held is None:
             units = _detect_segment_bytes(d)
             cq = ConsumeQueue(self.root, topic, queue_id, (units or self.cq_segment_units * 20) // 20, writable=False)
-            self._cqs[(topic, queue_id)] = cq
+            self._cqs[(topic, queue_id)] = (cq, ino)
+        else:
+            cq = held[0]
         cq.refresh()
         return cq
 
@@ -415,6 +427,7 @@ class StoreReader:
         tag_filter: object | None = None,
         sql_filter: object | None = None,
         columns: Sequence[str] | None = None,
+        force_prop_crc: bool = False,
     ) -> pa.RecordBatch:
         cq = self._cq(topic, queue_id)
         if cq is None:
@@ -427,8 +440,9 @@ class StoreReader:
             )
         self.commitlog.refresh()
         return read_queue_arrow(
-            self.commitlog, cq, topic, queue_id, start, end, tag_filter, sql_filter, columns=columns
-        )
+            self.commitlog, cq, topic, queue_id, start, end, tag_filter, sql_filter, columns=columns,
+            force_prop_crc=force_prop_crc,
+        )  # fmt: skip
 
     def read_chunks(
         self,
@@ -462,7 +476,7 @@ class StoreReader:
 
     def close(self) -> None:
         self.commitlog.close()
-        for cq in self._cqs.values():
+        for cq, _ino in self._cqs.values():
             cq.close()
 
 

@@ -31,17 +31,11 @@ from rmq_spark.broker.access import AUTHENTICATED, Need, ServiceAccess, Use, cal
 from rmq_spark.broker.auth import Perm
 from rmq_spark.broker.connector import codec
 from rmq_spark.broker.connector import protocol as P
+from rmq_spark.broker.connector.readers import ReadWorkers, wire_chunks
 from rmq_spark.broker.connector.sink import SinkService
 from rmq_spark.store import layout as L
 
 
-# ReadArrow reads the store READ_STEP offsets at a time and ships WIRE_ROWS rows per gRPC message
-# (~2.3 MB of the 14 columns at 100-byte bodies): grpc's Python stream carries messages of a few
-# MB several times faster than messages of tens of MB (measured on loopback, 1M rows, 2 readers:
-# 1.33M rows/s at 8,192 rows a message, 0.69M at 16,384, 0.18M at 65,536, 0.08M at 262,144);
-# the reader joins them into large batches again (rmq_spark.datasource.read.arrow)
-READ_STEP = 262_144
-WIRE_ROWS = 8_192
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
@@ -57,10 +51,11 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
 class ConnectorService:
     """The methods, on a :class:`rmq_spark.services.core.BrokerCore`."""
 
-    def __init__(self, core) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, core, read_workers: int = 0) -> None:  # type: ignore[no-untyped-def]
         self.core = core
         self.store = core.store
         self.sink = SinkService(core)
+        self.readers = ReadWorkers(self.store.root, read_workers) if read_workers > 0 else None
 
     # --- metadata -----------------------------------------------------------------------------------------
     def access(self) -> ServiceAccess:
@@ -120,6 +115,8 @@ class ConnectorService:
 
     # --- reads -----------------------------------------------------------------------------------------------
     def read_arrow(self, req: P.ReadArrowRequest) -> Iterator[bytes]:
+        """The rows of one queue range as Arrow IPC messages, decoded by a read worker process
+        when one is free (:mod:`rmq_spark.broker.connector.readers`), else here."""
         from rmq_spark.filter.options import make_filters
 
         topic, qid = str(req.topic), int(req.queue_id)
@@ -130,13 +127,18 @@ class ConnectorService:
         hi = self.store.max_offset(topic, qid)
         if end > hi:
             raise E.StoreError(f"queue {topic}/{qid} holds offsets up to {hi}, asked for {end}")
-        pos = start
-        while pos < end:
-            stop = min(end, pos + READ_STEP)
-            batch = self.store.read_arrow(topic, qid, pos, stop, tag_filter=tag_filter, sql_filter=sql_filter)
-            for at in range(0, batch.num_rows, WIRE_ROWS):
-                yield codec.dump_batch(batch.slice(at, WIRE_ROWS), req.compression)
-            pos = stop
+        if start >= end:
+            return
+        job = {"topic": topic, "queue_id": qid, "start": start, "end": end, "tags": req.tags, "sql": req.sql,
+               "compression": req.compression, "force_prop_crc": self.store.config.append_prop_crc}  # fmt: skip
+
+        def here() -> Iterator[bytes]:
+            def read(a: int, b: int) -> Any:
+                return self.store.read_arrow(topic, qid, a, b, tag_filter=tag_filter, sql_filter=sql_filter)
+
+            return wire_chunks(read, start, end, req.compression)
+
+        yield from (here() if self.readers is None else self.readers.chunks(job, here))
 
     # --- consumer offsets ------------------------------------------------------------------------------------
     def commit_offsets(self, req: P.CommitOffsetsRequest) -> P.Empty:
@@ -163,8 +165,11 @@ class ConnectorService:
         return self.sink.abort_batch(str(req.query_id), int(req.batch_id), str(req.attempt), req.offsets)
 
     def close(self) -> None:
-        """The broker stops: the sink's queued group commits are finished first."""
+        """The broker stops: the sink's queued group commits are finished first; the read
+        workers are stopped."""
         self.sink.close()
+        if self.readers is not None:
+            self.readers.close()
 
     def sink_status(self, req: P.SinkStatusRequest) -> P.SinkStatusResponse:
         batches = self.sink.commits.batches(str(req.query_id))
@@ -265,9 +270,10 @@ ACCESS_RULES: dict[str, Any] = {
 }
 
 
-def make_internal_handler(core) -> grpc.GenericRpcHandler:  # type: ignore[no-untyped-def]
-    """The generic handler the broker adds with ``server.add_generic_rpc_handlers((h,))``."""
-    svc = ConnectorService(core)
+def make_internal_handler(core, read_workers: int = 0) -> grpc.GenericRpcHandler:  # type: ignore[no-untyped-def]
+    """The generic handler the broker adds with ``server.add_generic_rpc_handlers((h,))``;
+    ``read_workers``: processes that decode ReadArrow (0: the broker's own)."""
+    svc = ConnectorService(core, read_workers)
     served: dict[P.Method, Callable[..., Any]] = {
         P.PING: svc.ping,
         P.INFO: svc.info,
