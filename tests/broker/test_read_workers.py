@@ -190,3 +190,17 @@ def test_the_read_workers_flag(tmp_path):
     assert parse_args(["--store", str(tmp_path), "--read-workers", "6"]).options.read_workers == 6
     with pytest.raises(ConfigError, match="read-workers"):
         parse_args(["--store", str(tmp_path), "--read-workers", "-2"])
+
+
+def test_large_messages_are_shipped_a_few_mb_at_a_time(served):
+    from rmq_spark.broker.connector.readers import WIRE_BYTES
+
+    big = [bytes([i]) * (1 << 20) for i in range(24)]  # 24 bodies of 1 MiB
+    served.core.store.put_bodies("L", 0, big, {"KEYS": "k"})
+    served.core.store.flush_all()
+    for _ in range(2):  # in the broker, then (once one is up) in a worker
+        batches = list(served.client.read_arrow("L", 0, 0, 24))
+        assert [b for batch in batches for b in batch.column("body").to_pylist()] == big
+        assert len(batches) >= 24 * (1 << 20) // (WIRE_BYTES + (1 << 20))
+        assert all(pa.Table.from_batches([b]).column("body").nbytes <= WIRE_BYTES + (1 << 20) for b in batches)
+        served.wait_workers(1)

@@ -2,20 +2,19 @@
 ships the store's Arrow record batches as an IPC stream (``readPath=arrow``, and ``auto`` where
 the files are out of reach).
 
-The broker sends the rows in messages of a few MB (grpc's Python stream is fastest there); they
-are joined here into batches of up to ``READ_CHUNK_ROWS`` rows, the size the files path yields,
-so Spark gets the same few large batches either way.  ``readCompression`` says how the broker
-compresses them."""
+The broker sends the rows in messages of a few MB (grpc's Python stream is fastest there, see
+``rmq_spark.broker.connector.readers``); each becomes one batch for Spark as it comes (joining
+them into larger ones cost a copy of every row and read no faster).  ``readCompression`` says
+how the broker compresses them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-from rmq_spark.datasource.read.files import READ_CHUNK_BYTES, READ_CHUNK_ROWS
 from rmq_spark.datasource.read.partition import QueueRange, broker_endpoint, check_loss
 
-__all__ = ["read_arrow", "joined"]
+__all__ = ["read_arrow"]
 
 # readCompression: lz4 by default.  Measured (bench/arrow_stream_bench.py, 1M rows, 2 readers, one
 # run each): on loopback lz4 reads at 0.95x none with random bodies and 1.86x with the Spark
@@ -35,29 +34,6 @@ def read_arrow(p: QueueRange) -> Iterator[Any]:
         first = int(mins.get(p.topic, {}).get(str(p.queue_id), 0))
         start = check_loss(p, first)
         chunks = client.read_arrow(p.topic, p.queue_id, start, p.end, p.ctx.tags, p.ctx.sql, p.ctx.read_compression)
-        yield from joined(chunks)
+        yield from chunks
     finally:
         client.close()
-
-
-def joined(chunks: Iterator[Any], max_rows: int = READ_CHUNK_ROWS, max_bytes: int = READ_CHUNK_BYTES) -> Iterator[Any]:
-    """The batches of ``chunks`` joined into batches of up to ``max_rows`` rows / ``max_bytes``."""
-    import pyarrow as pa
-
-    held: list[Any] = []
-    rows = size = 0
-    for batch in chunks:
-        if held and (rows + batch.num_rows > max_rows or size + batch.nbytes > max_bytes):
-            yield _one(pa, held)
-            held, rows, size = [], 0, 0
-        held.append(batch)
-        rows += batch.num_rows
-        size += batch.nbytes
-    if held:
-        yield _one(pa, held)
-
-
-def _one(pa: Any, batches: list[Any]) -> Any:
-    if len(batches) == 1:
-        return batches[0]
-    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
