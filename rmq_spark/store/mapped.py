@@ -134,6 +134,13 @@ class MappedFile:
     def end_offset(self) -> int:
         return self.from_offset + self.size_bytes
 
+    def unlinked(self) -> bool:
+        """Was this file deleted while mapped here (another process removed it)?"""
+        try:
+            return os.fstat(self._fd).st_nlink == 0
+        except OSError:
+            return True
+
     def ensure_allocated(self, end: int) -> None:
         """Blocks for bytes up to ``end`` (and :data:`ALLOCATE_AHEAD_BYTES` beyond), before they
         are written: :class:`DiskFullError` on a full disk, and nothing written."""

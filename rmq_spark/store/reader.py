@@ -347,29 +347,24 @@ class StoreReader:
         self.commitlog = MappedFileQueue(cl_dir, commitlog_segment_bytes, writable=False)
         self.commitlog.refresh()
         self.cq_segment_units = cq_segment_units
-        self._cqs: dict[tuple[str, int], tuple[ConsumeQueue, int]] = {}  # with its directory's inode
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
 
     def _cq(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        """The queue's ConsumeQueue, mapped again when its directory is not the one mapped (the
-        topic was deleted, and perhaps created again, since)."""
-        d = os.path.join(self.root, L.CONSUMEQUEUE_DIR, topic, str(queue_id))
-        try:
-            ino = os.stat(d).st_ino
-        except FileNotFoundError:
-            ino = None
-        held = self._cqs.get((topic, queue_id))
-        if held is not None and held[1] != ino:
-            held[0].close()
+        """The queue's ConsumeQueue; mapped again when a file it holds was deleted since (the
+        topic deleted, and perhaps created again, or its first segments expired): an inode held
+        open cannot be reused, so this cannot mistake a new file for the old one."""
+        cq = self._cqs.get((topic, queue_id))
+        if cq is not None and cq.mfq.files and cq.mfq.files[0].unlinked():
+            cq.close()
             del self._cqs[(topic, queue_id)]
-            held = None
-        if ino is None:
-            return None
-        if held is None:
+            cq = None
+        if cq is None:
+            d = os.path.join(self.root, L.CONSUMEQUEUE_DIR, topic, str(queue_id))
+            if not os.path.isdir(d):
+                return None
             units = _detect_segment_bytes(d)
             cq = ConsumeQueue(self.root, topic, queue_id, (units or self.cq_segment_units * 20) // 20, writable=False)
-            self._cqs[(topic, queue_id)] = (cq, ino)
-        else:
-            cq = held[0]
+            self._cqs[(topic, queue_id)] = cq
         cq.refresh()
         return cq
 
@@ -476,7 +471,7 @@ class StoreReader:
 
     def close(self) -> None:
         self.commitlog.close()
-        for cq, _ino in self._cqs.values():
+        for cq in self._cqs.values():
             cq.close()
 
 

@@ -301,3 +301,21 @@ def test_store_read_paths_take_tag_and_sql_filters(store_dir):
         assert len(s.get_messages("P", 0, 0, max_msgs=100, message_filter=TagFilter.parse("*")).messages) == 41
         b = s.read_arrow("P", 0, 0, 41, tag_filter=tf, sql_filter=sf)
         assert b.column("body").to_pylist() == [b"32", b"34", b"36", b"38"]
+
+
+def test_a_reader_maps_a_deleted_and_recreated_queue_again(store_dir):
+    """A long-lived reader (an executor, a read worker) holding a queue's files mapped reads the
+    new queue once the topic was deleted and created again, not the deleted one's units."""
+    with MessageStore(store_dir, StoreConfig(), clock=FakeClock()) as s:
+        s.put_bodies("D", 0, [b"old-%d" % i for i in range(500)])
+        s.flush_all()
+        r = StoreReader(store_dir)
+        assert r.read_arrow("D", 0, 0, 500).num_rows == 500
+        s.delete_topic("D")
+        s.put_bodies("D", 0, [b"new-0", b"new-1"])
+        s.flush_all()
+        assert r.max_offset("D", 0) == 2
+        assert r.read_arrow("D", 0, 0, 2).column("body").to_pylist() == [b"new-0", b"new-1"]
+        with pytest.raises(Exception, match="holds offsets up to 2"):
+            r.read_arrow("D", 0, 0, 500)
+        r.close()
