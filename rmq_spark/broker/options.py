@@ -142,8 +142,8 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("timer-max-delay-s", int, "furthest delivery time accepted, in seconds (default 259200: 3 days)"),
     ("broker-name", str, "broker name shown in routes (default rmq-spark-broker)"),
     ("workers", int, "threads for the store work of calls; open streams and long polls hold none (default 128)"),
-    ("read-workers", int, "processes decoding Spark's bulk reads (ReadArrow); 0: in the broker's process "
-                          "(default: one per CPU, at least 2)"),
+    ("read-workers", int, "processes decoding Spark's bulk reads (ReadArrow), one per CPU (at least 2) unless "
+                          "given; 0: in the broker's process"),
     ("remoting-listen", str, f"HOST:PORT of the remoting protocol (default {DEFAULT_REMOTING_LISTEN}; port 0 when "
                              "--listen's port is 0)"),
     ("namesrv-listen", str, f"HOST:PORT of this broker's NameServer (default {DEFAULT_NAMESRV_LISTEN}; port 0 when "
