@@ -52,7 +52,7 @@ log = logging.getLogger("rmq_spark.broker")
 # tens of MB (measured on loopback, 1M rows, 2 readers: 1.33M rows/s at 8,192 rows a message,
 # 0.69M at 16,384, 0.18M at 65,536, 0.08M at 262,144).  The executor hands each message's batch
 # to Spark as it is (joining them into 65,536-row batches cost a copy of every row and read no
-# faster: 5 M messages, 0.78x the files path joined, 0.90x not, the same session).
+# faster: 5 M messages, 0.78x the files path joined, 0.90x not, runs side by side).
 READ_STEP = 65_536
 WIRE_ROWS = 8_192
 WIRE_BYTES = 4 << 20
