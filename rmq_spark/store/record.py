@@ -313,8 +313,8 @@ def check_records(  # type: ignore[no-untyped-def]
     if topic is not None:
         ok &= topic_len == len(topic)
         if len(topic):
-            names = _at(buf, _name_dtype(topic))[np.where(ok, topic_at, p)]
-            ok &= names == (topic if b"\x00" not in topic else np.frombuffer(topic, dtype=f"V{len(topic)}")[0])
+            dtype, name = _topic_item(topic)
+            ok &= _at(buf, dtype)[np.where(ok, topic_at, p)] == name
     if not check_crc:
         return ~ok
     # the whole-record CRC where the property is there, else the body CRC; the property's 20
@@ -340,10 +340,13 @@ assert _CRC_TAIL.itemsize == PROP_CRC_BYTES and b"\x00" not in PROP_CRC_PREFIX
 GATHER_CRC_BYTES = 4096  # ranges up to this long are copied out together, longer ones read in place
 
 
-def _name_dtype(topic: bytes) -> str:
-    """``S`` items compare in C (a topic has no NUL, so S's NUL padding cannot make two differ
-    by less); a name with a NUL falls back to raw ``V`` items."""
-    return f"S{len(topic)}" if b"\x00" not in topic else f"V{len(topic)}"
+def _topic_item(topic: bytes) -> tuple[str, object]:
+    """The dtype to gather a topic name as, and the value to compare with: ``S`` items compare in
+    C (a topic has no NUL, so S's NUL padding cannot make two differ by less); a name with a NUL
+    falls back to raw ``V`` items."""
+    if b"\x00" not in topic:
+        return f"S{len(topic)}", topic
+    return f"V{len(topic)}", np.frombuffer(topic, dtype=f"V{len(topic)}")[0]
 
 
 def crc32_ranges(buf: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -59,7 +59,6 @@ WIRE_BYTES = 4 << 20
 
 _FRAME = struct.Struct(">cQ")
 READY, CHUNK, DONE, ERROR = b"R", b"C", b"D", b"E"
-START_TIMEOUT_S = 60.0
 
 
 def default_workers() -> int:

@@ -36,8 +36,6 @@ from rmq_spark.broker.connector.sink import SinkService
 from rmq_spark.store import layout as L
 
 
-
-
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     """End the call with the fault's status.  A threaded server's ``abort`` raises; the broker's
     ``grpc.aio`` server, running these handlers on its worker threads, has sent the status when
