@@ -39,6 +39,7 @@ from rmq_spark.errors import ConfigError
 from rmq_spark.datasource.planning import Planner
 from rmq_spark.datasource.read.partition import DataLossError, QueueRange, RowBounds, split_range
 from rmq_spark.datasource.scan import read_range
+from rmq_spark.datasource.tasks import task_started
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 NEVER_NULL = ("topic", "queueId", "queueOffset", "storeTimestamp", "body", "msgId", "commitLogOffset", "bornTimestamp", "properties")
@@ -281,6 +282,7 @@ class RmqBatchReader(DataSourceReader):
         return self.planner.offsets_at(ts_ms, hi)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        task_started()
         if self._arrow_schema is None:
             from pyspark.sql.pandas.types import to_arrow_schema
 

@@ -49,6 +49,7 @@ from rmq_spark.broker.rules import SendLimits
 from rmq_spark.datasource.options import SinkOptions
 from rmq_spark.datasource.writer import PartitionRows, SinkLayout, to_rows, _now_ms
 from rmq_spark.errors import ConfigError, StoreError
+from rmq_spark.datasource.tasks import task_started
 
 __all__ = ["ClusterBatchWriter", "ClusterStreamWriter", "ClusterCommit", "row_keys", "encode_rows", "BATCH_BODY_BYTES"]
 
@@ -400,6 +401,7 @@ class _ClusterWriter:
 
 class ClusterStreamWriter(_ClusterWriter, DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[Any]) -> ClusterCommit:
+        task_started()
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -416,6 +418,7 @@ class ClusterStreamWriter(_ClusterWriter, DataSourceStreamArrowWriter):
 
 class ClusterBatchWriter(_ClusterWriter, DataSourceArrowWriter):
     def write(self, iterator: Iterator[Any]) -> ClusterCommit:
+        task_started()
         from pyspark import TaskContext
 
         ctx = TaskContext.get()

@@ -39,6 +39,7 @@ from rmq_spark.datasource.options import SourceOptions
 from rmq_spark.datasource.planning import Planner
 from rmq_spark.datasource.read.partition import DataLossError, QueueRange, split_range
 from rmq_spark.datasource.scan import read_range
+from rmq_spark.datasource.tasks import task_started
 
 
 def _now_ms() -> int:
@@ -167,6 +168,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        task_started()
         if self._arrow_schema is None:
             from pyspark.sql.pandas.types import to_arrow_schema
 

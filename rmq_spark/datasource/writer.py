@@ -41,6 +41,7 @@ from rmq_spark.datasource.embedded import BrokerLink
 from rmq_spark.datasource.options import SinkOptions
 from rmq_spark.errors import ConfigError, StoreError
 from rmq_spark.broker.rules import SendLimits, check_rows
+from rmq_spark.datasource.tasks import task_started
 
 SEND_ROWS = 131_072
 SEND_BYTES = 32 * 1024 * 1024
@@ -313,6 +314,7 @@ class _SinkWriter:
 
 class RmqStreamWriter(_SinkWriter, DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
+        task_started()
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -331,6 +333,7 @@ class RmqBatchWriter(_SinkWriter, DataSourceArrowWriter):
     """``df.write``: one attempt, committed all at once (query id ``batch-<attempt>``)."""
 
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
+        task_started()
         from pyspark import TaskContext
 
         ctx = TaskContext.get()

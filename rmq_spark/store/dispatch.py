@@ -115,7 +115,10 @@ class DispatchBatch:
         at = idx.tolist()
 
         def pick(values: list) -> list:  # type: ignore[type-arg]
-            return [values[i] for i in at] if values else values
+            if not values:
+                return values
+            take = getattr(values, "take", None)  # an IdColumn takes its rows of digits
+            return take(idx) if take is not None else [values[i] for i in at]
 
         return DispatchBatch(
             self.phys[idx], self.sizes[idx], pick(self.topics), self.queue_ids[idx], self.queue_offsets[idx],

@@ -65,25 +65,46 @@ def _assemble_large(  # type: ignore[no-untyped-def]
     return out
 
 
-def _assemble_uniform(headers: np.ndarray, bodies: Sequence[bytes], body_len: int, tails2d: np.ndarray) -> bytearray:
+def _assemble_uniform(headers: np.ndarray, bodies: Sequence[bytes] | np.ndarray, body_len: int, tails2d: np.ndarray) -> bytearray:
     """Records of one size (equal bodies, equal tails) as rows of a 2-D array: three strided
-    copies, no per-record call."""
+    copies, no per-record call.  ``bodies``: a list, or already an (n, body_len) uint8 array."""
     n = len(bodies)
     width = POS_BODY_V4 + body_len + tails2d.shape[1]
     out = bytearray(n * width)
     rows = np.frombuffer(out, dtype=np.uint8).reshape(n, width)
     rows[:, :POS_BODY_V4] = headers.view(np.uint8).reshape(n, POS_BODY_V4)
     if body_len:
-        rows[:, POS_BODY_V4 : POS_BODY_V4 + body_len] = np.frombuffer(b"".join(bodies), dtype=np.uint8).reshape(n, body_len)
+        if not isinstance(bodies, np.ndarray):
+            bodies = np.frombuffer(b"".join(bodies), dtype=np.uint8).reshape(n, body_len)
+        rows[:, POS_BODY_V4 : POS_BODY_V4 + body_len] = bodies
     rows[:, POS_BODY_V4 + body_len :] = tails2d
     del rows
     return out
 
 
+def _equal_bodies(bodies: pa.Array) -> np.ndarray | None:
+    """The bodies of an Arrow binary column as the rows of an (n, length) uint8 view of its
+    buffer, when they all have one length (else None)."""
+    if bodies.null_count or bodies.type not in (pa.binary(), pa.large_binary()):
+        return None
+    n = len(bodies)
+    width = np.int64 if bodies.type == pa.large_binary() else np.int32
+    offsets = np.frombuffer(bodies.buffers()[1], dtype=width)[bodies.offset : bodies.offset + n + 1]
+    length = int(offsets[1] - offsets[0])
+    if length <= 0 or int(offsets[-1] - offsets[0]) != n * length or not bool((np.diff(offsets) == length).all()):
+        return None
+    return np.frombuffer(bodies.buffers()[2], dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])].reshape(n, length)
+
+
+def _items(rows: np.ndarray) -> np.ndarray:
+    """The rows of a contiguous 2-D uint8 array as one void item each (what crc32 reads fastest)."""
+    return rows.reshape(-1).view(f"V{rows.shape[1]}")
+
+
 def encode_columns(
     topics: Sequence[str] | str,
     queue_ids: Sequence[int] | np.ndarray | int,
-    bodies: Sequence[bytes],
+    bodies: Sequence[bytes] | pa.BinaryArray,
     properties: Sequence[dict[str, str]],
     encoded_properties: Sequence[bytes] | np.ndarray,
     *,
@@ -106,8 +127,14 @@ def encode_columns(
     when every record's properties have the same length (the columnar fast path), or an Arrow
     binary array (properties built column-wise, :mod:`rmq_spark.store.rowprops`: a shared topic,
     ``tags_codes``, ``keys`` and ``uniq_keys`` given, ``properties`` read only when asked for).
-    IPv6 hosts set their sysflag bits automatically."""
+    IPv6 hosts set their sysflag bits automatically.  ``bodies`` may be an Arrow binary column:
+    bodies of one length are then copied and checked from its buffer (no bytes object each)."""
     n = len(bodies)
+    body_rows = None  # (n, length) uint8 view of the bodies when they all have one length
+    if isinstance(bodies, pa.Array):
+        body_rows = _equal_bodies(bodies) if n > SMALL_BATCH else None
+        if body_rows is None:
+            bodies = bodies.to_pylist()
     if isinstance(encoded_properties, pa.Array) and n > SMALL_BATCH:
         assert isinstance(topics, str) and tags_codes is not None and keys is not None and uniq_keys is not None
     elif isinstance(encoded_properties, pa.Array):
@@ -185,8 +212,12 @@ def encode_columns(
                 tail_list.append(bytes((len(tbi),)) + tbi + _SHORT.pack(len(pb)) + pb)
         tails = None
         tail_lens = np.fromiter(map(len, tail_list), dtype=np.int64, count=n)
-    body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-    crcs = np.array(list(map(crc32, bodies)), dtype=np.int64) & 0x7FFFFFFF
+    if body_rows is not None:
+        body_lens = np.full(n, body_rows.shape[1], dtype=np.int64)
+        crcs = np.fromiter(map(crc32, _items(body_rows)), np.int64, n) & 0x7FFFFFFF
+    else:
+        body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+        crcs = np.array(list(map(crc32, bodies)), dtype=np.int64) & 0x7FFFFFFF
     if tags_codes is None:
         tags_codes = np.fromiter((tags_code(p.get(L.P_TAGS)) for p in properties), dtype=np.int64, count=n)
     qids = _col(queue_ids, n, np.int32)
@@ -215,11 +246,13 @@ def encode_columns(
         arrow_tails = isinstance(props_bytes, pa.Array)
         if arrow_tails:
             tail_list = props_bytes  # type: ignore[assignment]
+        if body_rows is not None and total >= n * LARGE_RECORD_BYTES:
+            bodies = bodies.to_pylist()  # type: ignore[union-attr]
         if total >= n * LARGE_RECORD_BYTES:
             big_tails = tails2d if props_bytes is None else (tail_list.to_pylist() if arrow_tails else tail_list)
             buf = _assemble_large(h, bodies, body_lens, big_tails, total)
         elif props_bytes is None and n and int(body_lens.min()) == int(body_lens.max()):
-            buf = _assemble_uniform(h, bodies, int(body_lens[0]), tails2d)
+            buf = _assemble_uniform(h, body_rows if body_rows is not None else bodies, int(body_lens[0]), tails2d)
         else:
             if props_bytes is None:
                 tails = pa.FixedSizeBinaryArray.from_buffers(
@@ -234,11 +267,13 @@ def encode_columns(
             ).cast(pa.binary())
             # one C++ pass interleaves header, body and tail of every record
             joined = pc.binary_join_element_wise(
-                headers, pa.array(bodies, pa.binary()), tails, pa.scalar(b"", pa.binary())
+                headers, bodies if isinstance(bodies, pa.Array) else pa.array(bodies, pa.binary()), tails, pa.scalar(b"", pa.binary())
             )
             buf = bytearray(memoryview(joined.buffers()[2])[:total]) if n else bytearray()
         store_ts_pos = np.full(n, POS_STORE_TIMESTAMP_V4, dtype=np.int64)
     else:
+        if isinstance(bodies, pa.Array):
+            bodies = bodies.to_pylist()
         hosts = bhosts if bhosts is not None else [bytes(born_hosts)] * n  # type: ignore[arg-type]
         if isinstance(props_bytes, pa.Array):
             tail_list = props_bytes.to_pylist()

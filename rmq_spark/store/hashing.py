@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["java_string_hash", "java_string_hashes"]
+__all__ = ["java_string_hash", "java_string_hashes", "java_string_hashes_of_rows"]
 
 
 def java_string_hash(s: str) -> int:
@@ -105,4 +105,15 @@ def _hashes_by_length(units: np.ndarray, lens: np.ndarray, distinct: np.ndarray)
         else:
             mat = units[starts[rows, None] + np.arange(size)]
         out[rows] = mat.astype(np.uint32) @ pow31[size - 1 :: -1]
+    return out.view(np.int32)
+
+
+def java_string_hashes_of_rows(prefix: str, rows: np.ndarray) -> np.ndarray:
+    """:func:`java_string_hashes` of ``prefix`` followed by each row of ``rows``, an (n, w) array
+    of ASCII bytes (a batch's unique ids behind ``topic#``): one matrix product, no string made."""
+    n, w = rows.shape
+    pow31 = _pow31(w + 1)
+    out = rows.astype(np.uint32) @ pow31[w - 1 :: -1].astype(np.uint32) if w else np.zeros(n, dtype=np.uint32)
+    head = (java_string_hash(prefix) & 0xFFFFFFFF) * int(pow31[w]) & 0xFFFFFFFF
+    out += np.uint32(head)
     return out.view(np.int32)

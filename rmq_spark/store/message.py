@@ -14,6 +14,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,6 +111,45 @@ _ID32 = re.compile(".{32}", re.S)
 def split_ids(ids: np.ndarray) -> list[str]:
     """An (n, 32) array of ASCII hex digits as ``n`` strings."""
     return _ID32.findall(ids.tobytes().decode("ascii"))
+
+
+class IdColumn(Sequence[str]):
+    """The unique ids of a batch's records, kept as their (n, 32) array of ASCII hex digits and
+    read as a sequence of str (made on the first read).  The index hashes the digits themselves
+    (:func:`~rmq_spark.store.hashing.java_string_hashes_of_rows`): a bulk put makes no string."""
+
+    __slots__ = ("digits", "_strs")
+
+    def __init__(self, digits: np.ndarray) -> None:
+        self.digits = digits
+        self._strs: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.digits)
+
+    def _list(self) -> list[str]:
+        if self._strs is None:
+            self._strs = split_ids(self.digits)
+        return self._strs
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        if isinstance(i, slice):
+            return IdColumn(self.digits[i])
+        return self._list()[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._list())
+
+    def take(self, idx: np.ndarray) -> IdColumn:
+        return IdColumn(self.digits[idx])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"IdColumn({self._list()!r})"
 
 
 class UniqIdGenerator:

@@ -40,7 +40,7 @@ from rmq_spark.store.deleted import DeletedTopics
 from rmq_spark.store.dispatch import ConsumeQueueDispatcher, DispatchBatch, Dispatcher, as_list, group_by_queue
 from rmq_spark.store.flush import AsyncFlushService, GroupCommitService
 from rmq_spark.store.mapped import is_no_space, make_dirs
-from rmq_spark.store.message import Message, MessageExt, host_bytes, new_uniq_ids, new_uniq_ids_array, split_ids, tags_code
+from rmq_spark.store.message import Message, MessageExt, host_bytes, IdColumn, new_uniq_ids, new_uniq_ids_array, tags_code
 from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.offsets import ConsumerOffsetManager
 from rmq_spark.store.rowprops import RowProperties, decoded, id_column
@@ -55,7 +55,7 @@ from rmq_spark.store.encode import (
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER
 from rmq_spark.store.status import GetStatus, PutStatus
-from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
+from rmq_spark.store.validation import check_bodies, check_body, check_properties_size, check_topic_cached
 
 log = logging.getLogger("rmq_spark.store")
 
@@ -554,8 +554,9 @@ class MessageStore:
         born_timestamp_ms: int = 0,
     ) -> PutResult:
         """Fast path: many bodies for one queue sharing ``properties``, or each with its own
-        (:class:`RowProperties`, built column-wise); each gets its own UNIQ_KEY."""
-        if not bodies:
+        (:class:`RowProperties`, built column-wise); each gets its own UNIQ_KEY.  ``bodies`` may
+        be an Arrow binary column with no null (a sink's rows)."""
+        if not len(bodies):
             raise StoreError("put_bodies needs at least one body")
         check_topic_cached(topic, allow_system=True)
         cfg = self.topics.get_or_create(topic)
@@ -563,8 +564,7 @@ class MessageStore:
             raise MessageIllegalError(f"queueId {queue_id} is out of range for topic {topic!r}")
         limit = self.config.body_max_bytes
         n = len(bodies)
-        if max(map(len, bodies)) > limit:
-            check_body(max(bodies, key=len), limit)
+        check_bodies(bodies, limit)
         if isinstance(properties, RowProperties):
             return self._put_row_properties(topic, queue_id, bodies, properties, born_timestamp_ms)
         base = dict(properties or {})
@@ -592,7 +592,7 @@ class MessageStore:
         props2d[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
         props2d[:, len(prefix) : len(prefix) + 32] = uniq2d
         props2d[:, -1] = 2
-        uniq = split_ids(uniq2d)
+        uniq = IdColumn(uniq2d)
         batch = encode_columns(
             topic,
             queue_id,
@@ -617,7 +617,7 @@ class MessageStore:
         check_properties_size(bytes(props.max_bytes() + len(_UNIQ_PREFIX) + 33) + self._crc_reserve)
         ids = new_uniq_ids_array(n)
         full = props.joined(_UNIQ_PREFIX, id_column(ids), b"\x02")
-        uniq = split_ids(ids)
+        uniq = IdColumn(ids)
         batch = encode_columns(
             topic, queue_id, bodies, decoded(full), full,
             born_timestamps=born_timestamp_ms or self.clock.now_ms(), store_host=self._store_host,

@@ -51,6 +51,23 @@ def check_group(group: str) -> None:
         raise MessageIllegalError(f"group name is {len(group)} characters; the limit is {L.GROUP_MAX_CHARS}")
 
 
+def check_bodies(bodies, body_max_bytes: int = L.BODY_MAX_BYTES) -> None:  # type: ignore[no-untyped-def]
+    """:func:`check_body` of the longest of ``bodies``: bytes, or an Arrow binary column (its
+    lengths read in one pass, a null refused)."""
+    if isinstance(bodies, (list, tuple)):
+        if max(map(len, bodies)) > body_max_bytes:
+            check_body(max(bodies, key=len), body_max_bytes)
+        return
+    import pyarrow.compute as pc
+
+    if bodies.null_count:
+        raise MessageIllegalError("message body is null")
+    lengths = pc.binary_length(bodies).to_numpy(zero_copy_only=False)
+    longest = int(lengths.argmax())
+    if int(lengths[longest]) > body_max_bytes:
+        check_body(bodies[longest].as_py(), body_max_bytes)
+
+
 def check_body(body: object, body_max_bytes: int = L.BODY_MAX_BYTES) -> None:
     if body is None:
         raise MessageIllegalError("message body is null")

@@ -88,6 +88,28 @@ def test_vectorized_hash_equals_scalar_java_hash(strings):
     assert [index_hash(s) for s in strings] == vectorized.tolist()
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.text(max_size=20), st.integers(0, 40), st.integers(0, 6))
+def test_hash_of_ids_behind_a_prefix_equals_the_hash_of_the_joined_strings(prefix, n, width):
+    """A bulk put's ids are hashed from their digits (``topic#`` + each id, no string made)."""
+    from rmq_spark.store.hashing import java_string_hashes_of_rows
+    from rmq_spark.store.index.indexfile import index_hashes_of_ids
+    from rmq_spark.store.message import IdColumn, new_uniq_ids_array, split_ids
+
+    rows = np.frombuffer(bytes(random.Random(n).choice(b"0123456789ABCDEF") for _ in range(n * width)), np.uint8)
+    rows = rows.reshape(n, width)
+    joined = [prefix + bytes(r).decode() for r in rows]
+    assert java_string_hashes_of_rows(prefix, rows).tolist() == [java_string_hash(s) for s in joined]
+    ids = new_uniq_ids_array(n)
+    column = IdColumn(ids)
+    strings = split_ids(ids)
+    assert index_hashes_of_ids(prefix, ids).tolist() == [index_hash(prefix + u) for u in strings]
+    assert len(column) == n and list(column) == strings and column == strings
+    if n > 3:
+        assert column[2] == strings[2] and list(column[1:3]) == strings[1:3]
+        assert list(column.take(np.array([3, 0]))) == [strings[3], strings[0]]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([0, 1, 7, 38]), min_size=1, max_size=40), st.data())
 def test_hash_of_strings_of_a_few_lengths_equals_scalar_java_hash(lengths, data):

@@ -127,19 +127,62 @@ def test_store_put_paths_write_the_bytes_of_the_general_path(tmp_path, path, crc
     assert_same_files(str(tmp_path / "path"), str(tmp_path / "general"))
 
 
+@pytest.mark.parametrize("form", ["list", "arrow"])
+@pytest.mark.parametrize("lengths", ["varied", "equal"])
 @pytest.mark.parametrize("n", [5, 128, 129, 700], ids=lambda n: f"{n}-bodies")
-def test_put_bodies_writes_the_bytes_of_the_general_path(tmp_path, n):
+def test_put_bodies_writes_the_bytes_of_the_general_path(tmp_path, n, lengths, form):
+    """Bodies as bytes or as an Arrow column (a sink's rows: bodies of one length are copied from
+    its buffer), of varied lengths or one."""
+    import pyarrow as pa
+
     rng = random.Random(n)
-    bodies = [rng.randbytes(rng.choice((0, 9, 64, 64, 64))) for _ in range(n)]
+    bodies = [rng.randbytes(rng.choice((0, 9, 64, 64, 64)) if lengths == "varied" else 64) for _ in range(n)]
     props = {L.P_TAGS: "bulk", L.P_KEYS: "k1 k2", "src": "sensor-7"}
+    given = bodies if form == "list" else pa.array([b"x", *bodies], pa.binary()).slice(1)  # an offset too
     with open_store(str(tmp_path / "path"), True) as s:
-        r = s.put_bodies("Bulk", 2, bodies, props, born_timestamp_ms=T0 - 5)
+        r = s.put_bodies("Bulk", 2, given, props, born_timestamp_ms=T0 - 5)
         assert r.ok and len(r.uniq_keys) == n
         uniq = list(r.uniq_keys)
     msgs = [
         Message("Bulk", b, {**props, L.P_UNIQ_KEY: u}, queue_id=2, born_timestamp_ms=T0 - 5)
         for b, u in zip(bodies, uniq)
     ]
+    with open_store(str(tmp_path / "general"), True) as s:
+        general(s, msgs)
+    assert_same_files(str(tmp_path / "path"), str(tmp_path / "general"))
+
+
+@pytest.mark.parametrize("lengths", ["varied", "equal"])
+def test_put_bodies_with_row_properties_writes_the_bytes_of_the_general_path(tmp_path, lengths):
+    """Each row with its own properties (built column-wise, as the sink builds them) and its body
+    from an Arrow column: the records the general path writes of the same messages."""
+    import pyarrow as pa
+
+    from rmq_spark.store.rowprops import row_properties
+
+    n = 300
+    rng = random.Random(7)
+    bodies = [rng.randbytes(rng.choice((0, 9, 64)) if lengths == "varied" else 64) for _ in range(n)]
+    tags = [f"t{i % 3}" if i % 5 else None for i in range(n)]
+    keys = [f"order-{i} c{i % 7}" if i % 4 else None for i in range(n)]
+    user = [[("region", f"r{i % 16}")] if i % 6 else [] for i in range(n)]
+    props = row_properties(
+        n, properties=pa.array(user, pa.map_(pa.string(), pa.string())),
+        named={L.P_TAGS: pa.array(tags, pa.string()), L.P_KEYS: pa.array(keys, pa.string())},
+    )  # fmt: skip
+    with open_store(str(tmp_path / "path"), True) as s:
+        r = s.put_bodies("Rows", 1, pa.array(bodies, pa.binary()), props, born_timestamp_ms=T0 - 5)
+        assert r.ok
+        uniq = list(r.uniq_keys)
+    msgs = []
+    for i in range(n):
+        p = dict(user[i])
+        if tags[i]:
+            p[L.P_TAGS] = tags[i]
+        if keys[i]:
+            p[L.P_KEYS] = keys[i]
+        p[L.P_UNIQ_KEY] = uniq[i]
+        msgs.append(Message("Rows", bodies[i], p, queue_id=1, born_timestamp_ms=T0 - 5))
     with open_store(str(tmp_path / "general"), True) as s:
         general(s, msgs)
     assert_same_files(str(tmp_path / "path"), str(tmp_path / "general"))

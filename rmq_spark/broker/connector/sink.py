@@ -62,6 +62,12 @@ REALS_MAX_BYTES = 512 << 20  # real messages kept for commits in flight (beyond:
 ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
 
 
+def _one_topic(table: pa.Table) -> str | None:
+    """The topic of all the rows when they have one (else None), without a string per row."""
+    distinct = pc.unique(table.column("topic"))
+    return distinct[0].as_py() if len(distinct) == 1 and distinct.null_count == 0 else None
+
+
 def sink_key(query_id: str, batch_id: int, attempt: str) -> str:
     return f"{query_id}|{batch_id}|{attempt}"
 
@@ -249,12 +255,16 @@ class SinkService:
         return P.SendResponse(count=n, offsets="")
 
     @staticmethod
-    def _by_queue(table: pa.Table, qids: np.ndarray) -> Iterator[tuple[str, int, list[bytes], np.ndarray]]:
-        """The bodies of the rows per (topic, queue), and the rows' indexes."""
-        topics = table.column("topic").to_pylist()
-        bodies = table.column("body").to_pylist()
-        for (t, q), idx in group_by_queue(topics, qids).items():
-            yield t, q, [bodies[i] for i in idx.tolist()], idx
+    def _by_queue(table: pa.Table, qids: np.ndarray) -> Iterator[tuple[str, int, pa.Array, np.ndarray]]:
+        """The bodies of the rows per (topic, queue) as Arrow columns, and the rows' indexes."""
+        bodies = table.column("body").combine_chunks()
+        topic = _one_topic(table)
+        if topic is None:
+            groups = group_by_queue(table.column("topic").to_pylist(), qids).items()
+        else:
+            groups = (((topic, q), np.flatnonzero(qids == q)) for q in np.unique(qids).tolist())
+        for (t, q), idx in groups:
+            yield t, q, bodies if len(idx) == len(bodies) else bodies.take(idx), idx
 
     def _send_plain(self, table: pa.Table, qids: np.ndarray) -> P.SendResponse:
         n = 0
@@ -290,8 +300,9 @@ class SinkService:
         """Queue of every row: ``queueId`` if set, else a hash of ``messageGroup`` (same group ->
         same queue, in order), else round robin."""
         n = table.num_rows
-        topics = table.column("topic").to_pylist()
-        distinct = list(dict.fromkeys(topics))
+        topic = _one_topic(table)
+        topics = [topic] * n if topic is not None else table.column("topic").to_pylist()
+        distinct = [topic] if topic is not None else list(dict.fromkeys(topics))
         nq = {t: max(1, self.store.topics.get_or_create(t).write_queue_nums) for t in distinct}
         if len(distinct) == 1:
             nqs = np.full(n, nq[distinct[0]], dtype=np.int64)

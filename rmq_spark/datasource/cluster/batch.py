@@ -18,6 +18,7 @@ from rmq_spark.datasource.cluster.stream import read_context
 from rmq_spark.datasource.options import SourceOptions, StartKind
 from rmq_spark.datasource.read.partition import DataLossError
 from rmq_spark.errors import ConfigError
+from rmq_spark.datasource.tasks import task_started
 
 
 def check_named(option: str, given: C.Flat, subscribed: list[str], hi: C.Flat, description: str) -> None:
@@ -86,6 +87,7 @@ class ClusterBatchReader(DataSourceReader):
             self.planner.close()
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        task_started()
         if self._arrow_schema is None:
             from pyspark.sql.pandas.types import to_arrow_schema
 

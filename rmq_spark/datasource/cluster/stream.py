@@ -38,6 +38,7 @@ from rmq_spark.datasource.cluster.read import ClusterRange, ClusterReadContext, 
 from rmq_spark.datasource.options import SourceOptions
 from rmq_spark.datasource.read.partition import DataLossError
 from rmq_spark.datasource.stream_reader import WAIT, admitted_rows, default_read_limit
+from rmq_spark.datasource.tasks import task_started
 
 log = logging.getLogger("rmq_spark.datasource.cluster")
 
@@ -168,6 +169,7 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        task_started()
         if self._arrow_schema is None:
             from pyspark.sql.pandas.types import to_arrow_schema
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from rmq_spark.errors import MessageIllegalError, StoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.message import Message, MessageExt, host_bytes, new_uniq_ids, new_uniq_ids_array, split_ids, tags_code
+from rmq_spark.store.message import Message, MessageExt, host_bytes, IdColumn, new_uniq_ids, new_uniq_ids_array, tags_code
 from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.encode import encode_columns, Row
 from rmq_spark.store.encoded import concat_encoded, EncodedBatch
@@ -25,7 +25,7 @@ from rmq_spark.store.rowprops import RowProperties, decoded, id_column
 from rmq_spark.store.record import HEADER_V4
 from rmq_spark.services.redelivery.patch import ParsedRecords, parse_records, record_sizes
 from rmq_spark.store.store import MessageStore
-from rmq_spark.store.validation import check_body, check_properties_size, check_topic_cached
+from rmq_spark.store.validation import check_bodies, check_body, check_properties_size, check_topic_cached
 
 __all__ = [
     "HALF_ONLY",
@@ -244,7 +244,9 @@ def body_halves(
     if not 0 <= queue_id < nq:
         raise MessageIllegalError(f"queueId {queue_id} is out of range for topic {topic!r} ({nq} queues)")
     limit = store.config.body_max_bytes
-    if any(type(b) is not bytes for b in bodies) or max(map(len, bodies)) > limit:
+    if not isinstance(bodies, (list, tuple)):  # an Arrow binary column (a sink's rows)
+        check_bodies(bodies, limit)
+    elif any(type(b) is not bytes for b in bodies) or max(map(len, bodies)) > limit:
         for b in bodies:
             check_body(b, limit)
         bodies = [bytes(b) for b in bodies]
@@ -283,7 +285,7 @@ def body_halves(
         prop_crc=cfg_store.append_prop_crc,
         tags_codes=np.full(n, tags_code(base.get(L.P_TAGS)), dtype=np.int64),
     )
-    batch.uniq_keys = split_ids(ids)
+    batch.uniq_keys = IdColumn(ids)
     return batch
 
 
@@ -305,7 +307,7 @@ def _row_halves(  # type: ignore[no-untyped-def]
     ids = new_uniq_ids_array(n) if ids is None else ids
     id_arr = id_column(ids)
     full = props.joined(_UNIQ.encode(), id_arr, f"\x02{_TXN_ID}".encode(), id_arr, post)
-    uniq = split_ids(ids)
+    uniq = IdColumn(ids)
     batch = encode_columns(
         topic if real else L.TRANS_HALF_TOPIC, queue_id if real else 0, bodies, decoded(full), full,
         sys_flags=L.TRANSACTION_COMMIT_TYPE if real else 0, prepared_offsets=prepared_offsets if real else 0,

@@ -244,7 +244,8 @@ class TransactionService:
         own as :class:`RowProperties`), built column-wise (:func:`~rmq_spark.services.transaction.halves.body_halves`)."""
         if len(bodies) < PATCH_COMMIT_MIN:  # a few: the general path keeps them for the commit
             each = decoded(properties.blobs) if isinstance(properties, RowProperties) else [properties] * len(bodies)
-            msgs = [Message(topic, b, dict(p), queue_id=queue_id) for b, p in zip(bodies, each)]
+            listed = bodies if isinstance(bodies, (list, tuple)) else bodies.to_pylist()  # or an Arrow column
+            msgs = [Message(topic, b, dict(p), queue_id=queue_id) for b, p in zip(listed, each)]
             return self.prepare(msgs, producer_group)
         now = self.clock.now_ms()
         return self.store.put_encoded(

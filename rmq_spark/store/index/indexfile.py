@@ -46,7 +46,7 @@ from zlib_ng.zlib_ng import crc32
 
 from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.hashing import java_string_hash, java_string_hashes, java_string_hashes_arrow
+from rmq_spark.store.hashing import java_string_hash, java_string_hashes, java_string_hashes_arrow, java_string_hashes_of_rows
 from rmq_spark.store.mapped import ALLOCATE_AHEAD_BYTES, allocate
 from rmq_spark.store.properties import find_properties
 from rmq_spark.store.record import (
@@ -91,6 +91,23 @@ def index_hashes(keys: Sequence[str]) -> np.ndarray:
     if len(keys) <= SMALL_KEYS:
         return np.array([index_hash(k) for k in keys], dtype=np.int32)
     h = np.abs(java_string_hashes(keys).astype(np.int64))
+    h[h > INT_MAX] = 0
+    return h.astype(np.int32)
+
+
+def id_keys(topics: list[str], uniq_keys: Sequence[str | None], sel: np.ndarray, every: bool, one_topic: bool) -> list[str]:
+    """The index keys ``topic#UNIQ_KEY`` of the records ``sel`` (``every``: all of them)."""
+    picked = uniq_keys if every else [uniq_keys[i] for i in sel.tolist()]
+    if one_topic:
+        prefix = topics[0] + "#"
+        return [prefix + u for u in picked]  # type: ignore[operator]
+    named = topics if every else [topics[i] for i in sel.tolist()]
+    return [f"{t}#{u}" for t, u in zip(named, picked)]
+
+
+def index_hashes_of_ids(prefix: str, digits: np.ndarray) -> np.ndarray:
+    """:func:`index_hashes` of ``prefix`` + each unique id of an (n, 32) array of its ASCII digits."""
+    h = np.abs(java_string_hashes_of_rows(prefix, digits).astype(np.int64))
     h[h > INT_MAX] = 0
     return h.astype(np.int32)
 

@@ -30,6 +30,7 @@ from rmq_spark.errors import ConfigError, CorruptStoreError, DiskFullError
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import DispatchBatch, as_list
 from rmq_spark.store.mapped import make_dirs
+from rmq_spark.store.message import IdColumn
 from rmq_spark.store.index.indexfile import (
     _NAME,
     DEFAULT_INDEX_ENTRIES,
@@ -41,6 +42,8 @@ from rmq_spark.store.index.indexfile import (
     _index_fields,
     index_hash,
     index_hashes,
+    id_keys,
+    index_hashes_of_ids,
     key_word_hashes,
 )
 from rmq_spark.store.record import RecordCheck, check_record
@@ -314,7 +317,8 @@ class IndexService:
         words of ``keys`` split, prefixed and hashed by Arrow."""
         phys = np.asarray(phys, dtype=np.int64)
         keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
-        if not all(uniq_keys):  # records without an id get no entry
+        ids = uniq_keys if isinstance(uniq_keys, IdColumn) else None  # no empty id among them
+        if ids is None and not all(uniq_keys):  # records without an id get no entry
             keep &= np.fromiter(map(bool, uniq_keys), dtype=bool, count=len(uniq_keys))
         sel = np.flatnonzero(keep)
         if len(sel) == 0:
@@ -326,14 +330,10 @@ class IndexService:
             chosen = np.flatnonzero(keep)
         else:
             chosen = sel
-        picked = uniq_keys if every else [uniq_keys[i] for i in sel.tolist()]
-        if one_topic:
-            prefix = topics[0] + "#"
-            strs = [prefix + u for u in picked]  # type: ignore[operator]
+        if ids is not None and one_topic:
+            hashes = index_hashes_of_ids(topics[0] + "#", ids.digits if every else ids.digits[sel])
         else:
-            named = topics if every else [topics[i] for i in sel.tolist()]
-            strs = [f"{t}#{u}" for t, u in zip(named, picked)]
-        hashes = index_hashes(strs)
+            hashes = index_hashes(id_keys(topics, uniq_keys, sel, every, one_topic))
         rec = sel
         if keys is not None and len(chosen):
             words_rec, words_hash = key_word_hashes(chosen, topics, keys, one_topic)
