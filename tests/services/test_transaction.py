@@ -1162,3 +1162,125 @@ def _key_counts(store: MessageStore) -> dict[int, int]:
         for m in store.get_messages("T", q, 0, max_msgs=1_000_000, max_bytes=1 << 34).messages:
             out[int(m.body)] = out.get(int(m.body), 0) + 1
     return out
+
+
+class _OpQueue:
+    """The op queue as OpWindow reads it: ``read_arrow`` of queueOffset, tags and body."""
+
+    def __init__(self, bodies: list[str], tags: list[str]) -> None:
+        self.bodies, self.tags = bodies, tags
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return len(self.bodies)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return 0
+
+    def read_arrow(self, topic, queue_id, lo, hi, columns):  # type: ignore[no-untyped-def]
+        import pyarrow as pa
+
+        return pa.record_batch({
+            "queueOffset": pa.array(range(lo, hi), pa.int64()),
+            "tags": pa.array(self.tags[lo:hi], pa.string()),
+            "body": pa.array([b.encode() for b in self.bodies[lo:hi]], pa.binary()),
+        })  # fmt: skip
+
+
+def _reference_walk(bodies: list[str], tags: list[str], start: int, stop_at: int, pull: int) -> tuple[int, list[int]]:
+    """RocketMQ's removeMap / opMsgMap walk, one half at a time with dictionaries: the model
+    the arrays of OpWindow are held to (halves taken, new op offset)."""
+    from rmq_spark.services.transaction.check import calculate_op_offset
+
+    remove_map: dict[int, list[int]] = {}
+    pending: dict[int, set[int]] = {}
+    done: set[int] = set()
+    loaded = 0
+
+    def fill() -> bool:
+        nonlocal loaded
+        if loaded >= len(bodies):
+            return False
+        for op in range(loaded, min(len(bodies), loaded + pull)):
+            named = [int(t) for t in bodies[op].split(",") if t.isdigit()] if tags[op] == "d" else []
+            named = [h for h in named if h >= start]
+            if not named:
+                done.add(op)
+            for h in named:
+                pending.setdefault(op, set()).add(h)
+                remove_map.setdefault(h, []).append(op)
+        loaded = min(len(bodies), loaded + pull)
+        return True
+
+    fill()
+    taken, i = [], start
+    while i < stop_at:
+        ops = remove_map.pop(i, None)
+        if ops is None:
+            if fill():
+                continue
+            break
+        for op in ops:
+            left = pending.get(op)
+            if left is not None:
+                left.discard(i)
+                if not left:
+                    del pending[op]
+                    done.add(op)
+        taken.append(i)
+        i += 1
+    for op, left in list(pending.items()):
+        if max(left) < i:
+            del pending[op]
+            done.add(op)
+    new = calculate_op_offset(done, 0)
+    while new >= loaded and fill():
+        for op, left in list(pending.items()):
+            if max(left) < i:
+                del pending[op]
+                done.add(op)
+        new = calculate_op_offset(done, new)
+    return new, taken
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_op_window_takes_runs_of_halves_as_the_walk_half_by_half_does(seed):
+    """Op messages naming halves in groups (a sink batch's commit), one by one (clients), twice,
+    out of order, with gaps and foreign tags: the walk over them with whole runs taken at once
+    takes the halves and reaches the op offset the one-at-a-time walk does."""
+    import random
+
+    from rmq_spark.services.transaction.check import OpWindow
+
+    rng = random.Random(seed)
+    start, halves = rng.randrange(0, 5), rng.randrange(50, 400)
+    order = list(range(start, halves))
+    rng.shuffle(order) if seed % 3 == 0 else None
+    missing = set(rng.sample(order, rng.randrange(0, 3)))  # halves no op names: the walk stops there
+    bodies, tags, at = [], [], 0
+    while at < len(order):
+        k = rng.choice((1, 1, 2, 7, 40, 120))
+        group = [h for h in order[at : at + k] if h not in missing]
+        if rng.random() < 0.1:
+            group += group[:2]  # named twice
+        if rng.random() < 0.05:
+            group.append(rng.randrange(0, start + 1))  # behind the walk
+        bodies.append("".join(f"{h}," for h in group) + ("x," if rng.random() < 0.1 else ""))
+        tags.append("d" if rng.random() > 0.05 else "other")
+        at += k
+    pull = rng.choice((1, 3, 256))
+    want_op, want_taken = _reference_walk(bodies, tags, start, halves, pull)
+
+    window = OpWindow(_OpQueue(bodies, tags), 0, start, pull=pull)  # type: ignore[arg-type]
+    window.fill()
+    taken, i = [], start
+    while i < halves:
+        n = window.take_run(i, halves - i) if rng.random() < 0.7 else int(window.take(i))
+        if n:
+            taken += range(i, i + n)
+            i += n
+            continue
+        if not window.exhausted and window.fill():
+            continue
+        break
+    assert taken == want_taken
+    assert window.finish(i) == want_op

@@ -57,8 +57,8 @@ from rmq_spark.broker.access import Use, topic_name
 from rmq_spark.broker.rules import P_SINK_KEY, SendLimits, check_rows
 
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
-ATTEMPT_IDLE_MS = 300_000
-REALS_MAX_BYTES = 512 << 20  # real messages kept for commits in flight (beyond: parsed at the commit)  # an attempt silent this long, and not committed, is given up
+ATTEMPT_IDLE_MS = 300_000  # an attempt silent this long, and not committed, is given up
+REALS_MAX_BYTES = 512 << 20  # real messages kept for commits in flight (beyond: parsed at the commit)
 ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
 
 

@@ -141,7 +141,10 @@ def op_half_offsets(bodies: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 class OpWindow:
     """The op messages from the op consume offset on, as RocketMQ's removeMap / opMsgMap /
-    doneOpOffset: an op is done once every half offset it names is behind the walk."""
+    doneOpOffset: an op is done once every half offset it names is behind the walk.  Kept as
+    arrays (the (half, op) pairs the ops name, sorted by half), so that a walk over a run of
+    halves an op group names -- a sink batch commits hundreds of thousands at once -- takes
+    them in one step (:meth:`take_run`) instead of one dictionary operation each."""
 
     def __init__(
         self, store: MessageStore, op_offset: int, half_offset: int, pull: int = OP_PULL_NUMS
@@ -152,8 +155,10 @@ class OpWindow:
         self.pull = pull
         self.loaded_to = op_offset
         self.exhausted = False
-        self.remove_map: dict[int, list[int]] = {}  # half offset -> op offsets naming it
-        self.pending: dict[int, set[int]] = {}  # op offset -> half offsets not yet walked
+        self._halves = np.empty(0, dtype=np.int64)  # half offsets named, ascending
+        self._ops = np.empty(0, dtype=np.int64)  # the op naming each
+        self._alive = np.empty(0, dtype=bool)  # not taken by the walk yet
+        self._left: dict[int, int] = {}  # op offset -> its (half, op) pairs not taken yet
         self.done: set[int] = set()
 
     def fill(self) -> bool:
@@ -178,24 +183,55 @@ class OpWindow:
         named = np.zeros(len(op_offs), dtype=bool)
         named[rows] = True
         self.done.update(op_offs[~named].tolist())
-        for op, half in zip(op_offs[rows].tolist(), halves.tolist()):
-            self.pending.setdefault(op, set()).add(half)
-            self.remove_map.setdefault(half, []).append(op)
+        if len(halves):
+            alive = self._alive
+            h = np.concatenate([self._halves[alive], halves])
+            o = np.concatenate([self._ops[alive], op_offs[rows]])
+            order = np.argsort(h, kind="stable")
+            self._halves, self._ops = h[order], o[order]
+            self._alive = np.ones(len(h), dtype=bool)
+            self._count(op_offs[rows], 1)
         return True
+
+    def _count(self, ops: np.ndarray, sign: int) -> None:
+        """Add (``sign`` 1) or take (-1) pairs of ``ops``; an op with none left is done."""
+        left = self._left
+        for op, n in zip(*(a.tolist() for a in np.unique(ops, return_counts=True))):
+            k = left.get(op, 0) + sign * n
+            if k > 0:
+                left[op] = k
+            else:
+                left.pop(op, None)
+                self.done.add(op)
 
     def take(self, half_offset: int) -> bool:
         """The walk reached ``half_offset``: True when an op names it (it is done)."""
-        ops = self.remove_map.pop(half_offset, None)
-        if ops is None:
+        lo, hi = np.searchsorted(self._halves, [half_offset, half_offset + 1]).tolist()
+        if lo == hi or not self._alive[lo:hi].any():
             return False
-        for op in ops:
-            left = self.pending.get(op)
-            if left is not None:
-                left.discard(half_offset)
-                if not left:
-                    del self.pending[op]
-                    self.done.add(op)
+        taken = self._alive[lo:hi]
+        self._count(self._ops[lo:hi][taken], -1)
+        self._alive[lo:hi] = False
         return True
+
+    def take_run(self, half_offset: int, limit: int) -> int:
+        """:meth:`take` of ``half_offset`` and of the halves after it, as long as each is named
+        (at most ``limit``): how many were taken."""
+        lo = int(np.searchsorted(self._halves, half_offset))
+        upto = int(np.searchsorted(self._halves, half_offset + limit))
+        if lo == upto:
+            return 0
+        alive = self._alive[lo:upto]
+        distinct = np.unique(self._halves[lo:upto][alive])
+        gaps = np.flatnonzero(distinct != half_offset + np.arange(len(distinct)))
+        n = int(gaps[0]) if len(gaps) else len(distinct)
+        if n == 0:
+            return 0
+        hi = int(np.searchsorted(self._halves, half_offset + n))
+        taken = self._alive[lo:hi]
+        self._count(self._ops[lo:hi][taken], -1)
+        self._alive[lo:hi] = False
+        return n
 
     def finish(self, new_half_offset: int, max_ops: int = 1 << 20) -> int:
         """The new op offset once the walk stopped at ``new_half_offset``; reads further op
@@ -212,10 +248,11 @@ class OpWindow:
 
     def _settle(self) -> None:
         """Ops whose halves are all behind the walk (walked as resolved, or a late op) are done."""
-        for op, left in list(self.pending.items()):
-            if max(left) < self.mini:
-                del self.pending[op]
-                self.done.add(op)
+        ahead = self._alive & (self._halves >= self.mini)
+        waiting = set(np.unique(self._ops[ahead]).tolist())
+        for op in [op for op in self._left if op not in waiting]:
+            del self._left[op]
+            self.done.add(op)
 
 
 def consume_offset(store: MessageStore, topic: str) -> int:
@@ -317,9 +354,10 @@ def run_check(svc: TransactionService) -> CheckReport:
         if i < cq.min_offset:
             i = new_half = cq.min_offset
             continue
-        if ops.take(i):
-            rep.done += 1
-            i = new_half = i + 1
+        taken = ops.take_run(i, cq.max_offset - i)
+        if taken:
+            rep.done += taken
+            i = new_half = i + taken
             continue
         if not ops.exhausted:  # an op further on may name it
             ops.fill()
