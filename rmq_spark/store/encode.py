@@ -121,6 +121,7 @@ def encode_columns(
     tags_codes: np.ndarray | None = None,
     keys: list[str | None] | None = None,
     uniq_keys: list[str | None] | None = None,
+    body_crcs: np.ndarray | None = None,
 ) -> EncodedBatch:
     """Encode ``n`` records into one buffer. Per-record arguments are sequences of length ``n``
     or a scalar shared by all (``topics`` too).  ``encoded_properties`` may be a 2-D uint8 array
@@ -128,7 +129,8 @@ def encode_columns(
     binary array (properties built column-wise, :mod:`rmq_spark.store.rowprops`: a shared topic,
     ``tags_codes``, ``keys`` and ``uniq_keys`` given, ``properties`` read only when asked for).
     IPv6 hosts set their sysflag bits automatically.  ``bodies`` may be an Arrow binary column:
-    bodies of one length are then copied and checked from its buffer (no bytes object each)."""
+    bodies of one length are then copied and checked from its buffer (no bytes object each).
+    ``body_crcs``: the bodies' BODYCRCs when known (records of bodies encoded before)."""
     n = len(bodies)
     body_rows = None  # (n, length) uint8 view of the bodies when they all have one length
     if isinstance(bodies, pa.Array):
@@ -214,9 +216,13 @@ def encode_columns(
         tail_lens = np.fromiter(map(len, tail_list), dtype=np.int64, count=n)
     if body_rows is not None:
         body_lens = np.full(n, body_rows.shape[1], dtype=np.int64)
-        crcs = np.fromiter(map(crc32, _items(body_rows)), np.int64, n) & 0x7FFFFFFF
     else:
         body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    if body_crcs is not None and len(body_crcs) == n:
+        crcs = np.asarray(body_crcs, dtype=np.int64)
+    elif body_rows is not None:
+        crcs = np.fromiter(map(crc32, _items(body_rows)), np.int64, n) & 0x7FFFFFFF
+    else:
         crcs = np.array(list(map(crc32, bodies)), dtype=np.int64) & 0x7FFFFFFF
     if tags_codes is None:
         tags_codes = np.fromiter((tags_code(p.get(L.P_TAGS)) for p in properties), dtype=np.int64, count=n)

@@ -3,6 +3,7 @@ QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP and the optional whole-record CRC pr
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Sequence
 
@@ -11,7 +12,7 @@ from zlib_ng.zlib_ng import crc32
 
 from rmq_spark.store.dispatch import Column, as_list
 from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PREFIX
-from rmq_spark.store.record import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET
+from rmq_spark.store.record import POS_BODY_CRC, POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET
 
 _TS = struct.Struct(">q")
 _QP = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET
@@ -82,6 +83,13 @@ class EncodedBatch:
     @property
     def nbytes(self) -> int:
         return len(self.buf)
+
+    def body_crcs(self) -> np.ndarray:
+        """Each record's BODYCRC, read back from its header (records made of the same bodies
+        again, a commit's real messages, take them instead of hashing the bodies twice)."""
+        arr = np.frombuffer(self.buf, dtype=np.uint8)
+        at = np.asarray(self.rel_pos, dtype=np.int64) + POS_BODY_CRC
+        return arr[at[:, None] + np.arange(4)].copy().view(">i4").reshape(-1).astype(np.int64)
 
     def finalize(self, phys_offsets: np.ndarray, queue_offsets: np.ndarray, store_ts_ms: int) -> None:
         """Write PHYSICALOFFSET, QUEUEOFFSET and STORETIMESTAMP of every record (vectorized)."""
@@ -197,7 +205,7 @@ def concat_encoded(batches: Sequence[EncodedBatch]) -> EncodedBatch:
         tags_codes=np.concatenate([b.tags_codes for b in batches]),
         sys_flags=np.concatenate([b.sys_flags for b in batches]),
         keys=[k for b in batches for k in b.keys],
-        uniq_keys=[u for b in batches for u in b.uniq_keys],
+        uniq_keys=list(itertools.chain.from_iterable(b.uniq_keys for b in batches)),
         properties=[p for ps in props for p in ps] if all(type(p) is list for p in props) else _Chain(props),  # type: ignore[arg-type]
         prop_crc=batches[0].prop_crc,
     )

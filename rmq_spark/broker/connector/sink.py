@@ -190,7 +190,7 @@ class SinkService:
                 return
             a = result.append
             phys = np.asarray(a.phys_offsets, dtype=np.int64)
-            self._reals.setdefault(attempt, []).append((phys, list(a.queue_list()), list(reals.uniq_keys), reals))
+            self._reals.setdefault(attempt, []).append((phys, a.queue_list(), reals.uniq_keys, reals))
             self._reals_bytes += len(reals.buf)
 
     def _encoded_commit(self, attempt: str, halves: list[int]) -> tuple[list[int], list[str], list[EncodedBatch]] | None:
@@ -202,8 +202,8 @@ class SinkService:
         phys = np.concatenate([k[0] for k in kept])
         if len(phys) != len(halves) or not np.array_equal(np.sort(phys), np.sort(np.asarray(halves, dtype=np.int64))):
             return None
-        qoffs = [q for k in kept for q in k[1]]
-        ids = [i for k in kept for i in k[2]]
+        qoffs = list(itertools.chain.from_iterable(k[1] for k in kept))
+        ids = list(itertools.chain.from_iterable(k[2] for k in kept))
         return qoffs, ids, [k[3] for k in kept]
 
     @staticmethod
@@ -377,8 +377,8 @@ class SinkService:
         if not sent:
             return False, []
         mine = np.concatenate(sent)
-        if len(mine) > 1 and not (mine[1:] > mine[:-1]).all():  # appends ascend: sorted already
-            mine = np.unique(mine)
+        if len(mine) > 1 and not (mine[1:] > mine[:-1]).all():  # one task's appends ascend
+            mine = np.sort(mine)  # (offsets of records: no two alike)
         asked = np.asarray(halves, dtype=np.int64)
         at = np.searchsorted(mine, asked)
         if len(asked) and (at.max() >= len(mine) or (mine[at] != asked).any()):

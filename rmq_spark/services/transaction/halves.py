@@ -230,6 +230,7 @@ def body_halves(
     producer_group: str,
     ids: np.ndarray | None = None,
     prepared_offsets: np.ndarray | None = None,
+    body_crcs: np.ndarray | None = None,
 ) -> EncodedBatch:
     """The halves of messages of one topic and queue, built column-wise: shared ``properties``
     are encoded once and each record gets its own id twice (UNIQ_KEY, the transaction id) in one
@@ -251,7 +252,7 @@ def body_halves(
             check_body(b, limit)
         bodies = [bytes(b) for b in bodies]
     if isinstance(properties, RowProperties):
-        return _row_halves(store, now_ms, topic, queue_id, bodies, properties, producer_group, ids, prepared_offsets)
+        return _row_halves(store, now_ms, topic, queue_id, bodies, properties, producer_group, ids, prepared_offsets, body_crcs)
     added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, L.P_PGROUP, *HALF_ONLY}
     base = {k: v for k, v in properties.items() if k not in added}
     pre = encode_properties(base) + _UNIQ.encode()
@@ -284,6 +285,7 @@ def body_halves(
         store_port=cfg_store.store_port,
         prop_crc=cfg_store.append_prop_crc,
         tags_codes=np.full(n, tags_code(base.get(L.P_TAGS)), dtype=np.int64),
+        body_crcs=body_crcs,
     )
     batch.uniq_keys = IdColumn(ids)
     return batch
@@ -291,7 +293,7 @@ def body_halves(
 
 def _row_halves(  # type: ignore[no-untyped-def]
     store: MessageStore, now_ms: int, topic: str, queue_id: int, bodies: Sequence[bytes], props: RowProperties,
-    producer_group: str, ids, prepared_offsets,
+    producer_group: str, ids, prepared_offsets, body_crcs=None,
 ) -> EncodedBatch:
     """:func:`body_halves` of records each with its own properties (checked by the caller: no
     reserved key among them)."""
@@ -313,6 +315,7 @@ def _row_halves(  # type: ignore[no-untyped-def]
         sys_flags=L.TRANSACTION_COMMIT_TYPE if real else 0, prepared_offsets=prepared_offsets if real else 0,
         born_timestamps=now_ms, store_host=host_bytes(cfg_store.store_host), store_port=cfg_store.store_port,
         prop_crc=cfg_store.append_prop_crc, tags_codes=props.tags_codes, keys=props.keys, uniq_keys=uniq,
+        body_crcs=body_crcs,
     )  # fmt: skip
     batch.uniq_keys = uniq
     return batch

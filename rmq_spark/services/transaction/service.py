@@ -263,11 +263,13 @@ class TransactionService:
             return self.prepare_bodies(topic, queue_id, bodies, properties, producer_group), None
         now = self.clock.now_ms()
         ids = new_uniq_ids_array(len(bodies))
-        r = self.store.put_encoded(body_halves(self.store, now, topic, queue_id, bodies, properties, producer_group, ids))
+        halves = body_halves(self.store, now, topic, queue_id, bodies, properties, producer_group, ids)
+        r = self.store.put_encoded(halves)
         if not r.ok or r.append is None:
             return r, None
         phys = np.asarray(r.append.phys_offsets, dtype=np.int64)
-        reals = body_halves(self.store, now, topic, queue_id, bodies, properties, producer_group, ids, phys)
+        reals = body_halves(self.store, now, topic, queue_id, bodies, properties, producer_group, ids, phys,
+                            halves.body_crcs())  # fmt: skip
         return r, reals
 
     def commit_encoded(self, offsets: Sequence[int], queue_offsets: Sequence[int], ids: list[str],
@@ -613,7 +615,7 @@ class TransactionService:
             body = f"{half_offsets[0]}{C.OFFSET_SEPARATOR}".encode()
             limit = OP_BODY_MAX_BYTES
         else:
-            body = "".join([f"{q}{C.OFFSET_SEPARATOR}" for q in half_offsets]).encode()
+            body = (C.OFFSET_SEPARATOR.join(map(str, half_offsets)) + C.OFFSET_SEPARATOR).encode()
             limit = max(OP_BODY_MAX_BYTES, self.store.config.body_max_bytes)
         if len(body) > limit:
             raise MessageIllegalError(
