@@ -554,3 +554,30 @@ def test_a_committed_batch_is_remembered_by_offset_and_a_second_end_is_refused(b
     store.offsets.commit(CHECK_GROUP, L.TRANS_HALF_TOPIC, 0, store.max_offset(L.TRANS_HALF_TOPIC, 0))
     svc._forget_old_ends(now)
     assert len(svc._runs) == 0
+
+
+@pytest.mark.parametrize("kind", ["large_binary", "string", "sliced", "int64"])
+def test_a_send_of_bodies_in_another_arrow_type_stores_them_or_says_why(broker, kind):
+    """Bodies go into the store as their Arrow column (equal lengths copied from its buffer): a
+    peer's large_binary, string (its UTF-8 bytes) or sliced column stores the same rows; a column
+    of another type is refused with an error naming it, and the broker goes on serving."""
+    c = broker.client
+    bodies = [f"body-{i:05d}".encode() for i in range(1000)]  # 1,000 bodies of one length
+    if kind == "large_binary":
+        col = pa.array(bodies, pa.large_binary())
+    elif kind == "string":
+        col = pa.array([b.decode() for b in bodies], pa.string())
+    elif kind == "int64":
+        col = pa.array(range(1000), pa.int64())
+    else:
+        col = pa.array([b"x", *bodies], pa.binary()).slice(1)
+    table = pa.table({"topic": ["Kinds"] * len(bodies), "body": col})
+    if kind == "int64":
+        with pytest.raises(MessageIllegalError, match="'body' must be binary or string, not int64"):
+            c.send(table, {"mode": "normal"})
+    else:
+        assert c.send(table, {"mode": "normal"})["count"] == len(bodies)
+        assert sorted(visible(c, "Kinds")) == sorted(bodies)
+    more = rows("Kinds2", 300)
+    assert c.send(more, {"mode": "normal"})["count"] == 300
+    assert len(visible(c, "Kinds2")) == 300

@@ -62,6 +62,17 @@ REALS_MAX_BYTES = 512 << 20  # real messages kept for commits in flight (beyond:
 ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
 
 
+def _binary_bodies(table: pa.Table) -> pa.Table:
+    """The rows with their bodies as binary (a string column is cast: its UTF-8 bytes); a body
+    column of another type is refused, naming it."""
+    body = table.column("body")
+    if pa.types.is_binary(body.type) or pa.types.is_large_binary(body.type):
+        return table
+    if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
+        return table.set_column(table.schema.get_field_index("body"), "body", body.cast(pa.binary()))
+    raise MessageIllegalError(f"row column 'body' must be binary or string, not {body.type}")
+
+
 def _one_topic(table: pa.Table) -> str | None:
     """The topic of all the rows when they have one (else None), without a string per row."""
     distinct = pc.unique(table.column("topic"))
@@ -142,7 +153,7 @@ class SinkService:
             raise MessageIllegalError(f"unknown row columns {sorted(unknown)}")
         if "topic" not in table.column_names or "body" not in table.column_names:
             raise MessageIllegalError("a Send needs the row columns 'topic' and 'body'")
-        table = table.combine_chunks()
+        table = _binary_bodies(table.combine_chunks())
         n = table.num_rows
         check_rows(table, limits, where=" of this send")
         for t in pc.unique(table.column("topic")).to_pylist():
