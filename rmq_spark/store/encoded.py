@@ -201,10 +201,10 @@ def concat_encoded(batches: Sequence[EncodedBatch]) -> EncodedBatch:
         sizes=np.concatenate([b.sizes for b in batches]),
         store_ts_pos=np.concatenate([b.store_ts_pos for b in batches]),
         queue_ids=np.concatenate([b.queue_ids for b in batches]),
-        topics=[t for b in batches for t in b.topics],
+        topics=list(itertools.chain.from_iterable(b.topics for b in batches)),
         tags_codes=np.concatenate([b.tags_codes for b in batches]),
         sys_flags=np.concatenate([b.sys_flags for b in batches]),
-        keys=[k for b in batches for k in b.keys],
+        keys=list(itertools.chain.from_iterable(b.keys for b in batches)),
         uniq_keys=list(itertools.chain.from_iterable(b.uniq_keys for b in batches)),
         properties=[p for ps in props for p in ps] if all(type(p) is list for p in props) else _Chain(props),  # type: ignore[arg-type]
         prop_crc=batches[0].prop_crc,
