@@ -17,7 +17,10 @@ jars into ~/.m2).  Everything here is marked ``interop``.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,14 @@ def target(request: pytest.FixtureRequest) -> Target:
     return request.getfixturevalue("_apache" if request.param == "apache" else "_rmq_broker")
 
 
+class Held:
+    """A consumer kept up by ``Java.held``: ``file`` releases it, ``result`` is set when it ended."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        self.result: ProgramResult | None = None
+
+
 class Java:
     """Runs programs against one target: ``java.run("producer", topic=..., count=3)`` turns
     keyword arguments into ``--topic ... --count 3`` (underscores become dashes; True is a flag)."""
@@ -126,6 +137,24 @@ class Java:
     def spawn(self, program: str, **options: Any) -> RunningProgram:
         """Like ``run``, in the background: ``.wait_for("started")``, then ``.wait()``."""
         return self.programs.spawn(program, *self._args(options), home=self.home)
+
+    @contextlib.contextmanager
+    def held(self, program: str, *, timeout_s: float = 120.0, **options: Any) -> Iterator[Held]:
+        """Runs a push consumer until it has what it ``expect``s, and keeps it up (committing its
+        offsets every 5 s, finishing its sends back) until the block ends; ``held.result`` is its
+        result after the block.  For checks of what a consumer leaves on the broker: a client shut
+        down straight after its last message may not have committed it or sent it back yet."""
+        held = Held(self.home / f"hold-{uuid.uuid4().hex}")
+        running = self.spawn(program, hold_file=held.file, **options)
+        try:
+            running.wait_for("expected", timeout_s=timeout_s)
+            yield held
+        finally:
+            held.file.touch()
+            held.result = running.wait(timeout_s=60)
+            held.file.unlink(missing_ok=True)
+        if held.result.returncode != 0:
+            raise AssertionError(held.result.describe())
 
     def mqadmin(self, *args: str) -> str:
         return self.programs.mqadmin(*args, "-n", self.target.namesrv_addr, home=self.home)

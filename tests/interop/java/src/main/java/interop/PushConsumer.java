@@ -1,5 +1,7 @@
 package interop;
 
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -23,10 +25,15 @@ import org.apache.rocketmq.common.message.MessageConst;
  * Runs --instances consumers of one group in this JVM and stops when --expect messages arrived
  * in total (then waits --settle-ms for any extra), or at --timeout-s (exit 3).
  *
+ * --hold-file PATH keeps the consumers up after that (they print "expected") until PATH exists,
+ * for 120 s at most (exit 4): up, they commit their offsets on their 5 s timer and finish sending
+ * failed messages back, which a client shut down straight after its last message may not have
+ * done yet (its last commit is a one-way request, its send-back runs on the consume thread).
+ *
  * --namesrv ADDR --group G --topic T --expect N [--instances K] [--model clustering|broadcasting]
  * [--orderly] [--tag-expr "TagA || TagB"] [--sql EXPR] [--from first|last]
  * [--fail (always RECONSUME_LATER)] [--max-reconsume-times M] [--retry-delay-level L]
- * [--settle-ms MS] [--timeout-s S]
+ * [--settle-ms MS] [--timeout-s S] [--hold-file PATH]
  */
 final class PushConsumer {
     static int run(Opts opts) throws Exception {
@@ -89,11 +96,27 @@ final class PushConsumer {
                 Thread.sleep(50);
             }
             Thread.sleep(opts.integer("settle-ms", 0));
-            return 0;
+            return hold(opts.str("hold-file", ""));
         } finally {
             for (DefaultMQPushConsumer consumer : consumers) {
                 consumer.shutdown();
             }
         }
+    }
+
+    /** Waits for the file a test creates when it is done with the running consumers. */
+    static int hold(String file) throws InterruptedException {
+        if (file.isEmpty()) {
+            return 0;
+        }
+        Out.event("expected").emit();
+        long until = System.currentTimeMillis() + 120_000;
+        while (!Files.exists(Path.of(file))) {
+            if (System.currentTimeMillis() > until) {
+                return 4;
+            }
+            Thread.sleep(50);
+        }
+        return 0;
     }
 }
