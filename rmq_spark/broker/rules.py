@@ -205,11 +205,12 @@ ROW_COLUMN_NAMES = {"deliverTimeMs": "deliverTimestamp"}
 
 
 def check_rows(table: Any, limits: SendLimits, *, first_row: int = 0, where: str = "",
-               names: dict[str, str] | None = None) -> None:
+               names: dict[str, str] | None = None, distinct_topics: Any = None) -> None:
     """Every rule above over a table of message rows (``topic``, ``body``, and optionally
     ``tags``, ``keys``, ``properties`` map<string,string>, ``messageGroup``, ``deliverTimeMs``),
     column-wise: the first failing row raises :func:`rule_error` (row numbers start at
-    ``first_row``; ``where`` follows the row number, e.g. " of partition 3")."""
+    ``first_row``; ``where`` follows the row number, e.g. " of partition 3").
+    ``distinct_topics``: ``pc.unique`` of the topic column when the caller has it already."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -232,7 +233,8 @@ def check_rows(table: Any, limits: SendLimits, *, first_row: int = 0, where: str
         i = first(pc.is_null(topics))
         if i >= 0:
             fail(i, "ILLEGAL_TOPIC", "topic", "the row has no topic: set option 'topic' or the 'topic' column")
-        for t in pc.unique(pc.drop_null(topics)).to_pylist():
+        distinct = pc.unique(topics) if distinct_topics is None else distinct_topics
+        for t in pc.drop_null(distinct).to_pylist():
             try:
                 check_topic_cached(t)
             except MessageIllegalError as e:

@@ -564,7 +564,7 @@ class MessageStore:
             raise MessageIllegalError(f"queueId {queue_id} is out of range for topic {topic!r}")
         limit = self.config.body_max_bytes
         n = len(bodies)
-        check_bodies(bodies, limit)
+        bodies = check_bodies(bodies, limit)
         if isinstance(properties, RowProperties):
             return self._put_row_properties(topic, queue_id, bodies, properties, born_timestamp_ms)
         base = dict(properties or {})

@@ -51,13 +51,16 @@ def check_group(group: str) -> None:
         raise MessageIllegalError(f"group name is {len(group)} characters; the limit is {L.GROUP_MAX_CHARS}")
 
 
-def check_bodies(bodies, body_max_bytes: int = L.BODY_MAX_BYTES) -> None:  # type: ignore[no-untyped-def]
-    """:func:`check_body` of the longest of ``bodies``: bytes, or an Arrow binary column (its
-    lengths read in one pass, a null refused)."""
+def check_bodies(bodies, body_max_bytes: int = L.BODY_MAX_BYTES):  # type: ignore[no-untyped-def]
+    """:func:`check_body` of every one of ``bodies`` -- a sequence, or an Arrow binary column (its
+    lengths read in one pass, a null refused) -- and the bodies to store: as given, or a list of
+    bytes when a sequence held bytearrays or memoryviews."""
     if isinstance(bodies, (list, tuple)):
-        if max(map(len, bodies)) > body_max_bytes:
-            check_body(max(bodies, key=len), body_max_bytes)
-        return
+        if any(b.__class__ is not bytes for b in bodies) or max(map(len, bodies)) > body_max_bytes:
+            for b in bodies:
+                check_body(b, body_max_bytes)
+            return [bytes(b) for b in bodies]
+        return bodies
     import pyarrow.compute as pc
 
     if bodies.null_count:
@@ -66,6 +69,7 @@ def check_bodies(bodies, body_max_bytes: int = L.BODY_MAX_BYTES) -> None:  # typ
     longest = int(lengths.argmax())
     if int(lengths[longest]) > body_max_bytes:
         check_body(bodies[longest].as_py(), body_max_bytes)
+    return bodies
 
 
 def check_body(body: object, body_max_bytes: int = L.BODY_MAX_BYTES) -> None:

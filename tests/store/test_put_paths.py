@@ -128,18 +128,22 @@ def test_store_put_paths_write_the_bytes_of_the_general_path(tmp_path, path, crc
     assert_same_files(str(tmp_path / "path"), str(tmp_path / "general"))
 
 
-@pytest.mark.parametrize("form", ["list", "arrow"])
+@pytest.mark.parametrize("form", ["list", "views", "arrow"])
 @pytest.mark.parametrize("lengths", ["varied", "equal"])
 @pytest.mark.parametrize("n", [5, 128, 129, 700], ids=lambda n: f"{n}-bodies")
 def test_put_bodies_writes_the_bytes_of_the_general_path(tmp_path, n, lengths, form):
-    """Bodies as bytes or as an Arrow column (a sink's rows: bodies of one length are copied from
-    its buffer), of varied lengths or one."""
+    """Bodies as bytes, as bytearrays and memoryviews, or as an Arrow column (a sink's rows:
+    bodies of one length are copied from its buffer), of varied lengths or one."""
     import pyarrow as pa
 
     rng = random.Random(n)
     bodies = [rng.randbytes(rng.choice((0, 9, 64, 64, 64)) if lengths == "varied" else 64) for _ in range(n)]
     props = {L.P_TAGS: "bulk", L.P_KEYS: "k1 k2", "src": "sensor-7"}
-    given = bodies if form == "list" else pa.array([b"x", *bodies], pa.binary()).slice(1)  # an offset too
+    given = {
+        "list": bodies,
+        "views": [bytearray(b) if i % 2 else memoryview(b) for i, b in enumerate(bodies)],
+        "arrow": pa.array([b"x", *bodies], pa.binary()).slice(1),  # an offset too
+    }[form]
     with open_store(str(tmp_path / "path"), True) as s:
         r = s.put_bodies("Bulk", 2, given, props, born_timestamp_ms=T0 - 5)
         assert r.ok and len(r.uniq_keys) == n
@@ -151,6 +155,23 @@ def test_put_bodies_writes_the_bytes_of_the_general_path(tmp_path, n, lengths, f
     with open_store(str(tmp_path / "general"), True) as s:
         general(s, msgs)
     assert_same_files(str(tmp_path / "path"), str(tmp_path / "general"))
+
+
+@pytest.mark.parametrize("bad, problem", [
+    ("text", "message body must be bytes, not str"),
+    (None, "message body is null"),
+    (b"x" * 65, "message body is 65 bytes; the limit is 64 bytes"),
+])  # fmt: skip
+@pytest.mark.parametrize("n", [3, 200])
+def test_put_bodies_refuses_a_bad_body_among_good_ones_and_stores_none(tmp_path, bad, problem, n):
+    from rmq_spark.errors import MessageIllegalError
+
+    with MessageStore(str(tmp_path / "s"), StoreConfig(body_max_bytes=64), clock=FakeClock(T0)) as s:
+        bodies = [b"ok"] * n
+        bodies[n // 2] = bad
+        with pytest.raises(MessageIllegalError, match=problem):
+            s.put_bodies("Bulk", 0, bodies)
+        assert s.max_offset("Bulk", 0) == 0
 
 
 @pytest.mark.parametrize("lengths", ["varied", "equal"])

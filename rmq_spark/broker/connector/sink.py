@@ -73,9 +73,9 @@ def _binary_bodies(table: pa.Table) -> pa.Table:
     raise MessageIllegalError(f"row column 'body' must be binary or string, not {body.type}")
 
 
-def _one_topic(table: pa.Table) -> str | None:
-    """The topic of all the rows when they have one (else None), without a string per row."""
-    distinct = pc.unique(table.column("topic"))
+def _one_topic(distinct: pa.Array) -> str | None:
+    """The topic of all the rows when they have one (else None), from the column's distinct
+    values (``pc.unique``, found once per Send), without a string per row."""
     return distinct[0].as_py() if len(distinct) == 1 and distinct.null_count == 0 else None
 
 
@@ -155,15 +155,17 @@ class SinkService:
             raise MessageIllegalError("a Send needs the row columns 'topic' and 'body'")
         table = _binary_bodies(table.combine_chunks())
         n = table.num_rows
-        check_rows(table, limits, where=" of this send")
-        for t in pc.unique(table.column("topic")).to_pylist():
+        distinct = pc.unique(table.column("topic"))
+        check_rows(table, limits, where=" of this send", distinct_topics=distinct)
+        for t in distinct.to_pylist():
             topic_name(t, Use.WRITE)  # no retry, DLQ or system topic, as for any producer
-        qids = self._queues(table)
+        topic = _one_topic(distinct)
+        qids = self._queues(table, topic)
         plain = self._plain(table)
         if mode == "normal" and plain:
-            return self._send_plain(table, qids)
+            return self._send_plain(table, qids, topic)
         if mode == "normal" and self._columnar(table):
-            return self._send_rows(table, qids)
+            return self._send_rows(table, qids, topic)
         key = None
         if mode == "half":
             query_id, batch_id, attempt = header.sink_attempt()
@@ -173,7 +175,8 @@ class SinkService:
                     raise StoreError(f"sink attempt {attempt} was rolled back; the batch will be replayed")
                 self._last_send_ms[attempt] = self.core.clock.now_ms()
             if plain or self._columnar(table):
-                return self._send_plain_halves(table, qids, key, None if plain else self._row_properties(table, key))
+                props = None if plain else self._row_properties(table, key)
+                return self._send_plain_halves(table, qids, topic, key, props)
         msgs = self._messages(table, qids, key)
         if mode == "half":
             result = self._halves().put_halves(msgs, SINK_PRODUCER_GROUP)
@@ -254,11 +257,11 @@ class SinkService:
         return row_properties(table.num_rows, properties=col("properties"), named=named,
                               shared={P_SINK_KEY: key} if key is not None else None)  # fmt: skip
 
-    def _send_rows(self, table: pa.Table, qids: np.ndarray) -> P.SendResponse:
+    def _send_rows(self, table: pa.Table, qids: np.ndarray, topic: str | None) -> P.SendResponse:
         """Rows with their own properties, a column-wise write per queue."""
         props = self._row_properties(table, None)
         n = 0
-        for t, q, part, idx in self._by_queue(table, qids):
+        for t, q, part, idx in self._by_queue(table, qids, topic):
             result = self.store.put_bodies(t, q, part, props.take(idx) if len(idx) != len(props) else props)
             if not result.ok:
                 raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
@@ -266,10 +269,12 @@ class SinkService:
         return P.SendResponse(count=n, offsets="")
 
     @staticmethod
-    def _by_queue(table: pa.Table, qids: np.ndarray) -> Iterator[tuple[str, int, pa.Array, np.ndarray]]:
-        """The bodies of the rows per (topic, queue) as Arrow columns, and the rows' indexes."""
+    def _by_queue(
+        table: pa.Table, qids: np.ndarray, topic: str | None
+    ) -> Iterator[tuple[str, int, pa.Array, np.ndarray]]:
+        """The bodies of the rows per (topic, queue) as Arrow columns, and the rows' indexes
+        (``topic``: the rows' one topic, None when they have several)."""
         bodies = table.column("body").combine_chunks()
-        topic = _one_topic(table)
         if topic is None:
             groups = group_by_queue(table.column("topic").to_pylist(), qids).items()
         else:
@@ -277,9 +282,9 @@ class SinkService:
         for (t, q), idx in groups:
             yield t, q, bodies if len(idx) == len(bodies) else bodies.take(idx), idx
 
-    def _send_plain(self, table: pa.Table, qids: np.ndarray) -> P.SendResponse:
+    def _send_plain(self, table: pa.Table, qids: np.ndarray, topic: str | None) -> P.SendResponse:
         n = 0
-        for t, q, part, _idx in self._by_queue(table, qids):
+        for t, q, part, _idx in self._by_queue(table, qids, topic):
             result = self.store.put_bodies(t, q, part)
             if not result.ok:
                 raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
@@ -287,13 +292,13 @@ class SinkService:
         return P.SendResponse(count=n, offsets="")
 
     def _send_plain_halves(
-        self, table: pa.Table, qids: np.ndarray, key: str, props: RowProperties | None = None
+        self, table: pa.Table, qids: np.ndarray, topic: str | None, key: str, props: RowProperties | None = None
     ) -> P.SendResponse:
         """Rows as halves, a column-wise write per queue: bodies only (``props`` None), or each row
         with its own properties (``props``, the sink key among them)."""
         n, offsets = 0, []
         attempt = key.rsplit("|", 1)[1]
-        for t, q, part, idx in self._by_queue(table, qids):
+        for t, q, part, idx in self._by_queue(table, qids, topic):
             shared: dict[str, str] | RowProperties = {P_SINK_KEY: key}
             if props is not None:
                 shared = props.take(idx) if len(idx) != len(props) else props
@@ -307,11 +312,10 @@ class SinkService:
         self._remember(attempt, phys)
         return P.SendResponse(count=n, offsets=encode_offsets(phys))
 
-    def _queues(self, table: pa.Table) -> np.ndarray:
+    def _queues(self, table: pa.Table, topic: str | None) -> np.ndarray:
         """Queue of every row: ``queueId`` if set, else a hash of ``messageGroup`` (same group ->
-        same queue, in order), else round robin."""
+        same queue, in order), else round robin (``topic``: the rows' one topic, or None)."""
         n = table.num_rows
-        topic = _one_topic(table)
         topics = [topic] * n if topic is not None else table.column("topic").to_pylist()
         distinct = [topic] if topic is not None else list(dict.fromkeys(topics))
         nq = {t: max(1, self.store.topics.get_or_create(t).write_queue_nums) for t in distinct}

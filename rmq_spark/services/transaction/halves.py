@@ -25,7 +25,7 @@ from rmq_spark.store.rowprops import RowProperties, decoded, id_column
 from rmq_spark.store.record import HEADER_V4
 from rmq_spark.services.redelivery.patch import ParsedRecords, parse_records, record_sizes
 from rmq_spark.store.store import MessageStore
-from rmq_spark.store.validation import check_bodies, check_body, check_properties_size, check_topic_cached
+from rmq_spark.store.validation import check_bodies, check_properties_size, check_topic_cached
 
 __all__ = [
     "HALF_ONLY",
@@ -244,13 +244,7 @@ def body_halves(
     nq = max(cfg.write_queue_nums, cfg.read_queue_nums)
     if not 0 <= queue_id < nq:
         raise MessageIllegalError(f"queueId {queue_id} is out of range for topic {topic!r} ({nq} queues)")
-    limit = store.config.body_max_bytes
-    if not isinstance(bodies, (list, tuple)):  # an Arrow binary column (a sink's rows)
-        check_bodies(bodies, limit)
-    elif any(type(b) is not bytes for b in bodies) or max(map(len, bodies)) > limit:
-        for b in bodies:
-            check_body(b, limit)
-        bodies = [bytes(b) for b in bodies]
+    bodies = check_bodies(bodies, store.config.body_max_bytes)  # a list, or an Arrow column (a sink's rows)
     if isinstance(properties, RowProperties):
         return _row_halves(store, now_ms, topic, queue_id, bodies, properties, producer_group, ids, prepared_offsets, body_crcs)
     added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, L.P_PGROUP, *HALF_ONLY}
