@@ -135,7 +135,9 @@ class IdColumn(Sequence[str]):
     def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
         if isinstance(i, slice):
             return IdColumn(self.digits[i])
-        return self._list()[i]
+        if self._strs is None:  # one id: its digits alone (the whole list is made by a walk)
+            return self.digits[i].tobytes().decode("ascii")
+        return self._strs[i]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._list())

@@ -107,6 +107,8 @@ def test_hash_of_ids_behind_a_prefix_equals_the_hash_of_the_joined_strings(prefi
     assert len(column) == n and list(column) == strings and column == strings
     if n > 3:
         assert column[2] == strings[2] and list(column[1:3]) == strings[1:3]
+        fresh = IdColumn(ids)  # one id read before the list is made
+        assert (fresh[2], fresh[-1], fresh._strs) == (strings[2], strings[-1], None)
         assert list(column.take(np.array([3, 0]))) == [strings[3], strings[0]]
 
 
