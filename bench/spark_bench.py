@@ -27,6 +27,7 @@ file source/sink and a single-node Kafka broker with Spark's Kafka source/sink.
    API: a sink whose tasks drop the Arrow batches they get.  Then the same three with each row
    carrying its own tags, keys and a user property (``+props``).
 A summary table ends the run: each figure, its peer, the ratio rmq / peer and the goal.
+``--only sink`` makes only the sink's input (no store of N messages, Parquet copy or Kafka topic).
 
 Goals (the issue's compass): rmq streaming read >= 1.0x Parquet and >= 1.0x Kafka; rmq batch read
 >= 1.0x Kafka; rmq at-least-once sink >= 1.0x Kafka's sink and >= 1.0x Parquet's file sink;
@@ -451,12 +452,16 @@ def main() -> None:
     with scratch_dir("spark-bench-") as work, contextlib.ExitStack() as stack:
         store = os.path.join(work, "store")
         parquet = os.path.join(work, "parquet")
-        with Timer() as t:
-            fill_store(store, args.messages)
-        print(f"store: {args.messages:,} messages of {BODY_BYTES} B written in {t.seconds:.1f}s")
-        with Timer() as t:
-            n = store_to_parquet(store, parquet)
-        print(f"parquet peer: the same {n:,} rows (14 columns) written in {t.seconds:.1f}s")
+        reads = args.only in (None, "read", "remote")  # the sink section makes its own input
+        if reads:
+            with Timer() as t:
+                fill_store(store, args.messages)
+            print(f"store: {args.messages:,} messages of {BODY_BYTES} B written in {t.seconds:.1f}s")
+            with Timer() as t:
+                n = store_to_parquet(store, parquet)
+            print(f"parquet peer: the same {n:,} rows (14 columns) written in {t.seconds:.1f}s")
+        else:
+            os.makedirs(store)
         kafka = None
         if "kafka" in peers:
             from bench._kafka import (
@@ -483,7 +488,7 @@ def main() -> None:
         else:
             spark = session()
         try:
-            if kafka is not None:
+            if kafka is not None and args.only in (None, "read"):
                 with Timer() as t:
                     n = fill_kafka(spark, parquet, kafka.bootstrap)
                 print(f"kafka peer: the same {n:,} messages (key, value = body) in topic {KAFKA_TOPIC}, "
