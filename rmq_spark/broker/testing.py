@@ -1,4 +1,5 @@
-"""Running ``rmq-broker`` processes from tests and benchmarks.
+"""Running ``rmq-broker`` processes, or its connector service in this process, from tests and
+benchmarks.
 
     with BrokerProcess(store_dir, "--min-invisible-s", "1") as broker:
         config = client_configuration(broker.endpoints)
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["BrokerProcess", "READY", "client_configuration", "metadata"]
+__all__ = ["BrokerProcess", "InternalServer", "READY", "client_configuration", "metadata"]
 
 READY = re.compile(r"^rmq-broker listening on (\S+):(\d+) store=(.+?)(?: remoting=(\S+))?(?: namesrv=(\S+))?(?: metrics=(\S+))?$")
 
@@ -130,3 +131,38 @@ def metadata(client_id: str = "rmq-test-client", access_key: str = "", secret_ke
         sig = hmac.new(secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
         md.append(("authorization", f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, Signature={sig}"))
     return md
+
+
+class InternalServer:
+    """A :class:`~rmq_spark.services.core.BrokerCore` on ``root`` served in this process on the
+    connector's internal gRPC service (127.0.0.1, a free port), with a client of it: ``core``,
+    ``connector`` (the service: its sink, its read workers), ``client``.  ``close`` stops them as
+    the broker's stop does (queued group commits first)."""
+
+    def __init__(self, root: str, *, clock: Any = None, read_workers: int = 0, client_timeout_s: float = 30.0) -> None:
+        from concurrent import futures
+
+        import grpc
+
+        from rmq_spark.broker.connector.client import CHANNEL_OPTIONS, InternalClient
+        from rmq_spark.broker.connector.server import make_internal_handler
+        from rmq_spark.services.core import BrokerCore
+
+        self.root = root
+        self.core = BrokerCore(root, clock=clock) if clock is not None else BrokerCore(root)
+        self.server = grpc.server(futures.ThreadPoolExecutor(8), options=CHANNEL_OPTIONS)
+        self.handler = make_internal_handler(self.core, read_workers)
+        self.server.add_generic_rpc_handlers((self.handler,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.client = InternalClient(f"127.0.0.1:{self.port}", timeout_s=client_timeout_s)
+
+    @property
+    def connector(self) -> Any:
+        return self.handler.connector
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop(0).wait()
+        self.handler.connector.close()
+        self.core.shutdown()

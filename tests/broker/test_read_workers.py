@@ -9,30 +9,23 @@ import signal
 import time
 from concurrent import futures
 
-import grpc
 import pyarrow as pa
 import pytest
 
-from rmq_spark.broker.connector.client import CHANNEL_OPTIONS, InternalClient
-from rmq_spark.broker.connector.server import make_internal_handler
+from rmq_spark.broker.connector.client import InternalClient
+from rmq_spark.broker.testing import InternalServer
 from rmq_spark.errors import CorruptStoreError, StoreError
 from rmq_spark.services.core import BrokerCore
 from rmq_spark.store.reader import StoreReader
 
 
-class Served:
+class Served(InternalServer):
     def __init__(self, root: str, read_workers: int) -> None:
-        self.core = BrokerCore(root)
-        self.server = grpc.server(futures.ThreadPoolExecutor(8), options=CHANNEL_OPTIONS)
-        self.handler = make_internal_handler(self.core, read_workers)
-        self.server.add_generic_rpc_handlers((self.handler,))
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-        self.client = InternalClient(f"127.0.0.1:{self.port}", timeout_s=60)
+        super().__init__(root, read_workers=read_workers, client_timeout_s=60)
 
     @property
     def readers(self):  # type: ignore[no-untyped-def]
-        return self.handler.connector.readers
+        return self.connector.readers
 
     def wait_workers(self, n: int) -> list[int]:
         deadline = time.monotonic() + 60
@@ -40,12 +33,6 @@ class Served:
             assert time.monotonic() < deadline, "read workers did not start"
             time.sleep(0.05)
         return self.readers.pids()
-
-    def close(self) -> None:
-        self.client.close()
-        self.server.stop(0).wait()
-        self.handler.connector.close()
-        self.core.shutdown()
 
 
 @pytest.fixture
@@ -204,3 +191,41 @@ def test_large_messages_are_shipped_a_few_mb_at_a_time(served):
         assert len(batches) >= 24 * (1 << 20) // (WIRE_BYTES + (1 << 20))
         assert all(pa.Table.from_batches([b]).column("body").nbytes <= WIRE_BYTES + (1 << 20) for b in batches)
         served.wait_workers(1)
+
+
+def test_a_worker_stuck_at_its_start_is_killed_and_its_place_taken(store_dir, monkeypatch):
+    """A worker that never says it is ready (its start blocked) is killed after the start timeout;
+    meanwhile reads decode in the broker, and the next read starts a worker in its place."""
+    import sys
+
+    from rmq_spark.broker.connector import readers as R
+
+    workers = R.ReadWorkers(store_dir, 1, start_timeout_s=1.0)
+    stuck = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    monkeypatch.setattr(R, "_worker_command", lambda root: stuck)
+    started: list[int] = []
+    real_init = R._Worker.__init__
+
+    def init(self, root):  # type: ignore[no-untyped-def]
+        real_init(self, root)
+        started.append(self.pid)
+
+    monkeypatch.setattr(R._Worker, "__init__", init)
+    try:
+        here = lambda: iter([b"here"])  # noqa: E731
+        assert list(workers.chunks({}, here)) == [b"here"]  # no worker ready: read in the broker
+        deadline = time.monotonic() + 30
+        while workers._starting:  # noqa: SLF001 - the place held while the stuck worker starts
+            assert time.monotonic() < deadline, "the stuck worker's start was not given up"
+            time.sleep(0.05)
+        assert len(started) == 1 and workers.started == 0
+        with pytest.raises(ChildProcessError):
+            os.waitpid(started[0], os.WNOHANG)  # killed and reaped
+        monkeypatch.setattr(R, "_worker_command", lambda root: [sys.executable, "-m", R.__name__, root])
+        assert list(workers.chunks({}, here)) == [b"here"]  # a new start
+        while workers.started < 1:
+            assert time.monotonic() < deadline + 30, "no worker started in the stuck one's place"
+            time.sleep(0.05)
+        assert len(started) == 2 and workers.pids() == started[1:]
+    finally:
+        workers.close()

@@ -4,17 +4,14 @@ exactly-once commit protocol (replays, aborts, orphans), atomic snapshots, error
 from __future__ import annotations
 
 import threading
-from concurrent import futures
 
-import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from rmq_spark.services.core import BrokerCore
 from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
-from rmq_spark.broker.connector.client import CHANNEL_OPTIONS, BrokerUnavailableError, InternalClient
-from rmq_spark.broker.connector.server import make_internal_handler
+from rmq_spark.broker.connector.client import BrokerUnavailableError, InternalClient
+from rmq_spark.broker.testing import InternalServer
 from rmq_spark.broker.connector.sink import ATTEMPT_IDLE_MS, P_SINK_KEY, sink_key
 from rmq_spark.broker.connector.sinklog import SinkCommitLog
 from rmq_spark.services.transaction.states import TransactionAction
@@ -22,26 +19,10 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 
 
-class Broker:
-    def __init__(self, root: str, clock: FakeClock | None = None) -> None:
-        self.root = root
-        self.core = BrokerCore(root, clock=clock) if clock is not None else BrokerCore(root)
-        self.server = grpc.server(futures.ThreadPoolExecutor(8), options=CHANNEL_OPTIONS)
-        self.handler = make_internal_handler(self.core)
-        self.server.add_generic_rpc_handlers((self.handler,))
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-        self.client = InternalClient(f"127.0.0.1:{self.port}", timeout_s=30)
-
+class Broker(InternalServer):
     @property
     def service(self):  # type: ignore[no-untyped-def]
-        return self.handler.connector
-
-    def close(self) -> None:
-        self.client.close()
-        self.server.stop(0).wait()
-        self.handler.connector.close()  # as the broker's stop: queued group commits first
-        self.core.shutdown()
+        return self.connector
 
 
 @pytest.fixture
@@ -240,7 +221,7 @@ def test_check_back_decides_orphans_by_the_commit_record_of_the_same_attempt(sto
     """The trap of semantics.md: a dead attempt of batch N must vanish even though a later
     attempt of batch N committed; a recorded attempt whose group commit never ran must appear."""
     clock = FakeClock()
-    b = Broker(store_dir, clock)
+    b = Broker(store_dir, clock=clock)
     try:
         c, txn = b.client, b.core.transactions
         half(c, rows("X", 6, prefix="dead"), "q", 5, "A")  # the driver died before commit

@@ -14,7 +14,9 @@ chunks to the caller as they come; reading them from the pipe releases the lock.
 Workers start on the first ``ReadArrow`` (in the background: until one is ready, reads decode in
 the broker's process, as they do when all workers are busy) and stay for the next reads.  A
 worker whose caller went away mid-stream is stopped (it may be blocked writing) and another
-started.  Workers exit when the broker's end of their pipe closes, however the broker ends.
+started.  A worker not ready within ``START_TIMEOUT_S`` is killed, so a start stuck (an import
+blocked, say) does not hold a worker's place for good.  Workers exit when the broker's end of their
+pipe closes, however the broker ends.
 
 Pipe protocol: one JSON request per line on the worker's stdin; frames on its stdout, each a
 kind byte and a 64-bit big-endian length: ``R`` ready, ``C`` a chunk (one Arrow IPC stream, as
@@ -97,11 +99,40 @@ def _row_bytes(batch: pa.RecordBatch) -> np.ndarray:
     return sizes
 
 
+START_TIMEOUT_S = 60.0  # a worker not ready by then is killed (its start slot freed)
+
+
+def _worker_command(root: str) -> list[str]:
+    return [sys.executable, "-m", __name__, root]
+
+
 class _Worker:
     def __init__(self, root: str) -> None:
-        cmd = [sys.executable, "-m", __name__, root]
+        cmd = _worker_command(root)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True)
         self.pid = self.proc.pid
+
+    def ready(self, timeout_s: float) -> None:
+        """Waits for the worker's READY frame; one not ready in ``timeout_s`` is killed."""
+        late = threading.Event()
+
+        def kill() -> None:
+            late.set()
+            self.proc.kill()
+
+        timer = threading.Timer(timeout_s, kill)
+        timer.daemon = True
+        timer.start()
+        try:
+            kind, data = self.frame()
+        except E.StoreError:
+            if late.is_set():
+                raise E.StoreError(f"read worker {self.pid} was not ready in {timeout_s:g}s; killed") from None
+            raise
+        finally:
+            timer.cancel()
+        if kind != READY:
+            raise E.StoreError(f"read worker {self.pid} started with {kind!r}: {data[:200]!r}")
 
     def frame(self) -> tuple[bytes, bytes]:
         out: BinaryIO = self.proc.stdout  # type: ignore[assignment]
@@ -135,9 +166,10 @@ class _Worker:
 class ReadWorkers:
     """Up to ``workers`` read worker processes for the store at ``root``."""
 
-    def __init__(self, root: str, workers: int) -> None:
+    def __init__(self, root: str, workers: int, start_timeout_s: float = START_TIMEOUT_S) -> None:
         self.root = root
         self.limit = workers
+        self.start_timeout_s = start_timeout_s
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._starting = 0
@@ -181,9 +213,7 @@ class ReadWorkers:
         worker = None
         try:
             worker = _Worker(self.root)
-            kind, data = worker.frame()
-            if kind != READY:
-                raise E.StoreError(f"read worker {worker.pid} started with {kind!r}: {data[:200]!r}")
+            worker.ready(self.start_timeout_s)
         except Exception as exc:  # noqa: BLE001 - the reads go on in the broker's process
             log.warning("a read worker for %s did not start: %s", self.root, exc)
             if worker is not None:
