@@ -537,6 +537,55 @@ def test_a_committed_batch_is_remembered_by_offset_and_a_second_end_is_refused(b
     assert len(svc._runs) == 0
 
 
+def test_after_a_restart_committed_batches_are_remembered_by_offset_and_transactions_by_id(store_dir):
+    """On start, the service reads how transactions ended from the op queue: a sink's committed
+    batches come back as arrays of CommitLog offsets (as the running service keeps them, no
+    string per message: a restart after hours of a sink at full speed loaded millions of ids), a
+    producer's transaction by its id; ending either again is refused, and the batches the
+    check-back has walked past are not loaded at all."""
+    from rmq_spark.broker.connector.sink import decode_offsets
+    from rmq_spark.services.transaction.check import CHECK_GROUP
+    from rmq_spark.services.transaction.states import EndTxStatus, TxnState
+    from rmq_spark.store.message import Message
+
+    b = Broker(store_dir)
+    try:
+        n = 2000
+        offs = [half(b.client, rows("Re", n, prefix=f"b{k}-"), "q1", k, f"a{k}") for k in range(2)]
+        for k in range(2):
+            b.client.commit_batch("q1", k, f"a{k}", [offs[k]])
+        b.service.sink.wait_visible()
+        svc = b.service.sink.ledger._svc
+        prepared = svc.prepare([Message("ReP", b"p", {L.P_TRAN_MSG: "true"})], "app-producer")
+        phys = prepared.append.phys_offsets[0]
+        tid = b.core.store.look_message_by_offset(phys).uniq_key
+        assert svc.end_transaction(phys, None, "app-producer", tid) is EndTxStatus.SUCCESS
+    finally:
+        b.close()
+    first, second = (decode_offsets([o]) for o in offs)
+    for checked in (0, n):  # the check-back at the first half, then past the first batch
+        b = Broker(store_dir)
+        try:
+            svc, store = b.service.sink.ledger._svc, b.core.store
+            assert svc._state == {tid: TxnState.COMMITTED}
+            assert len(svc._runs) == (2 * n if checked == 0 else n)
+            assert svc.end_transaction(second[5], None, "rmq-spark-sink") is EndTxStatus.ALREADY_COMMITTED
+            assert svc.end_transaction(phys, None, "app-producer", tid) is EndTxStatus.ALREADY_COMMITTED
+            if checked == 0:
+                assert svc.commit_group(first[:3]).status is EndTxStatus.ALREADY_COMMITTED
+            assert visible(b.client, "Re") == sorted(f"b{k}-{i}".encode() for k in range(2) for i in range(n))
+            assert visible(b.client, "ReP") == [b"p"]
+            now = b.core.clock.now_ms()
+            svc._runs.forget(-1, now - 60_000)
+            assert len(svc._runs) == (2 * n if checked == 0 else n)  # ended under a minute ago
+            store.offsets.commit(CHECK_GROUP, L.TRANS_HALF_TOPIC, 0, n)
+            store.offsets.persist()
+        finally:
+            b.close()
+    svc._runs.forget(-1, now + 1)  # the batches' times are in ms: a moment later, they are old
+    assert len(svc._runs) == 0
+
+
 @pytest.mark.parametrize("kind", ["large_binary", "string", "sliced", "int64"])
 def test_a_send_of_bodies_in_another_arrow_type_stores_them_or_says_why(broker, kind):
     """Bodies go into the store as their Arrow column (equal lengths copied from its buffer): a

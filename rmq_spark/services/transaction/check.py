@@ -57,6 +57,8 @@ MAX_PROCESS_TIME_S = 60.0  # per queue per round (MAX_PROCESS_TIME_LIMIT)
 P_CHECK_SOURCE = L.P_TRAN_CHECK_SOURCE  # half queue offset a check copy came from
 P_OP_ACTION = "TRAN_OP_ACTION"  # on op messages: COMMIT | ROLLBACK (see transaction.py)
 P_OP_GROUP = "TRAN_OP_GROUP"  # on a commit's op message: the real messages after it
+# on the op of a group its caller stored itself (a sink's): remembered by offset (runs.py)
+P_OP_OWN = "TRAN_OP_OWN"
 
 
 class TransactionService(Protocol):

@@ -12,8 +12,10 @@ import pyarrow.compute as pc
 
 from rmq_spark.store import layout as L
 from rmq_spark.services.transaction.check import (
+    CHECK_GROUP,
     P_OP_ACTION,
     P_OP_GROUP,
+    P_OP_OWN,
     REMOVE_TAG,
     TransactionService,
     half_at,
@@ -29,22 +31,29 @@ log = logging.getLogger(__name__)
 
 
 # --- the resolved set, on start ----------------------------------------------------------------------------
-def load_resolved(svc: TransactionService) -> dict[str, TxnState]:
-    """Transaction id -> how it ended, from the whole op queue (an op names half offsets; the half
-    names the transaction).  If the last op opened a commit append that a crash cut short, the
-    missing real messages are written now: the op holds the decision."""
+Run = tuple[int, int, np.ndarray, TxnState]  # as EndedRuns.add takes it: when, highest queue offset, offsets, state
+
+
+def load_resolved(svc: TransactionService) -> tuple[dict[str, TxnState], list[Run]]:
+    """How transactions ended, from the whole op queue (an op names half queue offsets): by
+    transaction id (the half names it), and for the groups their caller stored itself (ops marked
+    ``TRAN_OP_OWN``, a sink's batches) by the halves' CommitLog offsets, as the running service
+    remembers them (:mod:`.runs`: 8 bytes a half, no string), those the check-back has walked
+    past left out.  If the last op opened a commit append that a crash cut short, the missing
+    real messages are written now: the op holds the decision."""
 
     store = svc.store
     lo, hi = store.min_offset(L.TRANS_OP_HALF_TOPIC, 0), store.max_offset(L.TRANS_OP_HALF_TOPIC, 0)
     kinds = (TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.RESOLVED)
-    halves, codes, last = [], [], None
+    checked = store.offsets.query(CHECK_GROUP, L.TRANS_HALF_TOPIC, 0)
+    halves, codes, runs, last = [], [], [], None
     for start in range(lo, hi, 8192):
         b = store.read_arrow(
             L.TRANS_OP_HALF_TOPIC,
             0,
             start,
             min(hi, start + 8192),
-            columns=["tags", "body", "properties", "commitLogOffset"],
+            columns=["tags", "body", "properties", "commitLogOffset", "storeTimestamp"],
         )
         if b.num_rows == 0:
             continue
@@ -54,22 +63,49 @@ def load_resolved(svc: TransactionService) -> dict[str, TxnState]:
         code[np.asarray(pc.fill_null(pc.equal(acts, "COMMIT"), False))] = 0
         code[np.asarray(pc.fill_null(pc.equal(acts, "ROLLBACK"), False))] = 1
         is_op = np.asarray(pc.fill_null(pc.equal(b.column("tags"), REMOVE_TAG), False))
+        own = np.asarray(pc.fill_null(pc.equal(pc.map_lookup(props, pa.scalar(P_OP_OWN), "last"), "true"), False))
         offs, rows = op_half_offsets(b.column("body"))
-        keep = is_op[rows]
+        keep = is_op[rows] & ~own[rows]
         halves.append(offs[keep])
         codes.append(code[rows[keep]])
+        if (own & is_op).any():
+            stored = b.column("storeTimestamp").cast(pa.int64()).to_numpy() // 1000  # us -> ms
+            runs += _own_runs(store, offs, rows, np.flatnonzero(own & is_op), stored, code, kinds, checked)
         n = b.num_rows - 1
         group = pc.map_lookup(props.slice(n, 1), pa.scalar(P_OP_GROUP), "last")[0].as_py()
         reals = int(group) if code[n] == 0 and group and group.isdigit() else 0
         last = (int(b.column("commitLogOffset")[n].as_py()), reals, offs[rows == n])
-    if not halves:
-        return {}
     out: dict[str, TxnState] = {}
-    for txn, code in zip(_txn_ids(store, np.concatenate(halves)), np.concatenate(codes).tolist()):
-        if txn is not None and txn not in out:
-            out[txn] = kinds[code]
+    if halves:
+        for txn, code in zip(_txn_ids(store, np.concatenate(halves)), np.concatenate(codes).tolist()):
+            if txn is not None and txn not in out:
+                out[txn] = kinds[code]
     if last is not None and last[1] > 0:
         _complete_torn_commit(svc, *last)
+    return out, runs
+
+
+def _own_runs(store: MessageStore, offs: np.ndarray, rows: np.ndarray, ops: np.ndarray, stored: np.ndarray,
+              code: np.ndarray, kinds: tuple[TxnState, ...], checked: int) -> list[Run]:
+    """The groups the ops at rows ``ops`` ended, their half queue offsets turned into CommitLog
+    offsets by the half queue's units (no record read); a group wholly below the check-back's
+    offset ``checked`` is forgotten, as the running service forgets it."""
+    cq = store.consume_queue(L.TRANS_HALF_TOPIC, 0)
+    if cq is None:
+        return []
+    out: list[Run] = []
+    order = np.argsort(rows, kind="stable")
+    bounds = np.searchsorted(rows[order], [ops, ops + 1])
+    for op, a, z in zip(ops.tolist(), bounds[0].tolist(), bounds[1].tolist()):
+        q = offs[order[a:z]]
+        q = q[q >= cq.min_offset]
+        if len(q) == 0 or int(q.max()) < checked:
+            continue
+        lo = int(q.min())
+        units = cq.units(lo, int(q.max()) + 1)
+        at = q - lo
+        q, at = q[at < len(units)], at[at < len(units)]
+        out.append((int(stored[op]), int(q.max()), units["offset"][at].astype(np.int64), kinds[code[op]]))
     return out
 
 

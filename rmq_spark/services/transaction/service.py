@@ -127,7 +127,7 @@ _HOST = "127.0.0.1"  # born host of op messages (the Message default)
 FEW_RECORDS = SMALL_BATCH
 # an op message's properties (and those encoded) by action and group size; like RocketMQ's, it has
 # no UNIQ_KEY (its message id is its offset id)
-_OP_PROPS: dict[tuple[TransactionAction, int], tuple[dict[str, str], bytes]] = {}
+_OP_PROPS: dict[tuple[TransactionAction, int, bool], tuple[dict[str, str], bytes]] = {}
 
 
 _ALREADY = {
@@ -178,7 +178,10 @@ class TransactionService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.needs_source_scan = store.last_exit_abnormal
-        self._state.update(load_resolved(self))
+        state, runs = load_resolved(self)
+        self._state.update(state)
+        for run in runs:
+            self._runs.add(*run)
         store.add_listener(self._on_dispatch, L.TRANS_HALF_TOPIC)
 
     # --- put hook and prepare ------------------------------------------------------------------------
@@ -292,7 +295,7 @@ class TransactionService:
         caller stored itself: how they ended is remembered by offset, :mod:`.runs`)."""
         put: PutResult | None = None
         try:
-            op = self._op_row(queue_offsets, TransactionAction.COMMIT, len(ids))
+            op = self._op_row(queue_offsets, TransactionAction.COMMIT, len(ids), own=True)
             put = self._put([op], reals)
         finally:
             with self._lock:
@@ -610,7 +613,9 @@ class TransactionService:
         self._cache.pop(h.phys, None)  # one call on the C OrderedDict: no lock needed
         return (EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT), put, [tid], {}
 
-    def _op_row(self, half_offsets: list[int], act: TransactionAction, reals: int) -> Row:
+    def _op_row(self, half_offsets: list[int], act: TransactionAction, reals: int, own: bool = False) -> Row:
+        """The op message of ``half_offsets`` (``reals``: the real messages written after it;
+        ``own``: halves their caller stored itself, which a restart remembers by offset)."""
         if len(half_offsets) == 1:  # a few bytes: no limit to check
             body = f"{half_offsets[0]}{C.OFFSET_SEPARATOR}".encode()
             limit = OP_BODY_MAX_BYTES
@@ -622,14 +627,16 @@ class TransactionService:
                 f"a group of {len(half_offsets)} halves needs a {len(body)}-byte op message; "
                 f"the limit is {limit} bytes: commit smaller groups"
             )
-        known = _OP_PROPS.get((act, reals))
+        known = _OP_PROPS.get((act, reals, own))
         if known is None:
             props = {L.P_TAGS: C.REMOVE_TAG, P_OP_ACTION: act.value}
             if reals:
                 props[P_OP_GROUP] = str(reals)
+            if own:
+                props[C.P_OP_OWN] = "true"
             known = (props, encode_properties(props))
             if len(_OP_PROPS) < 1024:
-                _OP_PROPS[(act, reals)] = known
+                _OP_PROPS[(act, reals, own)] = known
         props, enc = known
         now = self.clock.now_ms()
         return (L.TRANS_OP_HALF_TOPIC, 0, body, dict(props), enc, _REMOVE_CODE, 0, 0, now, _HOST, 0, 0, 0)
