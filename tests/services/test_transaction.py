@@ -926,6 +926,40 @@ def test_group_commit_torn_by_a_crash_is_all_or_nothing(tmp_path):
         t.close()
 
 
+@pytest.mark.parametrize("reals", [1, 7, 300])
+def test_the_start_reads_a_commits_real_messages_as_decoding_them_does(tmp_path, reals):
+    """On start, the commit after the last op is read by its records' sizes and one numpy pass
+    (``_commits_after``): what decoding each record finds, for commits within a segment, across
+    a segment's end (a blank filler), asked for more records than there are, and starting on a
+    record that is not a commit."""
+    from rmq_spark.services.transaction.recovery import _commits_after
+
+    def decoded(store, start: int, n: int) -> set[int]:
+        present: set[int] = set()
+        for rec in store.commitlog.iter_records(start):
+            if len(present) == n or rec.transaction_type != L.TRANSACTION_COMMIT_TYPE:
+                break
+            present.add(rec.prepared_transaction_offset)
+        return present
+
+    e = Env(str(tmp_path))
+    seen_blank = False
+    for k in range(12):  # segments of SMALL's size: some commits cross a segment's end
+        hs = e.prepare(reals, topic=f"T{k % 3}")
+        r = e.svc.commit_group([h[0] for h in hs])
+        start = int(r.put.append.phys_offsets[1])  # the first real message, after the op
+        segments = {e.store.commitlog.mfq.find(int(p)).from_offset for p in r.put.append.phys_offsets}
+        seen_blank |= len(segments) > 1
+        want = {h[0] for h in hs}
+        for n in (reals, reals + 5, max(reals - 1, 0)):
+            assert _commits_after(e.store, start, n) == decoded(e.store, start, n)
+        assert _commits_after(e.store, start, reals) == want
+        op = int(r.put.append.phys_offsets[0])
+        assert _commits_after(e.store, op, reals) == decoded(e.store, op, reals) == set()  # the op is no commit
+    assert seen_blank or reals < 300
+    e.close()
+
+
 class _Crash(BaseException):
     """The process dies here."""
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import struct
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -11,6 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_spark.store import layout as L
+from rmq_spark.store import record as R
+from rmq_spark.store.views import _at
 from rmq_spark.services.transaction.check import (
     CHECK_GROUP,
     P_OP_ACTION,
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from rmq_spark.store.store import MessageStore
 
 log = logging.getLogger(__name__)
+_SIZE_MAGIC = struct.Struct(">iI")  # TOTALSIZE, MAGICCODE
 
 
 # --- the resolved set, on start ----------------------------------------------------------------------------
@@ -139,11 +143,7 @@ def _complete_torn_commit(
     cq = store.consume_queue(L.TRANS_HALF_TOPIC, 0)
     if op is None or cq is None:
         return
-    present: set[int] = set()
-    for rec in store.commitlog.iter_records(op_phys + op.store_size):
-        if len(present) == reals or rec.transaction_type != L.TRANSACTION_COMMIT_TYPE:
-            break
-        present.add(rec.prepared_transaction_offset)
+    present = _commits_after(store, op_phys + op.store_size, reals)
     if len(present) == reals:
         return
     halves = [half_at(store, cq, int(q)) for q in half_offsets.tolist()]
@@ -156,3 +156,47 @@ def _complete_torn_commit(
             reals,
         )
         store.put_messages(msgs, allow_system=True)
+
+
+def _commits_after(store: MessageStore, start: int, reals: int) -> set[int]:
+    """The halves' CommitLog offsets (PREPAREDTRANSACTIONOFFSET) of the commit records among the
+    ``reals`` records from ``start`` on, up to the first that is not one: the records are walked
+    by their sizes and read in one numpy pass per segment (:func:`check_records`, no record
+    decoded; a sink's commit is hundreds of thousands of records, read on every start)."""
+    cl = store.commitlog
+    found: list[np.ndarray] = []
+    offset, left = start, reals
+    while left > 0:
+        mf = cl.mfq.find(offset)
+        if mf is None:
+            break
+        buf, limit, pos = mf.mm, mf.wrote_position, offset - mf.from_offset
+        starts, sizes, blank = [], [], False
+        while left > 0 and pos + 8 <= limit:
+            total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+            if magic == L.BLANK_MAGIC:
+                blank = True
+                break
+            if total < 8 or pos + total > limit:
+                break
+            starts.append(pos)
+            sizes.append(total)
+            pos += total
+            left -= 1
+        at, size = np.asarray(starts, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        if len(at) == 0:
+            break
+        bad = R.check_records(arr, limit, at, size, at + mf.from_offset, check_crc=False)
+        sys_flag = _at(arr, ">i4")[np.where(bad, 0, at) + R.POS_SYS_FLAG]
+        stop = bad | ((sys_flag & L.TRANSACTION_MASK) != L.TRANSACTION_COMMIT_TYPE)
+        cut = int(np.argmax(stop)) if stop.any() else len(at)
+        at, sys_flag = at[:cut], sys_flag[:cut]
+        prepared = at + R.POS_PREPARED_OFFSET_V4
+        prepared += np.where(sys_flag & L.FLAG_BORNHOST_V6, R.HOST_V6_EXTRA, 0)
+        prepared += np.where(sys_flag & L.FLAG_STOREHOST_V6, R.HOST_V6_EXTRA, 0)
+        found.append(_at(arr, ">i8")[prepared].astype(np.int64))
+        if cut < len(stop) or not blank:
+            break
+        offset = mf.end_offset
+    return set(np.concatenate(found).tolist()) if found else set()
