@@ -11,6 +11,7 @@ import numpy as np
 from zlib_ng.zlib_ng import crc32
 
 from rmq_spark.store.dispatch import Column, as_list
+from rmq_spark.store.message import IdColumn
 from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PREFIX
 from rmq_spark.store.record import POS_BODY_CRC, POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET
 
@@ -187,6 +188,16 @@ class _Chain(Sequence):  # type: ignore[type-arg]
         return self._parts[k][i - (int(self._ends[k - 1]) if k else 0)]
 
 
+def _joined_ids(parts: list) -> Sequence[str | None]:  # type: ignore[type-arg]
+    """The batches' ids as one IdColumn when they are IdColumns and records without ids (no
+    string made), else as a list."""
+    if any(isinstance(p, IdColumn) for p in parts):
+        joined = IdColumn.joined(parts)
+        if joined is not None:
+            return joined
+    return list(itertools.chain.from_iterable(parts))
+
+
 def concat_encoded(batches: Sequence[EncodedBatch]) -> EncodedBatch:
     """Encoded batches as one (appended as one unit: visible together)."""
     if len(batches) == 1:
@@ -205,7 +216,7 @@ def concat_encoded(batches: Sequence[EncodedBatch]) -> EncodedBatch:
         tags_codes=np.concatenate([b.tags_codes for b in batches]),
         sys_flags=np.concatenate([b.sys_flags for b in batches]),
         keys=list(itertools.chain.from_iterable(b.keys for b in batches)),
-        uniq_keys=list(itertools.chain.from_iterable(b.uniq_keys for b in batches)),
+        uniq_keys=_joined_ids([b.uniq_keys for b in batches]),
         properties=[p for ps in props for p in ps] if all(type(p) is list for p in props) else _Chain(props),  # type: ignore[arg-type]
         prop_crc=batches[0].prop_crc,
     )

@@ -116,12 +116,15 @@ def split_ids(ids: np.ndarray) -> list[str]:
 class IdColumn(Sequence[str]):
     """The unique ids of a batch's records, kept as their (n, 32) array of ASCII hex digits and
     read as a sequence of str (made on the first read).  The index hashes the digits themselves
-    (:func:`~rmq_spark.store.hashing.java_string_hashes_of_rows`): a bulk put makes no string."""
+    (:func:`~rmq_spark.store.hashing.java_string_hashes_of_rows`): a bulk put makes no string.
+    ``present``: which records have an id (None: all); the others read as None (a commit's op
+    message before its real messages)."""
 
-    __slots__ = ("digits", "_strs")
+    __slots__ = ("digits", "present", "_strs")
 
-    def __init__(self, digits: np.ndarray) -> None:
+    def __init__(self, digits: np.ndarray, present: np.ndarray | None = None) -> None:
         self.digits = digits
+        self.present = present
         self._strs: list[str] | None = None
 
     def __len__(self) -> int:
@@ -129,13 +132,19 @@ class IdColumn(Sequence[str]):
 
     def _list(self) -> list[str]:
         if self._strs is None:
-            self._strs = split_ids(self.digits)
+            strs = split_ids(self.digits)
+            if self.present is not None:
+                for i in np.flatnonzero(~self.present).tolist():
+                    strs[i] = None  # type: ignore[call-overload]
+            self._strs = strs
         return self._strs
 
     def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
         if isinstance(i, slice):
-            return IdColumn(self.digits[i])
+            return IdColumn(self.digits[i], None if self.present is None else self.present[i])
         if self._strs is None:  # one id: its digits alone (the whole list is made by a walk)
+            if self.present is not None and not self.present[i]:
+                return None
             return self.digits[i].tobytes().decode("ascii")
         return self._strs[i]
 
@@ -143,7 +152,24 @@ class IdColumn(Sequence[str]):
         return iter(self._list())
 
     def take(self, idx: np.ndarray) -> IdColumn:
-        return IdColumn(self.digits[idx])
+        return IdColumn(self.digits[idx], None if self.present is None else self.present[idx])
+
+    @staticmethod
+    def joined(parts: Sequence[Sequence[str | None]]) -> IdColumn | None:
+        """``parts`` as one column when each is an IdColumn or holds no id at all (None if not)."""
+        digits, present, holes = [], [], False
+        for p in parts:
+            if isinstance(p, IdColumn):
+                digits.append(p.digits)
+                present.append(np.ones(len(p), dtype=bool) if p.present is None else p.present)
+                holes |= p.present is not None
+            elif not any(p):
+                digits.append(np.zeros((len(p), 32), dtype=np.uint8))
+                present.append(np.zeros(len(p), dtype=bool))
+                holes = True
+            else:
+                return None
+        return IdColumn(np.concatenate(digits), np.concatenate(present) if holes else None)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)

@@ -499,8 +499,10 @@ def test_sigkilled_broker_delivers_exactly_once(tmp_path):
     store = MessageStore(root, cfg.store)
     svc = TimerService(store, cfg, store.clock)
     now = store.clock.now_ms()
+    # due in 4 s: the sends and recalls before them take a second or more on a loaded machine
+    # (at 1.5 s a recall found its message due already)
     msgs = [
-        timed("Orders", b"%d" % i, i % 4, **{L.P_TIMER_DELIVER_MS: str(now + 1500 + i % 700)})
+        timed("Orders", b"%d" % i, i % 4, **{L.P_TIMER_DELIVER_MS: str(now + 4000 + i % 700)})
         for i in range(2000)
     ]
     ids, handles = send(store, svc, msgs)
@@ -515,7 +517,7 @@ def test_sigkilled_broker_delivers_exactly_once(tmp_path):
     assert all(s >= t for s, t in zip(seen, targets))  # each kill landed while delivering
     store = MessageStore(root, cfg.store)
     svc = TimerService(store, cfg, store.clock)
-    time.sleep(max(0.0, (now + 2300 - store.clock.now_ms()) / 1000))
+    time.sleep(max(0.0, (now + 4800 - store.clock.now_ms()) / 1000))
     svc.run_once()
     got = delivered_ids(store, "Orders")
     assert set(got) == set(ids) - recalled and set(got.values()) == {1}

@@ -7,7 +7,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +15,8 @@ from dataclasses import replace
 
 import pyarrow as pa
 import pytest
+
+from _killing import lines_until_killed
 
 from rmq_spark.services.config import BrokerConfig
 from rmq_spark.services.core import BrokerCore
@@ -1141,15 +1142,7 @@ def test_sigkill_during_prepare_commit_and_check(store_dir):
             text=True,
         )
         try:
-            lines = []
-            deadline = time.monotonic() + rng.uniform(0.6, 1.5)
-            os.set_blocking(p.stdout.fileno(), False)
-            while time.monotonic() < deadline:
-                line = p.stdout.readline()
-                lines.append(line) if line else time.sleep(0.005)
-            os.kill(p.pid, signal.SIGKILL)
-            p.wait(10)
-            lines += (p.stdout.read() or "").splitlines(keepends=True)
+            lines = lines_until_killed(p, rng.uniform(0.6, 1.5))
         finally:
             if p.poll() is None:
                 p.kill()

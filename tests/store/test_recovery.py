@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+from _killing import lines_until_killed
 
 from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
@@ -209,19 +210,7 @@ def test_kill_9_writer_loses_no_acknowledged_message(store_dir):
             text=True,
         )
         try:
-            deadline = time.monotonic() + rng.uniform(0.3, 1.2)
-            lines = []
-            os.set_blocking(p.stdout.fileno(), False)
-            while time.monotonic() < deadline:
-                chunk = p.stdout.readline()
-                if chunk:
-                    lines.append(chunk)
-                else:
-                    time.sleep(0.005)
-            os.kill(p.pid, signal.SIGKILL)
-            p.wait(10)
-            rest = p.stdout.read() or ""
-            lines.extend(rest.splitlines(keepends=True))
+            lines = lines_until_killed(p, rng.uniform(0.3, 1.2))
         finally:
             if p.poll() is None:
                 p.kill()

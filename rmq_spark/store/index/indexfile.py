@@ -112,6 +112,23 @@ def index_hashes_of_ids(prefix: str, digits: np.ndarray) -> np.ndarray:
     return h.astype(np.int32)
 
 
+def id_hashes(topics: list[str], uniq_keys: Sequence[str | None], keep: np.ndarray, sel: np.ndarray,
+              one_topic: bool) -> np.ndarray:
+    """:func:`index_hashes` of the keys ``topic#UNIQ_KEY`` of the records ``sel`` (those true in
+    ``keep``): from an IdColumn's digits when the records share a topic (a sink's rows; a
+    commit's real messages, after its op message), else from the strings."""
+    every = len(sel) == len(topics)
+    digits = getattr(uniq_keys, "digits", None)
+    if digits is not None and one_topic:
+        return index_hashes_of_ids(topics[0] + "#", digits if every else digits[sel])
+    if digits is not None:  # the records kept may still share a topic: all but a few
+        others = np.flatnonzero(~keep).tolist()
+        first = topics[int(sel[0])]
+        if len(others) < 64 and topics.count(first) == len(sel) + sum(topics[i] == first for i in others):
+            return index_hashes_of_ids(first + "#", digits[sel])
+    return index_hashes(id_keys(topics, uniq_keys, sel, every, one_topic))
+
+
 def index_hashes_arrow(keys: pa.Array) -> np.ndarray:
     """:func:`index_hashes` of an Arrow string column."""
     h = np.abs(java_string_hashes_arrow(keys).astype(np.int64))

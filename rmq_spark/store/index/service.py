@@ -42,8 +42,7 @@ from rmq_spark.store.index.indexfile import (
     _index_fields,
     index_hash,
     index_hashes,
-    id_keys,
-    index_hashes_of_ids,
+    id_hashes,
     key_word_hashes,
 )
 from rmq_spark.store.record import RecordCheck, check_record
@@ -317,23 +316,21 @@ class IndexService:
         words of ``keys`` split, prefixed and hashed by Arrow."""
         phys = np.asarray(phys, dtype=np.int64)
         keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
-        ids = uniq_keys if isinstance(uniq_keys, IdColumn) else None  # no empty id among them
-        if ids is None and not all(uniq_keys):  # records without an id get no entry
+        ids = uniq_keys if isinstance(uniq_keys, IdColumn) else None
+        if ids is not None and ids.present is not None:  # records without an id get no entry
+            keep &= ids.present
+        elif ids is None and not all(uniq_keys):
             keep &= np.fromiter(map(bool, uniq_keys), dtype=bool, count=len(uniq_keys))
         sel = np.flatnonzero(keep)
         if len(sel) == 0:
             return 0
-        every = len(sel) == len(phys)
         one_topic = topics.count(topics[0]) == len(topics)
+        hashes = id_hashes(topics, uniq_keys, keep, sel, one_topic)
         if keys is not None:  # records with no id still have their key words indexed
             keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
             chosen = np.flatnonzero(keep)
         else:
             chosen = sel
-        if ids is not None and one_topic:
-            hashes = index_hashes_of_ids(topics[0] + "#", ids.digits if every else ids.digits[sel])
-        else:
-            hashes = index_hashes(id_keys(topics, uniq_keys, sel, every, one_topic))
         rec = sel
         if keys is not None and len(chosen):
             words_rec, words_hash = key_word_hashes(chosen, topics, keys, one_topic)

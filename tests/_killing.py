@@ -1,0 +1,32 @@
+"""SIGKILL a worker process in the middle of its work, and keep what it printed before."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+
+def lines_until_killed(proc: subprocess.Popen, window_s: float, start_timeout_s: float = 60.0) -> list[str]:
+    """The lines ``proc`` (text stdout) printed until it was SIGKILLed ``window_s`` after its first
+    line: the kill falls while it works however long its start took (its imports, on a loaded
+    machine, can outlast a window counted from the launch).  The last line may be cut."""
+    lines: list[str] = []
+    os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
+    started = time.monotonic() + start_timeout_s
+    deadline = None
+    while (deadline is None and time.monotonic() < started and proc.poll() is None) or (
+        deadline is not None and time.monotonic() < deadline
+    ):
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if line:
+            lines.append(line)
+            if deadline is None:
+                deadline = time.monotonic() + window_s
+        else:
+            time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    lines += (proc.stdout.read() or "").splitlines(keepends=True)  # type: ignore[union-attr]
+    return lines
