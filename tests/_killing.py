@@ -14,16 +14,13 @@ def lines_until_killed(proc: subprocess.Popen, window_s: float, start_timeout_s:
     machine, can outlast a window counted from the launch).  The last line may be cut."""
     lines: list[str] = []
     os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
-    started = time.monotonic() + start_timeout_s
-    deadline = None
-    while (deadline is None and time.monotonic() < started and proc.poll() is None) or (
-        deadline is not None and time.monotonic() < deadline
-    ):
+    deadline = time.monotonic() + start_timeout_s  # for its first line, then for the window
+    while time.monotonic() < deadline and (lines or proc.poll() is None):
         line = proc.stdout.readline()  # type: ignore[union-attr]
+        if line and not lines:
+            deadline = time.monotonic() + window_s
         if line:
             lines.append(line)
-            if deadline is None:
-                deadline = time.monotonic() + window_s
         else:
             time.sleep(0.005)
     os.kill(proc.pid, signal.SIGKILL)

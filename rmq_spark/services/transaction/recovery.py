@@ -183,10 +183,10 @@ def _commits_after(store: MessageStore, start: int, reals: int) -> set[int]:
             sizes.append(total)
             pos += total
             left -= 1
+        if not starts:
+            break
         at, size = np.asarray(starts, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
         arr = np.frombuffer(buf, dtype=np.uint8)
-        if len(at) == 0:
-            break
         bad = R.check_records(arr, limit, at, size, at + mf.from_offset, check_crc=False)
         sys_flag = _at(arr, ">i4")[np.where(bad, 0, at) + R.POS_SYS_FLAG]
         stop = bad | ((sys_flag & L.TRANSACTION_MASK) != L.TRANSACTION_COMMIT_TYPE)
