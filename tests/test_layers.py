@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent / "rmq_spark"
 PKG = "rmq_spark"
 
 # lowest first: a module may import its own layer and the layers below it
-LAYERS = ["errors", "store", "filter", "services", "remoting", "cluster", "namesrv", "broker", "admin", "datasource"]
+LAYERS = ["errors", "store", "filter", "access", "services", "remoting", "cluster", "namesrv", "broker", "admin", "datasource"]
 # modules outside the layers: the package's entry points
 TOP = {"rmq_spark", "rmq_spark.__init__"}
 MAX_LINES = 520  # "about 500"

@@ -9,7 +9,7 @@
    name through :func:`topic_name` / :func:`group_name`, the one place topic and group names are
    validated, so a malformed name, a system topic or a retry / dead-letter topic used where it may
    not be is refused (ILLEGAL_TOPIC / ILLEGAL_CONSUMER_GROUP) on every path;
-3. authorizes the account for the need (:meth:`rmq_spark.broker.auth.AccessControl.authorize`);
+3. authorizes the account for the need (:meth:`rmq_spark.access.auth.AccessControl.authorize`);
 4. runs the handler with the caller known (:func:`caller`), for answers that depend on who asks.
 
 On the broker's ``grpc.aio`` server the seam is not a per-call interceptor (grpc.aio's
@@ -29,7 +29,6 @@ ACL; names are still validated.
 from __future__ import annotations
 
 import contextvars
-import enum
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
@@ -38,10 +37,9 @@ from typing import Any
 
 import grpc
 
-from rmq_spark.broker.auth import AccessControl, Account, Perm
-from rmq_spark.errors import IllegalGroupError, IllegalTopicError, MessageIllegalError, PermissionDeniedError
-from rmq_spark.store import layout as L
-from rmq_spark.store.validation import check_group, check_topic_cached
+from rmq_spark.access.auth import AccessControl, Account, Perm
+from rmq_spark.access.names import AUTHENTICATED, Need, Use, group_name, topic_name
+from rmq_spark.errors import PermissionDeniedError
 
 __all__ = [
     "Use",
@@ -54,27 +52,6 @@ __all__ = [
     "AccessInterceptor",
     "AUTHENTICATED",
 ]
-
-
-class Use(enum.Enum):
-    """What a request does with a topic (what :func:`topic_name` allows)."""
-
-    ROUTE = "query the route of"  # any permission
-    READ = "read"  # SUB
-    WRITE = "send to"  # PUB; never a system, retry or dead-letter topic
-
-
-@dataclass(frozen=True)
-class Need:
-    """What a request touches: topics with the permission each needs (``Perm.DENY``: any),
-    consumer groups (SUB), or ``admin``."""
-
-    topics: tuple[tuple[str, Perm], ...] = ()
-    groups: tuple[str, ...] = ()
-    admin: bool = False
-
-
-AUTHENTICATED = Need()  # any signed account
 
 
 @dataclass(frozen=True)
@@ -98,39 +75,6 @@ _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("rmq_caller", d
 def caller() -> Caller:
     """The caller of the call being served (set by the interceptor on the serving thread)."""
     return _CALLER.get()
-
-
-_RETRY_DLQ = (L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX)
-
-
-def topic_name(name: Any, use: Use, *, system_reads: bool = False) -> str:
-    """``name`` if a client may ``use`` it, else IllegalTopicError: a legal name (characters,
-    length); never a system topic, except to read when ``system_reads`` (authorization then
-    keeps it for admin accounts); never a retry or dead-letter topic to send to (the broker
-    writes those; consumers read them with their group's permission)."""
-    if not isinstance(name, str):
-        raise IllegalTopicError(f"topic must be a string, not {type(name).__name__}")
-    try:
-        check_topic_cached(name, allow_system=True)
-    except MessageIllegalError as e:
-        raise IllegalTopicError(str(e)) from None
-    if L.is_system_topic(name) and (use is Use.WRITE or not system_reads):
-        raise IllegalTopicError(f"topic {name!r} is a system topic; clients cannot {use.value} it")
-    if use is Use.WRITE and name.startswith(_RETRY_DLQ):
-        kind = "retry" if name.startswith(L.RETRY_GROUP_TOPIC_PREFIX) else "dead-letter"
-        raise IllegalTopicError(f"topic {name!r} is a {kind} topic: only the broker writes it, producers cannot send to it")
-    return name
-
-
-def group_name(name: Any) -> str:
-    """``name`` if it is a legal consumer group name, else IllegalGroupError."""
-    if not isinstance(name, str):
-        raise IllegalGroupError(f"group must be a string, not {type(name).__name__}")
-    try:
-        check_group(name)
-    except MessageIllegalError as e:
-        raise IllegalGroupError(str(e)) from None
-    return name
 
 
 Rule = Callable[[Any], Need]  # the (decoded) request -> what it needs; None for a request stream

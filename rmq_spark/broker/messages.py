@@ -26,7 +26,7 @@ from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt, tags_code
 from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.encode import Row
-from rmq_spark.broker import rules as V
+from rmq_spark.access import rules as V
 
 __all__ = [
     "SYSTEM_PROPERTIES",

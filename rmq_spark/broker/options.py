@@ -90,7 +90,7 @@ class BrokerOptions:
     auto_renew_invisible_ms: int = 60_000
     idle_exit_s: float = 0.0
     acl_path: str | None = None
-    acl_window_ms: int = 15 * 60 * 1000  # rmq_spark.broker.auth.DATE_WINDOW_MS
+    acl_window_ms: int = 15 * 60 * 1000  # rmq_spark.access.auth.DATE_WINDOW_MS
     workers: int = 128  # threads for calls' store work (rmq_spark.broker.server)
     read_workers: int = -1  # processes decoding ReadArrow (rmq_spark.broker.connector.readers); -1: one per CPU
     max_receive_batch: int = 1024

@@ -35,6 +35,7 @@ from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.consumer import ConsumerProcessor
 from rmq_spark.remoting.lookup import LookupProcessor
 from rmq_spark.remoting.pull import PullProcessor
+from rmq_spark.remoting.requests import BROKER_REQUESTS, RequestGate
 from rmq_spark.remoting.send import SendProcessor
 from rmq_spark.remoting.server import EventLoopThread, Processor, RemotingServer, bind
 from rmq_spark.remoting.transaction import CompositeChecker, RemotingTransactionChecker, end_transaction_handler
@@ -105,10 +106,11 @@ class RemotingService:
             self.broker_addr = advertised(host, port)
             self.pull = PullProcessor(self.store, self.clients, self.loop_thread)
             processor = self._broker_processor()
-            if access_control is not None:
-                from rmq_spark.remoting.acl import RemotingAcl
-
-                processor.before = RemotingAcl(access_control)
+            # every request passes the one table of request codes: decoded once, names validated,
+            # authorized (with --acl) on what will be executed
+            gate = RequestGate(BROKER_REQUESTS, access_control, self.store.config.body_max_bytes)
+            gate.check_covers(processor.handlers)
+            processor.before = gate
             self.broker_server = RemotingServer(sockets.broker, processor, self.loop_thread,
                                                 activity=activity)  # fmt: skip
             self.routes = RouteInfoManager(LocalBroker(cluster, broker_name, self.broker_addr, self._local_topics,

@@ -44,7 +44,7 @@ import grpc.aio
 from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer_to_server
 
 from rmq_spark.broker.access import AccessInterceptor
-from rmq_spark.broker.auth import AccessControl
+from rmq_spark.access.auth import AccessControl
 from rmq_spark.broker.options import BrokerOptions, split_listen
 from rmq_spark.broker.handler import Activity
 from rmq_spark.broker.service import MessagingService

@@ -32,7 +32,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer
 
 from rmq_spark.broker import codes, polling
 from rmq_spark.broker.access import AUTHENTICATED, Need, ServiceAccess, Use, group_name, topic_name
-from rmq_spark.broker.auth import Perm
+from rmq_spark.access.auth import Perm
 from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.broker.handler import Activity, astreaming, now_response, unary
 from rmq_spark.broker.messages import timestamp_ms

@@ -45,7 +45,7 @@ import numpy as np
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql import types as T
 
-from rmq_spark.broker.rules import SendLimits
+from rmq_spark.access.rules import SendLimits
 from rmq_spark.datasource.options import SinkOptions
 from rmq_spark.datasource.writer import PartitionRows, SinkLayout, to_rows, _now_ms
 from rmq_spark.errors import ConfigError, StoreError

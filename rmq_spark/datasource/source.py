@@ -81,7 +81,7 @@ class RmqDataSource(DataSource):
     Sink columns: ``body`` (required; binary or string), ``topic``, ``tags``, ``keys``,
     ``properties``, ``delayLevel``, ``deliverTimestamp``, ``messageGroup``, ``queueId``; with
     ``avroSchema`` a struct ``value`` instead of ``body``.  Each write task checks every row of
-    its partition against SendMessage's rules (``rmq_spark.broker.rules``: reserved property
+    its partition against SendMessage's rules (``rmq_spark.access.rules``: reserved property
     keys, empty bodies, a ``deliverTimestamp`` beyond the timer's limit, ...) before it sends any;
     a bad row is named by code, column and row.
 

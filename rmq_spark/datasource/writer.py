@@ -40,7 +40,7 @@ from rmq_spark.broker.connector.protocol import SendHeader
 from rmq_spark.datasource.embedded import BrokerLink
 from rmq_spark.datasource.options import SinkOptions
 from rmq_spark.errors import ConfigError, StoreError
-from rmq_spark.broker.rules import SendLimits, check_rows
+from rmq_spark.access.rules import SendLimits, check_rows
 from rmq_spark.datasource.tasks import task_started
 
 SEND_ROWS = 131_072

@@ -29,6 +29,7 @@ import enum
 import json
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "FRAME_MAX_BYTES",
@@ -104,6 +105,10 @@ class RemotingCommand:
     version: int = 0
     language: LanguageCode = LanguageCode.JAVA
     serialize_type: SerializeType = SerializeType.JSON
+    # set by the request table's gate (rmq_spark.remoting.requests) before a handler runs: the
+    # decoded header and the signed account (None: no ACL)
+    header: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    account: Any = field(default=None, compare=False, repr=False)
 
     # --- kinds ----------------------------------------------------------------------------------
     @property

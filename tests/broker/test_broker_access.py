@@ -22,7 +22,7 @@ from rocketmq.grpc_protocol import definition_pb2 as D
 from rocketmq.grpc_protocol import service_pb2 as S
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-from rmq_spark.broker.auth import AccessControl, signed_headers
+from rmq_spark.access.auth import AccessControl, signed_headers
 from rmq_spark.broker.connector import codec
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.client import InternalClient

@@ -14,7 +14,7 @@ from rocketmq.grpc_protocol import service_pb2 as S
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rocketmq.v5.exception import ForbiddenException
 
-from rmq_spark.broker.auth import AccessControl, Perm
+from rmq_spark.access.auth import AccessControl, Perm
 from rmq_spark.broker.testing import BrokerProcess, client_configuration, metadata
 from rmq_spark.errors import AuthenticationError, ConfigError, PermissionDeniedError
 

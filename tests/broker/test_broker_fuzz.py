@@ -41,7 +41,7 @@ from rocketmq.grpc_protocol import definition_pb2 as D
 from rocketmq.grpc_protocol import service_pb2 as S
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-from rmq_spark.broker.auth import signed_headers
+from rmq_spark.access.auth import signed_headers
 from rmq_spark.broker.connector import codec
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.options import BrokerOptions

@@ -1,4 +1,4 @@
-"""The rules of a producer's message, defined once (``rmq_spark.broker.rules``): the
+"""The rules of a producer's message, defined once (``rmq_spark.access.rules``): the
 column-wise check of a table of rows (the Spark sink, every connector Send) gives the same verdict
 as the broker's SendMessage (``parse_send``) on every case, and its errors name the code, the
 column and the row."""
@@ -14,7 +14,7 @@ from rmq_spark.broker.messages import SYSTEM_PROPERTIES, parse_send
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.broker.rules import P_SINK_KEY, RESERVED_PROPERTIES, SendLimits, check_rows
+from rmq_spark.access.rules import P_SINK_KEY, RESERVED_PROPERTIES, SendLimits, check_rows
 
 NOW_MS = 1_700_000_000_000
 LIMITS = SendLimits(body_max_bytes=64, max_delay_ms=3_600_000, now_ms=NOW_MS)
@@ -148,7 +148,7 @@ def test_topics_are_checked_and_sliced_or_chunked_tables_name_their_own_rows():
 
 
 def test_producer_batch_rules():
-    from rmq_spark.broker.rules import check_batch
+    from rmq_spark.access.rules import check_batch
 
     check_batch(["T", "T"], [{}, {"TAGS": "a"}], [10, 20])
     with pytest.raises(MessageIllegalError, match="one topic"):

@@ -261,7 +261,7 @@ def test_partition_rows_past_the_spill_size_wait_on_disk_and_come_back_whole(mon
     import pyarrow as pa
 
     from rmq_spark.datasource import writer as W
-    from rmq_spark.broker.rules import SendLimits
+    from rmq_spark.access.rules import SendLimits
 
     monkeypatch.setattr(W, "SPILL_BYTES", 4096)
     rows = W.PartitionRows(lambda: SendLimits(now_ms=int(time.time() * 1000)), 0, {})

@@ -17,7 +17,7 @@ import grpc
 import pyarrow as pa
 
 from rmq_spark import errors as E
-from rmq_spark.broker.auth import signed_headers
+from rmq_spark.access.auth import signed_headers
 from rmq_spark.broker.connector import codec
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.codec import Frame

@@ -28,7 +28,7 @@ import grpc
 from rmq_spark import errors as E
 from rmq_spark.broker import codes
 from rmq_spark.broker.access import AUTHENTICATED, Need, ServiceAccess, Use, caller, group_name, topic_name
-from rmq_spark.broker.auth import Perm
+from rmq_spark.access.auth import Perm
 from rmq_spark.broker.connector import codec
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.readers import ReadWorkers, wire_chunks

@@ -54,7 +54,7 @@ from rmq_spark.store.dispatch import group_by_queue
 from rmq_spark.store.message import Message
 from rmq_spark.store.rowprops import RowProperties, row_properties
 from rmq_spark.broker.access import Use, topic_name
-from rmq_spark.broker.rules import P_SINK_KEY, SendLimits, check_rows
+from rmq_spark.access.rules import P_SINK_KEY, SendLimits, check_rows
 
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
 ATTEMPT_IDLE_MS = 300_000  # an attempt silent this long, and not committed, is given up

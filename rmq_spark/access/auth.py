@@ -27,6 +27,7 @@ The ACL file is JSON::
 
 from __future__ import annotations
 
+import base64
 import calendar
 import enum
 import hashlib
@@ -41,13 +42,26 @@ from rmq_spark.errors import AuthenticationError, ConfigError, PermissionDeniedE
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 
-__all__ = ["Perm", "Account", "AccessControl", "AUTHORIZATION", "DATE_TIME", "DATE_WINDOW_MS", "signed_headers"]
+__all__ = ["Perm", "Account", "AccessControl", "AUTHORIZATION", "DATE_TIME", "DATE_WINDOW_MS", "signed_headers",
+           "ACCESS_KEY", "SIGNATURE", "remoting_signature"]
 
 AUTHORIZATION = "authorization"
 DATE_TIME = "x-mq-date-time"
 DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 ALGORITHM = "MQv2-HMAC-SHA1"
 DATE_WINDOW_MS = 15 * 60 * 1000
+# the remoting protocol's signature (RocketMQ 4.x's plain ACL, the Java clients' AclClientRPCHook)
+ACCESS_KEY = "AccessKey"
+SIGNATURE = "Signature"
+
+
+def remoting_signature(ext_fields: Mapping[str, str], body: bytes, secret_key: str) -> str:
+    """``Base64(HmacSHA1(secretKey, content))``, content being the values of every ext field but
+    ``Signature``, in the order of their sorted names, as UTF-8, then the body
+    (``AclUtils.combineRequestContent``)."""
+    content = "".join(v for k, v in sorted(ext_fields.items()) if k != SIGNATURE and v is not None)
+    digest = hmac.new(secret_key.encode(), content.encode("utf-8", "surrogatepass") + (body or b""), hashlib.sha1)
+    return base64.b64encode(digest.digest()).decode()
 
 
 def signed_headers(access_key: str, secret_key: str, now_s: float | None = None) -> list[tuple[str, str]]:
@@ -174,6 +188,21 @@ class AccessControl:
         if not hmac.compare_digest(expected, fields.get("Signature", "").lower()):
             raise AuthenticationError(f"signature of access key {ak!r} does not match")
         self._check_date(date, ak)
+        return account
+
+    def authenticate_remoting(self, ext_fields: Mapping[str, str], body: bytes) -> Account:
+        """The account that signed a remoting request (ext fields ``AccessKey`` and ``Signature``),
+        or AuthenticationError."""
+        ak, signature = ext_fields.get(ACCESS_KEY), ext_fields.get(SIGNATURE)
+        if not ak or not signature or not isinstance(ak, str) or not isinstance(signature, str):
+            raise AuthenticationError("the request is not signed (AccessKey and Signature are missing): "
+                                      "access control is on")  # fmt: skip
+        account = self.accounts.get(ak)
+        if account is None:
+            raise AuthenticationError(f"No acl config for {ak[:64]}")
+        if not hmac.compare_digest(remoting_signature(ext_fields, body, account.secret_key).encode(),
+                                   signature.encode("utf-8", "surrogatepass")):  # fmt: skip
+            raise AuthenticationError(f"Check signature failed for accessKey={ak}")
         return account
 
     def _check_date(self, date: str, ak: str) -> None:
