@@ -111,15 +111,20 @@ class ClientManager:
                 group.clients[client_id] = (conn, now, language, version)
         return changed
 
-    def unregister(self, client_id: str, producer_group: str | None, consumer_group: str | None) -> list[str]:
+    def unregister(self, conn: Connection, client_id: str, producer_group: str | None,
+                   consumer_group: str | None) -> list[str]:  # fmt: skip
+        """UNREGISTER_CLIENT: ``client_id`` leaves the groups, when it was registered over ``conn``
+        (as RocketMQ unregisters the requesting channel only: one client cannot remove another)."""
         changed = []
         with self._lock:
-            if producer_group and producer_group in self.producers:
-                self.producers[producer_group].pop(client_id, None)
-            if consumer_group and consumer_group in self.consumers:
-                if self.consumers[consumer_group].clients.pop(client_id, None) is not None:
-                    changed.append(consumer_group)
-                    log.info("consumer group %s: client %s left (unregistered)", consumer_group, client_id)
+            producers = self.producers.get(producer_group or "")
+            if producers is not None and producers.get(client_id, (None,))[0] is conn:
+                del producers[client_id]
+            group = self.consumers.get(consumer_group or "")
+            if group is not None and group.clients.get(client_id, (None,))[0] is conn:
+                del group.clients[client_id]
+                changed.append(group.name)
+                log.info("consumer group %s: client %s left (unregistered)", group.name, client_id)
         return changed
 
     def connection_closed(self, conn: Connection) -> list[str]:

@@ -65,7 +65,7 @@ class ConsumerProcessor:
 
     def unregister(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         f = fields_of(req.ext_fields)
-        changed = self.clients.unregister(f.str("clientID"), f.opt("producerGroup"), f.opt("consumerGroup"))
+        changed = self.clients.unregister(conn, f.str("clientID"), f.opt("producerGroup"), f.opt("consumerGroup"))
         for group in changed:
             self.clients.notify_ids_changed(group)
         return req.response(ResponseCode.SUCCESS)
@@ -120,13 +120,27 @@ class ConsumerProcessor:
         return req.response(ResponseCode.SUCCESS)
 
     # --- orderly consumption's locks ------------------------------------------------------------
+    @staticmethod
+    def _client_id(conn: Connection, doc: dict[str, Any]) -> str | None:
+        """The body's clientId, when it is the connection's own (or the connection has sent no
+        heartbeat yet); None when it names another client (a lock is not another's to take or free)."""
+        given = str(doc.get("clientId", ""))
+        own = conn.attrs.get("client_id")
+        return given if own is None or own == given else None
+
     def lock(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         doc = _body(req)
-        locked = self.clients.try_lock(str(doc.get("consumerGroup", "")), str(doc.get("clientId", "")), _queues(doc))
+        client_id = self._client_id(conn, doc)
+        if client_id is None:
+            return req.response(ResponseCode.SYSTEM_ERROR, "clientId is not the client of this connection")
+        locked = self.clients.try_lock(str(doc.get("consumerGroup", "")), client_id, _queues(doc))
         body = {"lockOKMQSet": [{"topic": t, "brokerName": b, "queueId": q} for t, b, q in locked]}
         return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps(body))
 
     def unlock(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         doc = _body(req)
-        self.clients.unlock(str(doc.get("consumerGroup", "")), str(doc.get("clientId", "")), _queues(doc))
+        client_id = self._client_id(conn, doc)
+        if client_id is None:
+            return req.response(ResponseCode.SYSTEM_ERROR, "clientId is not the client of this connection")
+        self.clients.unlock(str(doc.get("consumerGroup", "")), client_id, _queues(doc))
         return req.response(ResponseCode.SUCCESS)

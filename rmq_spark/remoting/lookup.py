@@ -11,6 +11,7 @@ from typing import Any
 from rmq_spark.remoting.codes import ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.headers import fields_of
+from rmq_spark.remoting.requests import may_read
 from rmq_spark.remoting.server import Connection
 from rmq_spark.store.query import Boundary, MessageQuery
 
@@ -64,9 +65,15 @@ class LookupProcessor:
 
     def view_by_id(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         offset = fields_of(req.ext_fields).long("offset")
-        data = raw_record(self.store, offset)
-        if data is None:
+        m = self.query.read_at(offset)
+        data = raw_record(self.store, offset) if m is not None else None
+        if m is None or data is None:
             return req.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+        if not may_read(req.account, m.topic):
+            # the record's own topic decides (a half, a DLQ, another tenant's topic): an offset
+            # walk must not read what a pull of the topic could not
+            return req.response(ResponseCode.NO_PERMISSION, f"No SUB permission for the topic of the message at "
+                                                            f"offset {offset} (accessKey {req.account.access_key})")  # fmt: skip
         return req.response(ResponseCode.SUCCESS, body=data)
 
     def query_message(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:

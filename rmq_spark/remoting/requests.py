@@ -31,14 +31,19 @@ from typing import Any
 
 from rmq_spark.access.auth import AccessControl, Account, Perm
 from rmq_spark.access.names import AUTHENTICATED, Need
-from rmq_spark.errors import AuthenticationError, MessageIllegalError, PermissionDeniedError, RmqError
+from rmq_spark.errors import (
+    AuthenticationError,
+    MessageIllegalError,
+    PermissionDeniedError,
+    RmqError,
+)
 from rmq_spark.remoting.codes import RequestCode as R
 from rmq_spark.remoting.codes import ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.store import layout as L
 from rmq_spark.store.validation import check_group, check_topic_cached
 
-__all__ = ["F", "Spec", "BROKER_REQUESTS", "RequestGate", "HeaderProblem", "may_read", "may_publish", "V2_NAMES"]
+__all__ = ["BROKER_REQUESTS", "V2_NAMES", "F", "HeaderProblem", "RequestGate", "Spec", "may_publish", "may_read"]
 
 INT32 = (-(1 << 31), (1 << 31) - 1)
 INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -424,7 +429,7 @@ class RequestGate:
 
     def check_covers(self, codes: Iterable[int]) -> None:
         """Every code a processor registers has a row (called when the broker starts)."""
-        missing = sorted(set(int(c) for c in codes) - set(self.table))
+        missing = sorted({int(c) for c in codes} - set(self.table))
         if missing:
             raise AssertionError(f"remoting request codes without a row in the request table: {missing}")
 

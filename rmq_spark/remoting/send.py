@@ -22,9 +22,11 @@ import struct
 from typing import Any
 
 from rmq_spark.errors import ConfigError, DiskFullError, MessageIllegalError, RmqError
+from rmq_spark.remoting.codes import RequestCode as R
 from rmq_spark.remoting.codes import ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.headers import Fields, HeaderError, fields_of
+from rmq_spark.remoting.requests import may_read
 from rmq_spark.remoting.server import Connection
 from rmq_spark.services.core import HOOK_KEYS
 from rmq_spark.store import layout as L
@@ -33,16 +35,10 @@ from rmq_spark.store.properties import decode_properties, encode_properties
 from rmq_spark.store.status import PutStatus
 from rmq_spark.store.validation import check_topic_cached
 
-__all__ = ["SendProcessor", "decode_batch_body", "V2_FIELD_NAMES"]
+__all__ = ["SendProcessor", "decode_batch_body"]
 
 log = logging.getLogger("rmq_spark.remoting")
 
-# SendMessageRequestHeaderV2's one-letter fields
-V2_FIELD_NAMES = {
-    "a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums", "e": "queueId",
-    "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties", "j": "reconsumeTimes",
-    "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName",
-}  # fmt: skip
 DEFAULT_MAX_RECONSUME_TIMES = 16  # SubscriptionGroupConfig.retryMaxTimes
 RETRY_PREFIX = L.RETRY_GROUP_TOPIC_PREFIX
 DLQ_PREFIX = L.DLQ_GROUP_TOPIC_PREFIX
@@ -65,23 +61,37 @@ _PUT_CODES = {
 }
 
 
-def decode_batch_body(body: bytes) -> list[tuple[int, bytes, dict[str, str]]]:
-    """(flag, body, properties) of each message of a batch; HeaderError when it does not parse."""
+def decode_batch_body(body: bytes, body_max_bytes: int = L.BODY_MAX_BYTES) -> list[tuple[int, bytes, dict[str, str]]]:
+    """(flag, body, properties) of each message of a batch; HeaderError naming the message and
+    its fault when it does not parse: sizes that overrun the message or the request, an empty
+    body, a negative properties length, properties that are not text."""
     out = []
     pos, n = 0, len(body)
-    try:
-        while pos < n:
-            total, _magic, _crc, flag, blen = _BATCH_HEAD.unpack_from(body, pos)
-            if total < _BATCH_HEAD.size + 2 or pos + total > n or blen < 0 or blen > total:
-                raise HeaderError(f"batch message at byte {pos} has a bad size ({total}, body {blen})")
-            p = pos + _BATCH_HEAD.size
-            mbody = body[p : p + blen]
-            (plen,) = _PROPS_LEN.unpack_from(body, p + blen)
-            props = decode_properties(body[p + blen + 2 : p + blen + 2 + plen]) if plen > 0 else {}
-            out.append((flag, mbody, props))
-            pos += total
-    except struct.error:
-        raise HeaderError(f"batch body truncated at byte {pos}") from None
+    while pos < n:
+        if n - pos < _BATCH_HEAD.size + 2:
+            raise HeaderError(f"batch message at byte {pos} is truncated ({n - pos} bytes left)")
+        total, _magic, _crc, flag, blen = _BATCH_HEAD.unpack_from(body, pos)
+        end = pos + total
+        if total < _BATCH_HEAD.size + 2 or end > n:
+            raise HeaderError(f"batch message at byte {pos} has a bad size ({total}; {n - pos} bytes left)")
+        p = pos + _BATCH_HEAD.size
+        if blen <= 0 or p + blen + 2 > end:
+            raise HeaderError(f"batch message at byte {pos} has a bad body length ({blen}; its size is {total})"
+                              if blen else f"batch message at byte {pos} has an empty body")  # fmt: skip
+        if blen > body_max_bytes:
+            raise HeaderError(f"batch message at byte {pos} has a body of {blen} bytes; the limit is {body_max_bytes}")
+        mbody = body[p : p + blen]
+        (plen,) = _PROPS_LEN.unpack_from(body, p + blen)
+        q = p + blen + 2
+        if plen < 0 or q + plen != end:
+            raise HeaderError(f"batch message at byte {pos} has a bad properties length ({plen}; "
+                              f"{end - q} bytes left in the message)")  # fmt: skip
+        try:
+            props = decode_properties(body[q : q + plen]) if plen else {}
+        except (UnicodeDecodeError, ValueError) as e:
+            raise HeaderError(f"batch message at byte {pos} has properties that do not decode: {e}") from None
+        out.append((flag, mbody, props))
+        pos = end
     return out
 
 
@@ -163,7 +173,8 @@ class SendProcessor:
 
     # --- SEND_MESSAGE / SEND_MESSAGE_V2 ---------------------------------------------------------
     def send(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
-        f = fields_of(req.ext_fields, V2_FIELD_NAMES if "b" in req.ext_fields else None)
+        # the ext fields are the request table's canonical header (long names, decoded once)
+        f = fields_of(req.ext_fields)
         topic = f.str("topic")
         f.str("producerGroup")
         queue_id = f.int("queueId")
@@ -171,7 +182,7 @@ class SendProcessor:
         born_ms = f.long("bornTimestamp")
         flag = f.int("flag")
         reconsume_times = f.int("reconsumeTimes", 0)
-        if f.bool("batch"):
+        if f.bool("batch") or req.code == R.SEND_BATCH_MESSAGE:  # code 320 is a batch, flagged or not
             return self._send_batch(conn, req, f)
         props = decode_properties(f.str("properties", ""))
         props.pop(P_CRC, None)
@@ -213,7 +224,7 @@ class SendProcessor:
             return req.response(ResponseCode.SYSTEM_ERROR, f"request queueId[{f.int('queueId')}] is illegal")
         if topic.startswith(RETRY_PREFIX):
             return req.response(ResponseCode.MESSAGE_ILLEGAL, "batch request does not support retry group")
-        parts = decode_batch_body(req.body)
+        parts = decode_batch_body(req.body, self.store.config.body_max_bytes)
         if not parts:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty")
         host, port = _peer(conn)
@@ -238,6 +249,10 @@ class SendProcessor:
         msg = self.store.look_message_by_offset(offset)
         if msg is None:
             return req.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
+        if not may_read(req.account, msg.topic):
+            # only a message the caller could consume goes to its retry topic (which it may read)
+            return req.response(ResponseCode.NO_PERMISSION, f"No SUB permission for the topic of the message at "
+                                                            f"offset {offset} (accessKey {req.account.access_key})")  # fmt: skip
         props = dict(msg.properties)
         props.pop(P_CRC, None)
         props.setdefault(L.P_RETRY_TOPIC, msg.topic)

@@ -18,6 +18,7 @@ from rmq_spark.remoting.clients import ClientManager
 from rmq_spark.remoting.codes import RequestCode, ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.headers import fields_of
+from rmq_spark.remoting.requests import may_publish
 from rmq_spark.remoting.server import Connection
 from rmq_spark.services.transaction.states import EndTxStatus, TransactionAction
 from rmq_spark.store import layout as L
@@ -72,6 +73,13 @@ def end_transaction_handler(core: Any) -> Any:
             return req.response(ResponseCode.SYSTEM_ERROR, f"commitOrRollback {kind} is not 0, 8 or 12")
         if action is TransactionAction.UNKNOWN:
             return req.response(ResponseCode.SUCCESS)  # nothing decided yet: the check-back asks later
+        if req.account is not None and not req.account.admin:
+            # deciding a half publishes (or discards) a message of its real topic: PUB on it, as gRPC
+            half = core.store.look_message_by_offset(f.long("commitLogOffset"))
+            topic = half.properties.get(L.P_REAL_TOPIC, half.topic) if half is not None else None
+            if topic is not None and not may_publish(req.account, topic):
+                return req.response(ResponseCode.NO_PERMISSION, f"No PUB permission for topic {topic} "
+                                                                f"(accessKey {req.account.access_key})")  # fmt: skip
         status = svc.end_transaction(
             f.long("commitLogOffset"), f.long("tranStateTableOffset", -1) if "tranStateTableOffset" in
             req.ext_fields else None, f.str("producerGroup"), f.opt("msgId") or None, action,
@@ -94,7 +102,11 @@ class RemotingTransactionChecker:
         self.store_port = store_port
 
     def check(self, producer_group: str, half: MessageExt) -> bool:
-        conns = self.clients.producer_connections(producer_group)
+        topic = half.properties.get(L.P_REAL_TOPIC, half.topic)
+        # the check-back carries the half: only to producers that may publish to its topic (with
+        # --acl any account can claim a producer group in its heartbeat)
+        conns = [c for c in self.clients.producer_connections(producer_group)
+                 if may_publish(c.attrs.get("account"), topic)]  # fmt: skip
         if not conns:
             return False
         uniq = half.properties.get(L.P_UNIQ_KEY) or half.msg_id
