@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rmq_spark.admin import fastjson
 from rmq_spark.admin.remote import AdminError, BrokerRef, Remote
 from rmq_spark.remoting.codes import RequestCode as R
 from rmq_spark.remoting.codes import ResponseCode
@@ -18,8 +17,19 @@ from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.record import decode_record
 
 __all__ = [
-    "cluster", "topics", "create_topic", "delete_topic", "topic_queues", "groups", "group_lag", "reset_offsets",
-    "message_by_id", "messages_by_key", "resend_dlq", "broker_status", "SYSTEM_TOPICS",
+    "SYSTEM_TOPICS",
+    "broker_status",
+    "cluster",
+    "create_topic",
+    "delete_topic",
+    "group_lag",
+    "groups",
+    "message_by_id",
+    "messages_by_key",
+    "resend_dlq",
+    "reset_offsets",
+    "topic_queues",
+    "topics",
 ]  # fmt: skip
 
 # topics RocketMQ makes for itself (TopicValidator.SYSTEM_TOPIC_SET and friends): hidden unless --all
@@ -35,9 +45,14 @@ PERMS = {"r": 4, "w": 2, "rw": 6, "wr": 6, "-": 0, "none": 0}
 
 
 def _system_topic(name: str, brokers: list[BrokerRef]) -> bool:
-    if name in SYSTEM_TOPICS or L.is_system_topic(name) or name.startswith(("rmq_sys_", "%RETRY%", "%DLQ%", "%LMQ%")):
+    if (
+        name in SYSTEM_TOPICS
+        or L.is_system_topic(name)
+        or name.startswith(("rmq_sys_", "%RETRY%", "%DLQ%", "%LMQ%"))
+    ):
         return True
-    return any(name in (b.name, b.cluster) for b in brokers)  # a broker's and a cluster's own topics
+    # a broker's and a cluster's own topics
+    return any(name in (b.name, b.cluster) for b in brokers)
 
 
 def iso(ms: int) -> str:
@@ -65,7 +80,9 @@ def broker_status(remote: Remote, only: str | None = None) -> list[dict[str, Any
 
 
 # --- topics --------------------------------------------------------------------------------------
-def topics(remote: Remote, include_system: bool = False, cluster_name: str | None = None) -> list[dict[str, Any]]:
+def topics(
+    remote: Remote, include_system: bool = False, cluster_name: str | None = None
+) -> list[dict[str, Any]]:
     """Every topic of the masters' GET_ALL_TOPIC_CONFIG: queue counts, permission, brokers."""
     brokers = remote.brokers(cluster_name)
     merged: dict[str, dict[str, Any]] = {}
@@ -86,7 +103,9 @@ def create_topic(remote: Remote, topic: str, read_queues: int, write_queues: int
                  cluster_name: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """UPDATE_AND_CREATE_TOPIC on every master (of ``cluster_name``): creates or updates."""
     if not topic or len(topic) > 127 or any(not (c.isalnum() or c in "%|-_") for c in topic):
-        raise AdminError(f"topic name {topic!r} is not valid: letters, digits, '%', '|', '-' and '_', at most 127")
+        raise AdminError(
+            f"topic name {topic!r} is not valid: letters, digits, '%', '|', '-' and '_', at most 127"
+        )
     for n, what in ((read_queues, "read"), (write_queues, "write")):
         if not 1 <= n <= 1024:
             raise AdminError(f"{what} queue count must be between 1 and 1024, not {n}")
@@ -101,7 +120,9 @@ def create_topic(remote: Remote, topic: str, read_queues: int, write_queues: int
     return out
 
 
-def delete_topic(remote: Remote, topic: str, cluster_name: str | None = None) -> list[dict[str, Any]]:
+def delete_topic(
+    remote: Remote, topic: str, cluster_name: str | None = None
+) -> list[dict[str, Any]]:
     """DELETE_TOPIC_IN_BROKER on the masters holding it, then DELETE_TOPIC_IN_NAMESRV."""
     holders = remote.topic_brokers(topic)
     if cluster_name is not None:
@@ -111,7 +132,9 @@ def delete_topic(remote: Remote, topic: str, cluster_name: str | None = None) ->
         remote.call(b.addr, R.DELETE_TOPIC_IN_BROKER, {"topic": topic})
         out.append({"broker": b.name, "addr": b.addr, "topic": topic, "deleted": True})
     if remote.namesrv is not None:
-        remote.call(remote.namesrv, R.DELETE_TOPIC_IN_NAMESRV, {"topic": topic, "clusterName": cluster_name})
+        remote.call(
+            remote.namesrv, R.DELETE_TOPIC_IN_NAMESRV, {"topic": topic, "clusterName": cluster_name}
+        )
     return out
 
 
@@ -140,9 +163,14 @@ def groups(remote: Remote, include_system: bool = False) -> list[dict[str, Any]]
     """The subscription groups of every master (GET_ALL_SUBSCRIPTIONGROUP_CONFIG)."""
     found: dict[str, list[str]] = {}
     for b in remote.brokers():
-        table = remote.json(b.addr, R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG).get("subscriptionGroupTable") or {}
+        table = (
+            remote.json(b.addr, R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG).get("subscriptionGroupTable")
+            or {}
+        )
         for name in table:
-            if include_system or not (name in SYSTEM_GROUPS or name.startswith(SYSTEM_GROUP_PREFIXES)):
+            if include_system or not (
+                name in SYSTEM_GROUPS or name.startswith(SYSTEM_GROUP_PREFIXES)
+            ):
                 found.setdefault(name, []).append(b.name)
     return [{"group": g, "brokers": found[g]} for g in sorted(found)]
 
@@ -157,18 +185,24 @@ def group_lag(remote: Remote, group: str, topic: str | None = None) -> dict[str,
                                  ResponseCode.CONSUMER_NOT_ONLINE, ResponseCode.TOPIC_NOT_EXIST))  # fmt: skip
         if answer.code != ResponseCode.SUCCESS or not answer.body:
             continue
-        stats = fastjson.loads(answer.body)
+        stats = remote.parse(b.addr, answer)
         for mq, off in _offset_rows(stats.get("offsetTable")):
             if str(mq.get("topic", "")).startswith("%RETRY%") and not topic:
                 continue
-            broker_offset, consumer_offset = int(off.get("brokerOffset", 0)), int(off.get("consumerOffset", 0))
+            broker_offset, consumer_offset = (
+                int(off.get("brokerOffset", 0)),
+                int(off.get("consumerOffset", 0)),
+            )
             last = int(off.get("lastTimestamp", 0))
             rows.append({"topic": mq.get("topic"), "broker": mq.get("brokerName", b.name), "queue": int(mq["queueId"]),
                          "broker_offset": broker_offset, "consumer_offset": consumer_offset,
                          "lag": max(0, broker_offset - consumer_offset), "last_consumed_store_time": last,
                          "last_consumed_store_time_iso": iso(last)})  # fmt: skip
     if not rows:
-        raise AdminError(f"consumer group {group!r} has no consume progress" + (f" on topic {topic!r}" if topic else ""))
+        raise AdminError(
+            f"consumer group {group!r} has no consume progress"
+            + (f" on topic {topic!r}" if topic else "")
+        )
     rows.sort(key=lambda r: (r["topic"], r["broker"], r["queue"]))
     return {"group": group, "total_lag": sum(r["lag"] for r in rows), "queues": rows}
 
@@ -201,7 +235,10 @@ def _queue_target(remote: Remote, addr: str, topic: str, qid: int, when: int) ->
     elif when == 0:
         code, fields = R.GET_MIN_OFFSET, {"topic": topic, "queueId": qid}
     else:
-        code, fields = R.SEARCH_OFFSET_BY_TIMESTAMP, {"topic": topic, "queueId": qid, "timestamp": when}
+        code, fields = (
+            R.SEARCH_OFFSET_BY_TIMESTAMP,
+            {"topic": topic, "queueId": qid, "timestamp": when},
+        )
     return int(remote.call(addr, code, fields).ext_fields.get("offset", "0"))
 
 
@@ -217,7 +254,7 @@ def reset_offsets(remote: Remote, group: str, topic: str, when: int) -> list[dic
                              {"topic": topic, "group": group, "timestamp": when, "isForce": True, "queueId": -1},
                              ok=None)  # any answer: a refusal falls back  # fmt: skip
         if answer.code == ResponseCode.SUCCESS and answer.body:
-            body = fastjson.loads(answer.body)
+            body = remote.parse(b.addr, answer)
             for mq, offset in _offset_rows(body.get("offsetTable")):
                 rows.append({"broker": mq.get("brokerName", b.name), "queue": int(mq["queueId"]), "offset": int(offset),
                              "how": "INVOKE_BROKER_TO_RESET_OFFSET"})  # fmt: skip
@@ -228,7 +265,9 @@ def reset_offsets(remote: Remote, group: str, topic: str, when: int) -> list[dic
             target = _queue_target(remote, b.addr, topic, qid, when)
             remote.call(b.addr, R.UPDATE_CONSUMER_OFFSET,
                         {"consumerGroup": group, "topic": topic, "queueId": qid, "commitOffset": target})  # fmt: skip
-            rows.append({"broker": b.name, "queue": qid, "offset": target, "how": "UPDATE_CONSUMER_OFFSET"})
+            rows.append(
+                {"broker": b.name, "queue": qid, "offset": target, "how": "UPDATE_CONSUMER_OFFSET"}
+            )
     return sorted(rows, key=lambda r: (r["broker"], r["queue"]))
 
 
@@ -264,7 +303,9 @@ def _decode_offset_id(msg_id: str) -> tuple[str, int] | None:
         raw = bytes.fromhex(msg_id)
     except ValueError:
         return None
-    return f"{'.'.join(str(b) for b in raw[:4])}:{int.from_bytes(raw[4:8], 'big')}", int.from_bytes(raw[8:], "big")
+    return f"{'.'.join(str(b) for b in raw[:4])}:{int.from_bytes(raw[4:8], 'big')}", int.from_bytes(
+        raw[8:], "big"
+    )
 
 
 def _find_by_id(remote: Remote, msg_id: str, topic: str | None) -> tuple[MessageExt, BrokerRef]:
@@ -283,7 +324,9 @@ def _find_by_id(remote: Remote, msg_id: str, topic: str | None) -> tuple[Message
         ref = next((b for b in brokers if b.addr == addr), None)
         if ref is None:
             port = addr.rpartition(":")[2]
-            ref = next((b for b in brokers if b.addr.rpartition(":")[2] == port), BrokerRef("", addr, addr))
+            ref = next(
+                (b for b in brokers if b.addr.rpartition(":")[2] == port), BrokerRef("", addr, addr)
+            )
         answer = remote.call(ref.addr, R.VIEW_MESSAGE_BY_ID, {"offset": offset},
                              ok=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))  # fmt: skip
         found = _records(answer.body) if answer.code == ResponseCode.SUCCESS else []
@@ -318,11 +361,15 @@ def resend_dlq(remote: Remote, group: str, msg_id: str, to_topic: bool = False) 
     dlq = L.DLQ_GROUP_TOPIC_PREFIX + group
     m, b = _find_by_id(remote, msg_id, dlq)
     if m.topic != dlq:
-        raise AdminError(f"message {msg_id} is in topic {m.topic!r}, not in the DLQ {dlq!r} of group {group!r}")
+        raise AdminError(
+            f"message {msg_id} is in topic {m.topic!r}, not in the DLQ {dlq!r} of group {group!r}"
+        )
     props = dict(m.properties)
     origin = props.get(L.P_RETRY_TOPIC) or props.get(L.P_DLQ_ORIGIN_TOPIC)
     if not origin:
-        raise AdminError(f"message {msg_id} does not say which topic it came from (no RETRY_TOPIC property)")
+        raise AdminError(
+            f"message {msg_id} does not say which topic it came from (no RETRY_TOPIC property)"
+        )
     for k in (L.P_DLQ_ORIGIN_TOPIC, L.P_DLQ_ORIGIN_MESSAGE_ID, L.P_REAL_TOPIC, L.P_REAL_QID, L.P_DELAY, "MAX_OFFSET",
               "MIN_OFFSET", "CONSUME_START_TIME", "PROP_CRC"):  # fmt: skip
         props.pop(k, None)

@@ -22,15 +22,21 @@ from rmq_spark.remoting.codes import RequestCode, ResponseCode
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    opts = BrokerOptions(listen="127.0.0.1:0", remoting_listen="127.0.0.1:0", namesrv_listen="127.0.0.1:0",
-                         min_invisible_ms=1000)
+    opts = BrokerOptions(
+        listen="127.0.0.1:0",
+        remoting_listen="127.0.0.1:0",
+        namesrv_listen="127.0.0.1:0",
+        min_invisible_ms=1000,
+    )
     b = Broker(str(tmp_path_factory.mktemp("admin") / "store"), options=opts)
     yield b
     b.stop()
 
 
 def admin(capsys, broker, *argv: str, via: str = "namesrv") -> tuple[int, str, str]:
-    target = ["-n", broker.namesrv_endpoint] if via == "namesrv" else ["-b", broker.remoting_endpoint]
+    target = (
+        ["-n", broker.namesrv_endpoint] if via == "namesrv" else ["-b", broker.remoting_endpoint]
+    )
     capsys.readouterr()
     code = main([*target, *argv])
     out = capsys.readouterr()
@@ -58,7 +64,9 @@ def produce(broker, topic: str, keys: list[str]) -> list[str]:
 
 
 def consume(broker, group: str, topic: str, n: int, ack: bool = True) -> list:
-    c = SimpleConsumer(client_configuration(broker.endpoints), group, {topic: FilterExpression()}, await_duration=1)
+    c = SimpleConsumer(
+        client_configuration(broker.endpoints), group, {topic: FilterExpression()}, await_duration=1
+    )
     c.startup()
     try:
         got: list = []
@@ -95,7 +103,9 @@ def test_help_on_every_command(capsys):
 
 
 def test_topic_lifecycle_through_the_namesrv_and_the_broker(capsys, broker):
-    made = admin_json(capsys, broker, "topics", "create", "Lifecycle", "-r", "2", "-w", "3", "--perm", "r")
+    made = admin_json(
+        capsys, broker, "topics", "create", "Lifecycle", "-r", "2", "-w", "3", "--perm", "r"
+    )
     assert [(m["read_queues"], m["write_queues"], m["perm"]) for m in made] == [(2, 3, 4)]
     cfg = broker.store.topics.get("Lifecycle")
     assert (cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm) == (2, 3, 4)
@@ -107,7 +117,13 @@ def test_topic_lifecycle_through_the_namesrv_and_the_broker(capsys, broker):
     cfg = broker.store.topics.get("Lifecycle")
     assert (cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm) == (4, 4, 6)
     code, out, _ = admin(capsys, broker, "topics", "list")
-    assert code == 0 and out.splitlines()[0].split() == ["TOPIC", "READ_QUEUES", "WRITE_QUEUES", "PERM", "BROKERS"]
+    assert code == 0 and out.splitlines()[0].split() == [
+        "TOPIC",
+        "READ_QUEUES",
+        "WRITE_QUEUES",
+        "PERM",
+        "BROKERS",
+    ]
 
     admin_json(capsys, broker, "topics", "delete", "Lifecycle")
     assert broker.store.topics.get("Lifecycle") is None
@@ -130,9 +146,12 @@ def test_a_deleted_topic_created_again_starts_empty(capsys, broker):
     code, _, err = admin(capsys, broker, "messages", "key", "Reborn", "old-1")
     assert code == 1 and "no message of topic 'Reborn' has key 'old-1'" in err
     produce(broker, "Reborn", ["new-1", "new-2"])
-    assert [m["keys"] for m in admin_json(capsys, broker, "messages", "key", "Reborn", "new-2")] == ["new-2"]
+    assert [
+        m["keys"] for m in admin_json(capsys, broker, "messages", "key", "Reborn", "new-2")
+    ] == ["new-2"]
     lag = admin_json(capsys, broker, "groups", "lag", "RebornGroup", "-t", "Reborn")
-    assert (sum(q["consumer_offset"] for q in lag["queues"]), lag["total_lag"]) == (0, 2)  # offsets went too
+    # the offsets went too
+    assert (sum(q["consumer_offset"] for q in lag["queues"]), lag["total_lag"]) == (0, 2)
     got = consume(broker, "RebornGroup", "Reborn", 2)
     assert sorted(m.body for m in got) == [b"body of new-1", b"body of new-2"]
 
@@ -148,11 +167,16 @@ def test_queues_and_message_lookups(capsys, broker):
         assert (q["last_store_time"] > 0) == (q["max_offset"] > 0)
 
     found = admin_json(capsys, broker, "messages", "key", "Lookups", "order-2")
-    assert [(m["keys"], m["body"], m["msg_id"]) for m in found] == [("order-2", "body of order-2", ids[1])]
+    assert [(m["keys"], m["body"], m["msg_id"]) for m in found] == [
+        ("order-2", "body of order-2", ids[1])
+    ]
     by_uniq = admin_json(capsys, broker, "messages", "id", ids[2], "-t", "Lookups")
     assert (by_uniq["msg_id"], by_uniq["keys"]) == (ids[2], "order-3")
     by_offset = admin_json(capsys, broker, "messages", "id", by_uniq["offset_msg_id"])
-    assert by_offset["commitlog_offset"] == by_uniq["commitlog_offset"] and by_offset["msg_id"] == ids[2]
+    assert (
+        by_offset["commitlog_offset"] == by_uniq["commitlog_offset"]
+        and by_offset["msg_id"] == ids[2]
+    )
 
 
 def test_group_lag_and_reset(capsys, broker):
@@ -164,16 +188,25 @@ def test_group_lag_and_reset(capsys, broker):
     assert "resetters" in {g["group"] for g in admin_json(capsys, broker, "groups", "list")}
 
     admin_json(capsys, broker, "groups", "reset", "resetters", "Resets", "--to", "earliest")
-    assert admin_json(capsys, broker, "groups", "lag", "resetters", "-t", "Resets")["total_lag"] == len(keys)
-    again = consume(broker, "resetters", "Resets", len(keys))  # the consumer really reads them again
+    assert admin_json(capsys, broker, "groups", "lag", "resetters", "-t", "Resets")[
+        "total_lag"
+    ] == len(keys)
+    # the consumer really reads them again
+    again = consume(broker, "resetters", "Resets", len(keys))
     assert sorted(k for m in again for k in m.keys) == keys
 
     (second,) = admin_json(capsys, broker, "messages", "key", "Resets", "r2")
     at = second["store_time"]
-    every = [m["store_time"] for k in keys for m in admin_json(capsys, broker, "messages", "key", "Resets", k)]
+    every = [
+        m["store_time"]
+        for k in keys
+        for m in admin_json(capsys, broker, "messages", "key", "Resets", k)
+    ]
     rows = admin_json(capsys, broker, "groups", "reset", "resetters", "Resets", "--to", str(at))
     assert {r["how"] for r in rows} == {"INVOKE_BROKER_TO_RESET_OFFSET"}
-    assert admin_json(capsys, broker, "groups", "lag", "resetters")["total_lag"] == sum(t >= at for t in every)
+    assert admin_json(capsys, broker, "groups", "lag", "resetters")["total_lag"] == sum(
+        t >= at for t in every
+    )
 
     admin_json(capsys, broker, "groups", "reset", "resetters", "Resets", "--to", "latest")
     assert admin_json(capsys, broker, "groups", "lag", "resetters")["total_lag"] == 0
@@ -187,9 +220,14 @@ def test_resend_a_dlq_message(capsys, broker):
     got = consume(broker, "doomers", "Doomed", 1, ack=False)
     assert [m.message_id for m in got] == [msg_id]
     # the consumer gives up on it: CONSUMER_SEND_MSG_BACK with delay level -1 sends it to the DLQ
-    offset = admin_json(capsys, broker, "messages", "id", msg_id, "-t", "Doomed")["commitlog_offset"]
-    answer = request(broker.remoting_endpoint, RequestCode.CONSUMER_SEND_MSG_BACK,
-                     {"offset": str(offset), "group": "doomers", "delayLevel": "-1", "maxReconsumeTimes": "16"})
+    offset = admin_json(capsys, broker, "messages", "id", msg_id, "-t", "Doomed")[
+        "commitlog_offset"
+    ]
+    answer = request(
+        broker.remoting_endpoint,
+        RequestCode.CONSUMER_SEND_MSG_BACK,
+        {"offset": str(offset), "group": "doomers", "delayLevel": "-1", "maxReconsumeTimes": "16"},
+    )
     assert answer.code == ResponseCode.SUCCESS, answer.remark
     in_dlq = admin_json(capsys, broker, "messages", "id", msg_id, "-t", "%DLQ%doomers")
     assert in_dlq["topic"] == "%DLQ%doomers" and in_dlq["body"] == "body of doomed-1"
@@ -214,18 +252,39 @@ def test_broker_status_and_cluster(capsys, broker):
     (via_broker,) = admin_json(capsys, broker, "broker", "status", via="broker")
     assert via_broker["addr"] == broker.remoting_endpoint
     assert admin_json(capsys, broker, "cluster") == [
-        {"cluster": "DefaultCluster", "broker": "rmq-spark-broker", "addr": broker.remoting_endpoint}]
+        {
+            "cluster": "DefaultCluster",
+            "broker": "rmq-spark-broker",
+            "addr": broker.remoting_endpoint,
+        }
+    ]
 
 
 @pytest.mark.parametrize(
     "argv, code, message",
     [
         (["topics", "queues", "NoSuchTopic"], 1, "NoSuchTopic"),
-        (["messages", "key", "Lookups", "no-such-key"], 1, "no message of topic 'Lookups' has key 'no-such-key'"),
+        (
+            ["messages", "key", "Lookups", "no-such-key"],
+            1,
+            "no message of topic 'Lookups' has key 'no-such-key'",
+        ),
         (["messages", "id", "not-an-id"], 1, "no message has id 'not-an-id'"),
-        (["groups", "lag", "no-such-group"], 1, "consumer group 'no-such-group' has no consume progress"),
-        (["broker", "status", "elsewhere"], 1, "no master broker is named or addressed 'elsewhere'"),
-        (["groups", "reset", "g", "Lookups", "--to", "yesterday"], 2, "'yesterday' is not earliest, latest"),
+        (
+            ["groups", "lag", "no-such-group"],
+            1,
+            "consumer group 'no-such-group' has no consume progress",
+        ),
+        (
+            ["broker", "status", "elsewhere"],
+            1,
+            "no master broker is named or addressed 'elsewhere'",
+        ),
+        (
+            ["groups", "reset", "g", "Lookups", "--to", "yesterday"],
+            2,
+            "'yesterday' is not earliest, latest",
+        ),
         (["topics", "create", "T", "--perm", "x"], 2, "'x' is not a permission"),
         (["topics", "create", "T", "-q", "0"], 2, "'0' is not a queue count"),
         (["topics", "create", "bad name"], 1, "topic name 'bad name' is not valid"),
@@ -234,7 +293,7 @@ def test_broker_status_and_cluster(capsys, broker):
 )
 def test_errors_exit_codes_and_messages(capsys, broker, argv, code, message):
     try:
-        got, out, err = admin(capsys, broker, *argv)
+        got, _out, err = admin(capsys, broker, *argv)
     except SystemExit as e:
         got, err = e.code, capsys.readouterr().err
     assert got == code
@@ -243,16 +302,26 @@ def test_errors_exit_codes_and_messages(capsys, broker, argv, code, message):
 
 def test_the_module_runs_as_a_program_with_exit_codes(broker, tmp_path):
     run = [sys.executable, "-m", "rmq_spark.admin"]
-    ok = subprocess.run([*run, "-n", broker.namesrv_endpoint, "--json", "cluster"], capture_output=True, text=True,
-                        timeout=60)  # fmt: skip
+    ok = subprocess.run([*run, "-n", broker.namesrv_endpoint, "--json", "cluster"], check=False, capture_output=True,
+                        text=True, timeout=60)  # fmt: skip
     assert ok.returncode == 0 and json.loads(ok.stdout)[0]["broker"] == "rmq-spark-broker"
     import socket
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
-    down = subprocess.run([*run, "-n", dead, "topics", "list"], capture_output=True, text=True, timeout=60)
-    assert down.returncode == 1 and f"cannot reach {dead}" in down.stderr and "Traceback" not in down.stderr
-    nowhere = subprocess.run([*run, "topics", "list"], capture_output=True, text=True, timeout=60,
+    down = subprocess.run(
+        [*run, "-n", dead, "topics", "list"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        down.returncode == 1
+        and f"cannot reach {dead}" in down.stderr
+        and "Traceback" not in down.stderr
+    )
+    nowhere = subprocess.run([*run, "topics", "list"], check=False, capture_output=True, text=True, timeout=60,
                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})  # fmt: skip
     assert nowhere.returncode == 1 and "give a NameServer" in nowhere.stderr

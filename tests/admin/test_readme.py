@@ -29,15 +29,19 @@ def _operating() -> str:
 
 
 def _block(lang: str) -> list[str]:
-    m = re.search(rf"```{lang}\n(.*?)```", _operating(), re.S)
+    m = re.search(rf"```{lang}\n(.*?)```", _operating(), re.DOTALL)
     assert m is not None, f"no ```{lang} block in the README's Operating section"
     return [line for line in m.group(1).splitlines() if line.strip() and not line.startswith("#")]
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    opts = BrokerOptions(listen="127.0.0.1:0", remoting_listen="127.0.0.1:0", namesrv_listen="127.0.0.1:0",
-                         metrics_listen="127.0.0.1:0")
+    opts = BrokerOptions(
+        listen="127.0.0.1:0",
+        remoting_listen="127.0.0.1:0",
+        namesrv_listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+    )
     b = Broker(str(tmp_path_factory.mktemp("readme") / "store"), options=opts)
     yield b
     b.stop()
@@ -56,8 +60,12 @@ def _seed(broker) -> str:
             ids.append(p.send(m).message_id)
     finally:
         p.shutdown()
-    c = SimpleConsumer(client_configuration(broker.endpoints), "billing", {"Orders": FilterExpression()},
-                       await_duration=1)
+    c = SimpleConsumer(
+        client_configuration(broker.endpoints),
+        "billing",
+        {"Orders": FilterExpression()},
+        await_duration=1,
+    )
     c.startup()
     try:
         got: list = []
@@ -73,8 +81,11 @@ def _seed(broker) -> str:
     cq = broker.store.consume_queue
     phys = next(cq("Orders", q).unit(cq("Orders", q).min_offset)[0] for q in range(4)
                 if cq("Orders", q) is not None and cq("Orders", q).max_offset)  # fmt: skip
-    answer = request(broker.remoting_endpoint, RequestCode.CONSUMER_SEND_MSG_BACK,
-                     {"offset": str(phys), "group": "billing", "delayLevel": "-1", "maxReconsumeTimes": "16"})
+    answer = request(
+        broker.remoting_endpoint,
+        RequestCode.CONSUMER_SEND_MSG_BACK,
+        {"offset": str(phys), "group": "billing", "delayLevel": "-1", "maxReconsumeTimes": "16"},
+    )
     assert answer.code == ResponseCode.SUCCESS, answer.remark
     dead = broker.store.look_message_by_offset(phys)
     return dead.properties["UNIQ_KEY"]
@@ -102,8 +113,12 @@ def test_the_readme_queries_name_metrics_the_broker_serves(broker):
     queries = _block("promql")
     named = {n for q in queries for n in re.findall(r"\b(rocketmq_\w+)", q)}
     assert named
-    text = urllib.request.urlopen(f"http://{broker.metrics.endpoint}/metrics", timeout=10).read().decode()
-    served = set(re.findall(r"^# TYPE (rocketmq_\w+) ", text, re.M))
+    text = (
+        urllib.request.urlopen(f"http://{broker.metrics.endpoint}/metrics", timeout=10)
+        .read()
+        .decode()
+    )
+    served = set(re.findall(r"^# TYPE (rocketmq_\w+) ", text, re.MULTILINE))
     assert {re.sub(r"_bucket$", "", n) for n in named} <= served
     for name in re.findall(r"`(rocketmq_\w+|rmq_spark_\w+)`", _operating()):
         assert f"# TYPE {name} " in text, name
