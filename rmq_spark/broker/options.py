@@ -44,6 +44,9 @@ flag (config-file key)             meaning                                  defa
                                    other remoting clients, mqadmin)
 --namesrv-listen HOST:PORT         the NameServer of this broker            127.0.0.1:9876 [*]
 --no-namesrv                       run no NameServer                        (one runs)
+--no-namesrv-registrations         the NameServer refuses REGISTER_BROKER   (accepted; with
+                                   from other brokers (serves this          --acl: admin only)
+                                   broker's routes only)
 --no-remoting                      serve gRPC only (and no NameServer)      (remoting on)
 --namesrv "ADDR;ADDR"              also register (REGISTER_BROKER every     (none)
                                    30 s) with these NameServers
@@ -99,6 +102,7 @@ class BrokerOptions:
     remoting_listen: str | None = None
     namesrv_listen: str | None = None
     namesrv_addrs: tuple[str, ...] = ()
+    namesrv_accept_brokers: bool = True  # REGISTER_BROKER from other brokers (rmq_spark.namesrv)
     cluster_name: str = "DefaultCluster"
     metrics_listen: str | None = None  # Prometheus /metrics (rmq_spark.broker.metrics)
     log_level: str = "INFO"
@@ -157,6 +161,8 @@ _BOOL_FLAGS: tuple[tuple[str, str], ...] = (
     ("no-auto-create-topics", "answer TOPIC_NOT_FOUND for unknown topics instead of creating them"),
     ("truncate-corrupt", "on recovery, truncate a corrupt CommitLog tail instead of refusing to start"),
     ("no-namesrv", "run no NameServer in this process"),
+    ("no-namesrv-registrations", "the NameServer refuses other brokers' REGISTER_BROKER and serves this broker's "
+                                 "routes only"),
     ("no-remoting", "serve no remoting protocol (and no NameServer): gRPC only"),
 )
 _BOOL_NAMES = tuple(name for name, _h in _BOOL_FLAGS)
@@ -369,6 +375,8 @@ def _remoting_options(v: dict[str, Any], opt_kw: dict[str, Any]) -> None:
     opt_kw["remoting_listen"] = v.get("remoting-listen") or (f"{host}:0" if free else DEFAULT_REMOTING_LISTEN)
     if not v.get("no-namesrv"):
         opt_kw["namesrv_listen"] = v.get("namesrv-listen") or (f"{host}:0" if free else DEFAULT_NAMESRV_LISTEN)
+    if v.get("no-namesrv-registrations"):
+        opt_kw["namesrv_accept_brokers"] = False
     if v.get("namesrv"):
         addrs = tuple(a.strip() for a in str(v["namesrv"]).replace(",", ";").split(";") if a.strip())
         for a in addrs:

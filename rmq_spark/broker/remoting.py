@@ -25,6 +25,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from rmq_spark.namesrv.acl import NamesrvAcl
 from rmq_spark.namesrv.processor import namesrv_processor
 from rmq_spark.namesrv.routes import LocalBroker, QueueData, RouteInfoManager
 from rmq_spark.remoting import jsonbody
@@ -91,7 +92,7 @@ def advertised(host: str, port: int) -> str:
 class RemotingService:
     def __init__(self, core: Any, sockets: RemotingSockets, *, broker_name: str, cluster: str = DEFAULT_CLUSTER,
                  namesrv_addrs: list[str] | None = None, activity: Any = None,
-                 access_control: Any = None) -> None:  # fmt: skip
+                 access_control: Any = None, namesrv_accept_brokers: bool = True) -> None:  # fmt: skip
         self.core = core
         self.store = core.store
         self.broker_name = broker_name
@@ -114,9 +115,12 @@ class RemotingService:
             self.broker_server = RemotingServer(sockets.broker, processor, self.loop_thread,
                                                 activity=activity)  # fmt: skip
             self.routes = RouteInfoManager(LocalBroker(cluster, broker_name, self.broker_addr, self._local_topics,
-                                                       self._route_for_new))  # fmt: skip
+                                                       self._route_for_new, self._local_topic))  # fmt: skip
             if sockets.namesrv is not None:
-                self.namesrv_server = RemotingServer(sockets.namesrv, namesrv_processor(self.routes), self.loop_thread,
+                # --acl: the NameServer's writes (REGISTER_BROKER, ...) need an admin signature
+                ns_access = NamesrvAcl(access_control) if access_control is not None else None
+                ns_processor = namesrv_processor(self.routes, access=ns_access, accept_brokers=namesrv_accept_brokers)
+                self.namesrv_server = RemotingServer(sockets.namesrv, ns_processor, self.loop_thread,
                                                      activity=activity)  # fmt: skip
             if core.transactions is not None:
                 remoting = RemotingTransactionChecker(self.clients, self.store.config.store_port)
@@ -146,7 +150,7 @@ class RemotingService:
     # --- the broker's request table -------------------------------------------------------------
     def _broker_processor(self) -> Processor:
         core, store = self.core, self.store
-        send = SendProcessor(core, self.broker_name)
+        send = SendProcessor(core, self.broker_name, self.cluster)
         consumer = ConsumerProcessor(store, self.clients)
         lookup = LookupProcessor(store)
         admin = self.admin = AdminProcessor(core, self.clients, self.broker_name, int(time.time() * 1000))
@@ -158,7 +162,7 @@ class RemotingService:
         p.register(R.END_TRANSACTION, end_transaction_handler(core), blocking=blocking_send)
         p.register(R.HEART_BEAT, consumer.heartbeat)
         p.register(R.UNREGISTER_CLIENT, consumer.unregister)
-        p.register(R.CHECK_CLIENT_CONFIG, consumer.check_client_config)
+        p.register(R.CHECK_CLIENT_CONFIG, consumer.check_client_config, blocking=True)  # parses SQL92
         p.register(R.GET_CONSUMER_LIST_BY_GROUP, consumer.consumer_list)
         p.register(R.QUERY_CONSUMER_OFFSET, consumer.query_offset)
         p.register(R.UPDATE_CONSUMER_OFFSET, consumer.update_offset)
@@ -203,6 +207,10 @@ class RemotingService:
     def _local_topics(self) -> dict[str, QueueData]:
         return {name: QueueData(c.read_queue_nums, c.write_queue_nums, c.perm)
                 for name, c in list(self.store.topics.topics.items())}  # fmt: skip
+
+    def _local_topic(self, topic: str) -> QueueData | None:
+        c = self.store.topics.topics.get(topic)
+        return None if c is None else QueueData(c.read_queue_nums, c.write_queue_nums, c.perm)
 
     def _route_for_new(self, topic: str) -> QueueData | None:
         topics = self.store.topics

@@ -331,7 +331,8 @@ class Broker:
                 self.remoting = RemotingService(self.core, sockets, broker_name=config.broker_name,
                                                 cluster=self.options.cluster_name,
                                                 namesrv_addrs=list(self.options.namesrv_addrs),
-                                                activity=self.activity, access_control=acl)  # fmt: skip
+                                                activity=self.activity, access_control=acl,
+                                                namesrv_accept_brokers=self.options.namesrv_accept_brokers)  # fmt: skip
                 self.remoting.admin.on_reset = self.service.pop.reset  # its pop state forgets the queue
                 self.remoting.admin.on_delete = self.service.pop.forget_topic
             if self.options.metrics_listen:

@@ -1,9 +1,21 @@
 """A RocketMQ NameServer inside rmq-broker: routes (GET_ROUTEINFO_BY_TOPIC), cluster info
 (GET_BROKER_CLUSTER_INFO), topic lists, and REGISTER_BROKER / UNREGISTER_BROKER from other
-brokers.  ``routes`` keeps the tables, ``processor`` answers the requests; the server is
-:mod:`rmq_spark.remoting.server`."""
+brokers.  ``routes`` keeps the tables, ``registration`` reads what brokers send, ``limits`` holds
+it to its bounds, ``acl`` guards the writes with ``--acl``, ``processor`` answers the requests; the
+server is :mod:`rmq_spark.remoting.server`."""
 
+from rmq_spark.namesrv.acl import NamesrvAcl
+from rmq_spark.namesrv.limits import NamesrvLimits, RegistrationError
 from rmq_spark.namesrv.processor import namesrv_processor
 from rmq_spark.namesrv.routes import BrokerEntry, LocalBroker, QueueData, RouteInfoManager
 
-__all__ = ["BrokerEntry", "LocalBroker", "QueueData", "RouteInfoManager", "namesrv_processor"]
+__all__ = [
+    "BrokerEntry",
+    "LocalBroker",
+    "NamesrvAcl",
+    "NamesrvLimits",
+    "QueueData",
+    "RegistrationError",
+    "RouteInfoManager",
+    "namesrv_processor",
+]

@@ -5,26 +5,39 @@ Two kinds of brokers are known:
 - the **local** broker (the rmq-broker process this NameServer runs in): its topics are read live
   from its store, so a topic created a moment ago has a route at once.  With auto-creation on, a
   topic no broker has yet gets a route to it (the default queue count), as RocketMQ's ``TBW102``
-  default route lets a producer send to a new topic.
+  default route lets a producer send to a new topic.  No registration can replace it: a peer
+  naming the local broker's name (with any brokerId) or its address is refused.
 - **registered** brokers (REGISTER_BROKER from other rmq-broker or Apache RocketMQ brokers): their
   topic tables come with each registration and expire when the broker stops heartbeating
-  (``heartbeatTimeoutMillis``, default 120 s) or its connection closes.
+  (``heartbeatTimeoutMillis``, default 120 s, held to [10 s, 10 min]) or its connection closes.
+  The registry is bounded (:class:`~rmq_spark.namesrv.limits.NamesrvLimits`): a registration
+  past a bound is refused, never stored.
 
 Answers are the JSON documents of RocketMQ's ``TopicRouteData`` and ``ClusterInfo``.  ``brokerAddrs``
-keys are written quoted (standard JSON); fastjson reads both forms.
+keys are written quoted (standard JSON); fastjson reads both forms.  A route costs a look-up per
+broker (the registry is bounded), never a walk of every topic; the topic lists walk every topic
+and are served off the event loop.
 """
 
 from __future__ import annotations
 
-import struct
+import functools
 import threading
 import time
-import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BrokerEntry", "LocalBroker", "QueueData", "RouteInfoManager"]
+from rmq_spark.namesrv.limits import (
+    DEFAULT_LIMITS,
+    NamesrvLimits,
+    RegistrationError,
+    check_identity,
+    clamp_timeout_ms,
+)
+from rmq_spark.remoting.codes import ResponseCode
+
+__all__ = ["BrokerEntry", "LocalBroker", "QueueData", "RouteInfoManager", "queue_data"]
 
 BROKER_TIMEOUT_MS = 120_000  # RouteInfoManager.DEFAULT_BROKER_CHANNEL_EXPIRED_TIME
 MASTER_ID = 0  # MixAll.MASTER_ID
@@ -43,15 +56,22 @@ class QueueData:
                 "topicSysFlag": self.topic_sys_flag}  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4096)
+def queue_data(read: int, write: int, perm: int, sys_flag: int = 0) -> QueueData:
+    """A shared QueueData (thousands of topics of a registration have a handful of shapes)."""
+    return QueueData(read, write, perm, sys_flag)
+
+
 @dataclass
 class BrokerEntry:
-    """A registered broker: its identity and the topics it last reported."""
+    """A registered broker: its identity and the topics it last reported (replaced, never
+    changed in place: readers hold the mapping they were given)."""
 
     cluster: str
     broker_name: str
     broker_addr: str
     broker_id: int
-    topics: dict[str, QueueData] = field(default_factory=dict)
+    topics: Mapping[str, QueueData] = field(default_factory=dict)
     last_update_ms: int = 0
     timeout_ms: int = BROKER_TIMEOUT_MS
     connection_id: int | None = None
@@ -61,13 +81,18 @@ class BrokerEntry:
 class LocalBroker:
     """The broker of this process: ``topics()`` gives its current topic -> QueueData;
     ``route_for_new(topic)`` the QueueData a topic it has not created yet would get (None when it
-    would refuse the topic)."""
+    would refuse the topic); ``topic(name)`` (optional) one topic's QueueData without building the
+    whole table."""
 
     cluster: str
     broker_name: str
     broker_addr: str
-    topics: Callable[[], dict[str, QueueData]]
+    topics: Callable[[], Mapping[str, QueueData]]
     route_for_new: Callable[[str], QueueData | None]
+    topic: Callable[[str], QueueData | None] | None = None
+
+    def lookup(self, name: str) -> QueueData | None:
+        return self.topic(name) if self.topic is not None else self.topics().get(name)
 
 
 def broker_data(cluster: str, name: str, addrs: dict[int, str]) -> dict[str, Any]:
@@ -75,70 +100,142 @@ def broker_data(cluster: str, name: str, addrs: dict[int, str]) -> dict[str, Any
             "enableActingMaster": False}  # fmt: skip
 
 
+# (broker name, one topic's QueueData, every topic) of a broker that serves topics
+_Source = tuple[str, Callable[[str], "QueueData | None"], Callable[[], Mapping[str, QueueData]]]
+
+
 class RouteInfoManager:
-    def __init__(self, local: LocalBroker | None = None, now_ms: Callable[[], int] | None = None) -> None:
+    def __init__(self, local: LocalBroker | None = None, now_ms: Callable[[], int] | None = None,
+                 limits: NamesrvLimits = DEFAULT_LIMITS) -> None:  # fmt: skip
         self.local = local
+        self.limits = limits
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self._lock = threading.Lock()
         # broker address -> entry
         self._brokers: dict[str, BrokerEntry] = {}
+        self._topic_entries = 0  # sum of len(e.topics) over self._brokers
 
     # --- registration ---------------------------------------------------------------------------
+    def check_not_local(self, broker_name: str | None, broker_addr: str | None, what: str) -> None:
+        """RegistrationError (NO_PERMISSION) when a peer's request names the local broker."""
+        loc = self.local
+        if loc is None:
+            return
+        if broker_name == loc.broker_name:
+            raise RegistrationError(
+                f"{what}: brokerName {loc.broker_name!r} is this NameServer's own broker; "
+                "another broker cannot register or unregister it",
+                ResponseCode.NO_PERMISSION,
+            )
+        if broker_addr == loc.broker_addr:
+            raise RegistrationError(f"{what}: brokerAddr {loc.broker_addr} is this NameServer's own broker "
+                                    f"({loc.broker_name}); another broker cannot register or unregister it",
+                                    ResponseCode.NO_PERMISSION)  # fmt: skip
+
     def register(self, entry: BrokerEntry) -> None:
-        entry.last_update_ms = self._now_ms()
+        """Adds or refreshes ``entry`` (keyed by its address; one with the same name and id at
+        another address is replaced, as RocketMQ's newest registration wins), or raises
+        RegistrationError and changes nothing."""
+        limits = self.limits
+        check_identity(entry.cluster, entry.broker_name, entry.broker_addr, entry.broker_id, limits)
+        self.check_not_local(entry.broker_name, entry.broker_addr, "REGISTER_BROKER")
+        if len(entry.topics) > limits.max_topics_per_broker:
+            raise RegistrationError(
+                f"REGISTER_BROKER of {entry.broker_name} ({entry.broker_addr}) lists "
+                f"{len(entry.topics)} topics; the limit is {limits.max_topics_per_broker}"
+            )
+        entry.timeout_ms = clamp_timeout_ms(entry.timeout_ms, limits)
+        now = self._now_ms()
+        entry.last_update_ms = now
         with self._lock:
+            self._expire_locked(now)
+            replaced = [a for a, e in self._brokers.items() if a == entry.broker_addr
+                        or (e.broker_name == entry.broker_name and e.broker_id == entry.broker_id)]  # fmt: skip
+            if len(self._brokers) - len(replaced) >= limits.max_brokers:
+                raise RegistrationError(
+                    f"REGISTER_BROKER of {entry.broker_name} ({entry.broker_addr}): this "
+                    f"NameServer holds {limits.max_brokers} brokers, its limit"
+                )
+            entries = (
+                self._topic_entries
+                - sum(len(self._brokers[a].topics) for a in replaced)
+                + len(entry.topics)
+            )
+            if entries > limits.max_topics_total:
+                raise RegistrationError(
+                    f"REGISTER_BROKER of {entry.broker_name} ({entry.broker_addr}): its "
+                    f"{len(entry.topics)} topics would take the NameServer past "
+                    f"{limits.max_topics_total} topic entries over all registered brokers"
+                )
+            for a in replaced:
+                self._drop_locked(a)
             self._brokers[entry.broker_addr] = entry
+            self._topic_entries += len(entry.topics)
 
     def unregister(self, broker_addr: str, broker_name: str | None = None) -> bool:
+        self.check_not_local(broker_name, broker_addr, "UNREGISTER_BROKER")
         with self._lock:
             entry = self._brokers.get(broker_addr)
             if entry is None or (broker_name and entry.broker_name != broker_name):
                 return False
-            del self._brokers[broker_addr]
+            self._drop_locked(broker_addr)
             return True
 
     def delete_topic(self, topic: str, cluster: str | None = None) -> None:
         """DELETE_TOPIC_IN_NAMESRV: forget ``topic`` in the tables brokers (of ``cluster``) reported."""
         with self._lock:
             for entry in self._brokers.values():
-                if cluster is None or entry.cluster == cluster:
-                    entry.topics.pop(topic, None)
+                if (cluster is None or entry.cluster == cluster) and topic in entry.topics:
+                    entry.topics = {k: v for k, v in entry.topics.items() if k != topic}
+                    self._topic_entries -= 1
 
     def connection_closed(self, connection_id: int) -> None:
         with self._lock:
             for addr in [a for a, e in self._brokers.items() if e.connection_id == connection_id]:
-                del self._brokers[addr]
+                self._drop_locked(addr)
+
+    def _drop_locked(self, addr: str) -> None:
+        entry = self._brokers.pop(addr)
+        self._topic_entries -= len(entry.topics)
+
+    def _expire_locked(self, now: int) -> None:
+        for a in [a for a, e in self._brokers.items() if now - e.last_update_ms > e.timeout_ms]:
+            self._drop_locked(a)
 
     def _live(self) -> list[BrokerEntry]:
-        now = self._now_ms()
         with self._lock:
-            dead = [a for a, e in self._brokers.items() if now - e.last_update_ms > e.timeout_ms]
-            for a in dead:
-                del self._brokers[a]
+            self._expire_locked(self._now_ms())
             return list(self._brokers.values())
 
+    @property
+    def size(self) -> tuple[int, int]:
+        """(registered brokers, topic entries over them)."""
+        with self._lock:
+            return len(self._brokers), self._topic_entries
+
     # --- queries --------------------------------------------------------------------------------
-    def _tables(self) -> tuple[dict[str, tuple[str, dict[int, str]]], list[tuple[str, Callable[[], dict[str, QueueData]]]]]:
-        """broker name -> (cluster, {id: addr}); and (broker name, its topics) of every master."""
+    def _tables(self) -> tuple[dict[str, tuple[str, dict[int, str]]], list[_Source]]:
+        """broker name -> (cluster, {id: addr}); and the topic sources of every master."""
         names: dict[str, tuple[str, dict[int, str]]] = {}
-        topic_sources: list[tuple[str, Callable[[], dict[str, QueueData]]]] = []
+        sources: list[_Source] = []
         if self.local is not None:
             loc = self.local
             names[loc.broker_name] = (loc.cluster, {MASTER_ID: loc.broker_addr})
-            topic_sources.append((loc.broker_name, loc.topics))
+            sources.append((loc.broker_name, loc.lookup, loc.topics))
         for e in self._live():
-            cluster, addrs = names.setdefault(e.broker_name, (e.cluster, {}))
+            _cluster, addrs = names.setdefault(e.broker_name, (e.cluster, {}))
             addrs[e.broker_id] = e.broker_addr
             if e.broker_id == MASTER_ID:
-                topic_sources.append((e.broker_name, (lambda t=e.topics: t)))
-        return names, topic_sources
+                t = e.topics  # this registration's table: replaced, never changed in place
+                sources.append((e.broker_name, t.get, (lambda t=t: t)))  # type: ignore[misc]
+        return names, sources
 
     def topic_route(self, topic: str) -> dict[str, Any] | None:
         """TopicRouteData of ``topic``, or None when no broker has it."""
         names, sources = self._tables()
         queue_datas = []
-        for broker_name, topics in sources:
-            qd = topics().get(topic)
+        for broker_name, lookup, _all in sources:
+            qd = lookup(topic)
             if qd is not None:
                 queue_datas.append(qd.to_json(broker_name))
         if not queue_datas and self.local is not None:
@@ -169,62 +266,14 @@ class RouteInfoManager:
     def topic_list(self) -> list[str]:
         _, sources = self._tables()
         out: set[str] = set()
-        for _name, topics in sources:
+        for _name, _lookup, topics in sources:
             out.update(topics())
         return sorted(out)
 
     def topics_of_cluster(self, cluster: str) -> list[str]:
         names, sources = self._tables()
         out: set[str] = set()
-        for name, topics in sources:
+        for name, _lookup, topics in sources:
             if names[name][0] == cluster:
                 out.update(topics())
         return sorted(out)
-
-
-def queue_data_table(topic_configs: Iterable[dict[str, Any]]) -> dict[str, QueueData]:
-    """topic -> QueueData from RocketMQ TopicConfig JSON objects (a registration's table)."""
-    out = {}
-    for c in topic_configs:
-        name = c.get("topicName")
-        if isinstance(name, str):
-            out[name] = QueueData(int(c.get("readQueueNums", 0)), int(c.get("writeQueueNums", 0)),
-                                  int(c.get("perm", 6)), int(c.get("topicSysFlag", 0)))  # fmt: skip
-    return out
-
-
-# A compressed REGISTER_BROKER body (``RegisterBrokerBody.encode(true)``, a broker's
-# ``compressedRegister=true``): zlib deflate of
-#   int32 len + DataVersion JSON | int32 topics | per topic: int32 len + TopicConfig.encode()
-#   (``name read write perm filterType``, space-separated) | int32 len + filter server JSON | ...
-_LEN = struct.Struct(">i")
-
-
-def compressed_topic_table(body: bytes) -> dict[str, QueueData]:
-    """topic -> QueueData of a compressed registration body; ValueError when it does not parse."""
-    try:
-        data = zlib.decompress(body)
-    except zlib.error as e:
-        raise ValueError(f"compressed body does not inflate: {e}") from None
-
-    def chunk(pos: int) -> tuple[bytes, int]:
-        if pos + 4 > len(data):
-            raise ValueError(f"compressed body truncated at byte {pos}")
-        (n,) = _LEN.unpack_from(data, pos)
-        if n < 0 or pos + 4 + n > len(data):
-            raise ValueError(f"compressed body: a length of {n} at byte {pos} runs past its end")
-        return data[pos + 4 : pos + 4 + n], pos + 4 + n
-
-    _version, pos = chunk(0)
-    if pos + 4 > len(data):
-        raise ValueError("compressed body has no topic count")
-    (count,) = _LEN.unpack_from(data, pos)
-    pos += 4
-    out = {}
-    for _ in range(max(count, 0)):
-        raw, pos = chunk(pos)
-        fields = raw.decode("utf-8", errors="replace").split(" ")
-        if len(fields) < 4:
-            raise ValueError(f"compressed body: topic config {raw[:80]!r} has {len(fields)} fields")
-        out[fields[0]] = QueueData(int(fields[1]), int(fields[2]), int(fields[3]))
-    return out
