@@ -10,9 +10,11 @@ as they are.  The differences, and what is done about each:
 ├──────────────────────────────────────────┼──────────────────────────────────────────────────┤
 │ CommitLog segments of 1 GiB (any size    │ the segment size is taken from the first file    │
 │ by mappedFileSizeCommitLog)              │                                                  │
-│ bodies the client compressed (sysflag    │ inflated on read: zlib (type 0 or 3); LZ4 and    │
-│ COMPRESSED, type in bits 8-10)           │ ZSTD with the lz4 / zstandard packages, or an    │
-│                                          │ error naming the package                         │
+│ bodies the client compressed (sysflag    │ inflated on read, bounded by the body limit      │
+│ COMPRESSED, type in bits 8-10)           │ (:mod:`rmq_spark.store.inflate`): zlib (type 0   │
+│                                          │ or 3); LZ4 and ZSTD with the lz4 / zstandard     │
+│                                          │ packages, or an error naming the package; a body │
+│                                          │ that does not inflate is served as stored        │
 │ V2 records (2-byte topic length, topics  │ read (topic length > 127 bytes, as Apache picks) │
 │ over 127 bytes), IPv6 born/store hosts   │                                                  │
 │ ConsumeQueue ext (enableConsumeQueueExt) │ the tag code is an ext address: rows are kept    │
@@ -33,13 +35,10 @@ A running broker keeps appending: what a read plans is what its ConsumeQueues he
 from __future__ import annotations
 
 import os
-import zlib
-
-import numpy as np
-import pyarrow as pa
 
 from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
+from rmq_spark.store.inflate import COMPRESSION_MASK, inflate_bodies
 from rmq_spark.store.jsonfile import read_json
 
 __all__ = [
@@ -62,8 +61,6 @@ _MARKERS = (
     "compaction",
 )
 BATCH_CQ_SEGMENT_BYTES = 300_000 * 46  # mappedFileSizeConsumeQueue of a batch ConsumeQueue
-COMPRESSION_MASK = 0x700  # MessageSysFlag.COMPRESSION_TYPE_COMPARATOR
-_ZLIB, _LZ4, _ZSTD = 3, 1, 2  # CompressionType values (0: written by 4.x clients, zlib)
 
 
 class ApacheStoreError(StoreError):
@@ -117,40 +114,3 @@ def check_apache_store(root: str, topics: list[str] | None = None) -> None:
                 "inner-batch records), which this reader does not read; read it through the broker with "
                 "'namesrvAddr' instead"
             )
-
-
-def inflate_bodies(bodies: pa.Array, sys_flags: np.ndarray) -> pa.Array:
-    """``bodies`` with the rows whose SYSFLAG says COMPRESSED inflated (zlib, LZ4 frame or zstd
-    frame, by the compression type bits): one call of the codec per compressed row."""
-    compressed = np.flatnonzero(sys_flags & L.FLAG_COMPRESSED)
-    if len(compressed) == 0:
-        return bodies
-    import pyarrow.compute as pc
-
-    kinds = (sys_flags[compressed] & COMPRESSION_MASK) >> 8
-    packed = bodies.take(pa.array(compressed)).to_pylist()
-    inflated = pa.array([_inflate(b, int(k), int(r)) for b, k, r in zip(packed, kinds.tolist(), compressed)], pa.binary())
-    mask = np.zeros(len(bodies), dtype=bool)
-    mask[compressed] = True
-    return pc.replace_with_mask(bodies, pa.array(mask), inflated)
-
-
-def _inflate(data: bytes, kind: int, row: int) -> bytes:
-    try:
-        if kind in (0, _ZLIB):
-            return zlib.decompress(data)
-        if kind == _LZ4:
-            try:
-                import lz4.frame as lz4f  # type: ignore[import-not-found]
-            except ImportError:
-                raise ApacheStoreError("a body is LZ4-compressed (sysflag type 1): install the 'lz4' package") from None
-            return bytes(lz4f.decompress(data))
-        if kind == _ZSTD:
-            try:
-                import zstandard  # type: ignore[import-not-found]
-            except ImportError:
-                raise ApacheStoreError("a body is zstd-compressed (sysflag type 2): install the 'zstandard' package") from None
-            return bytes(zstandard.ZstdDecompressor().decompressobj().decompress(data))
-    except (zlib.error, ValueError, RuntimeError) as e:
-        raise ApacheStoreError(f"row {row}: the body is marked compressed (type {kind}) but does not inflate: {e}") from e
-    raise ApacheStoreError(f"row {row}: unknown body compression type {kind} in the record's sysflag")

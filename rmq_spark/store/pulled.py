@@ -8,8 +8,10 @@ TOTALSIZE reaches, and the chain from position 0 is followed by pointer doubling
 steps).  A chain that does not end exactly at the buffer's end is a :class:`CorruptStoreError`.
 
 Bodies the Java producer compressed (SYSFLAG bit 0: zlib, or LZ4 / zstd by the compression type
-bits) are inflated by :func:`rmq_spark.store.apache.inflate_bodies`, the offline reader's, one
-call per compressed body (only those, which are over 4 KiB each).
+bits) are inflated by :func:`rmq_spark.store.inflate.inflate_bodies`, the bulk reader's, one
+call per compressed body (only those, which are over 4 KiB each), each bounded by the body limit;
+a poison record (flagged COMPRESSED, its body not inflating within the limit) keeps its body as
+sent and is named in a WARNING (its position in the buffer, CommitLog and queue offsets).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pyarrow.compute as pc
 from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store import record as R
-from rmq_spark.store.apache import inflate_bodies
+from rmq_spark.store.inflate import inflate_bodies
 from rmq_spark.store.message import offset_msg_ids
 from rmq_spark.store.reader import MESSAGE_SCHEMA, TS, _Columns, _repeated_string, _timestamps, empty_batch
 from rmq_spark.store.views import _at, _fixed_strings, _gather
@@ -112,8 +114,12 @@ def records_arrow(data: bytes | bytearray | memoryview, columns: Sequence[str] |
         "commitLogOffset": pa.array(phys),
     }
     if "body" in need:
+        def where(row: int) -> str:  # a poison record (inflate_bodies logs it)
+            return (f"the record at byte {int(pos[row])} of a pulled buffer (CommitLog offset {int(phys[row])}, "
+                    f"{topic}/{int(values['queueId'][row].as_py())} offset {int(values['queueOffset'][row].as_py())})")
+
         values["body"] = inflate_bodies(cols.bytes_column(lambda p: p.head.body_start, lambda p: p.head.body_len),
-                                  head.sys_flag)
+                                        head.sys_flag, where=where)
     if "bornTimestamp" in need:
         values["bornTimestamp"] = _timestamps(cols.field("born_ts"))
     if "storeTimestamp" in need:

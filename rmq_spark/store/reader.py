@@ -29,9 +29,9 @@ import pyarrow.compute as pc
 
 from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.apache import inflate_bodies
 from rmq_spark.store.consistency import check_units
 from rmq_spark.store.consumequeue import CQ_UNIT, ConsumeQueue
+from rmq_spark.store.inflate import inflate_bodies, record_places
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import offset_msg_ids
 from rmq_spark.store import record as R
@@ -64,7 +64,6 @@ SOURCE_SCHEMA = MESSAGE_SCHEMA  # its former name, still imported by tests/store
 def empty_batch(columns: Sequence[str] | None = None) -> pa.RecordBatch:
     fields = [f for f in MESSAGE_SCHEMA if columns is None or f.name in columns]
     return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in fields], schema=pa.schema(fields))
-
 
 
 # header fields read by the source: record byte position with IPv4 hosts, type, and how many of
@@ -118,7 +117,6 @@ class _Headers:
         if len(v6) and hosts_before:
             out[v6] = _gather(self._buf, self._pos[v6] + at + self._shift(v6, hosts_before), np.dtype(dtype).itemsize, dtype)
         return out
-
 
 
 @dataclass
@@ -213,6 +211,8 @@ def read_units_arrow(
     columns: Sequence[str] | None = None,
     verify: bool = True,
     force_prop_crc: bool = False,
+    max_inflated: int | None = None,
+    consumed: list[int] | None = None,
 ) -> pa.RecordBatch:
     """Records named by ConsumeQueue ``units`` (queue offsets ``first_queue_offset, ...``).
 
@@ -220,8 +220,11 @@ def read_units_arrow(
     the properties are not parsed at all unless a column derived from them is wanted.  With
     ``verify`` (the default) the records are first held to the units (:func:`check_units`:
     layout, position, queue and CRC), so damage raises :class:`CorruptStoreError` with its file
-    and position instead of being read."""
+    and position instead of being read.  With ``max_inflated``, the rows end before the compressed
+    body that would bring the bodies past it once inflated; ``consumed`` gets how many units were read."""
     n_all = len(units)
+    consumed = consumed if consumed is not None else []
+    consumed[:] = [n_all]
     if n_all == 0:
         return empty_batch(columns)
     phys = units["offset"].astype(np.int64)
@@ -261,7 +264,9 @@ def read_units_arrow(
         values["body"] = cols.bytes_column(lambda p: p.head.body_start, lambda p: p.head.body_len)
         sys_flags = cols.cat(lambda p: p.head.sys_flag)
         if (sys_flags & L.FLAG_COMPRESSED).any():  # a client compressed it (Apache's, bodies > 4 KiB)
-            values["body"] = inflate_bodies(values["body"], sys_flags)
+            where = record_places(commitlog, phys, f"{topic}/{queue_id}", qoffs)  # a poison record's (logged)
+            budget = max_inflated if order is None else None
+            values["body"] = inflate_bodies(values["body"], sys_flags, where=where, budget=budget)
     if "bornTimestamp" in need:
         values["bornTimestamp"] = _timestamps(cols.field("born_ts"))
     if "storeTimestamp" in need:
@@ -297,6 +302,10 @@ def read_units_arrow(
                 txn = pc.if_else(pa.array(is_commit), txn, pa.scalar(None, pa.string()))
             values["transactionId"] = txn
     del cols
+    cut = len(values["body"]) if "body" in values else n
+    if cut < n:  # the rows after passed max_inflated once inflated: left for the next read
+        values = {k: v if k == "body" else v.slice(0, cut) for k, v in values.items()}
+        consumed[:] = [int(np.flatnonzero(keep)[cut]) if tag_check else cut]
     fields = [f for f in MESSAGE_SCHEMA if f.name in need]
     batch = pa.RecordBatch.from_arrays([values[f.name] for f in fields], schema=pa.schema(fields))
     if order is not None:
@@ -451,9 +460,9 @@ class StoreReader:
         max_bytes: int = 32 << 20,
     ) -> Iterator[pa.RecordBatch]:
         """:meth:`read_arrow` of ``[start, end)`` as consecutive batches of at most ``max_rows``
-        records and about ``max_bytes`` of stored records each (see :func:`chunk_bounds`), so big
-        messages never overflow a batch's 2 GiB of ``binary`` offsets.  The
-        ConsumeQueue range is read once; batches left empty by a filter are skipped."""
+        records and about ``max_bytes`` of stored records (see :func:`chunk_bounds`) and of bodies
+        once inflated each, so big messages never overflow a batch's 2 GiB of ``binary`` offsets.
+        The ConsumeQueue range is read once; batches left empty by a filter are skipped."""
         cq = self._cq(topic, queue_id)
         if cq is None or end <= start:
             if end > start:
@@ -465,9 +474,15 @@ class StoreReader:
         first = max(start, cq.min_offset)
         units = cq.units(first, end)
         for a, b in chunk_bounds(units["size"], max_rows, max_bytes):
-            batch = read_units_arrow(self.commitlog, units[a:b], topic, queue_id, first + a, tag_filter, sql_filter)
-            if batch.num_rows:
-                yield batch
+            step = b - a
+            while a < b:  # a chunk whose bodies inflate past max_bytes is read in several batches
+                used: list[int] = []
+                batch = read_units_arrow(self.commitlog, units[a:min(b, a + step)], topic, queue_id, first + a,
+                                         tag_filter, sql_filter, max_inflated=max_bytes, consumed=used)  # fmt: skip
+                step = step if used[0] == min(b - a, step) else 2 * used[0]  # cut: ask for about that many
+                a += used[0]
+                if batch.num_rows:
+                    yield batch
 
     def close(self) -> None:
         self.commitlog.close()
@@ -499,7 +514,5 @@ def _detect_segment_bytes(directory: str) -> int | None:
     return None
 
 
-__all__: Sequence[str] = [
-    "MESSAGE_SCHEMA", "StoreReader", "check_units", "read_queue_arrow", "read_units_arrow", "chunk_bounds", "empty_batch",
-    "CQ_UNIT",
-]
+__all__: Sequence[str] = ["MESSAGE_SCHEMA", "StoreReader", "check_units", "read_queue_arrow", "read_units_arrow",
+                          "chunk_bounds", "empty_batch", "CQ_UNIT"]  # fmt: skip

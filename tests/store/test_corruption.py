@@ -173,9 +173,13 @@ def clean_store(d, n=60):
         ]
 
 
-def reads(s):
-    """Every way a client reads queue B/0: the pull path and the bulk Arrow path."""
-    yield lambda: s.get_messages("B", 0, 0, max_msgs=100)
+def reads(s, at):
+    """Every way a client reads queue B/0 over its damaged record at queue offset ``at``: the pull
+    path (a pull from before it serves the records up to it and ends there, the one that starts at
+    it raises: issue 28 item 23) and the bulk Arrow path."""
+    served = s.get_messages("B", 0, 0, max_msgs=100)
+    assert [m.queue_offset for m in served.messages] == list(range(at)) and served.next_begin_offset == at
+    yield lambda: s.get_messages("B", 0, at, max_msgs=100)
     yield lambda: s.read_arrow("B", 0, 0, s.max_offset("B", 0))
 
 
@@ -192,7 +196,7 @@ def test_flipped_byte_in_a_clean_store_is_never_served(store_dir, where):
         old = f.read(1)[0]
     patch(path, at, bytes([old ^ 1]))
     with open_store(store_dir) as s:
-        for read in reads(s):
+        for read in reads(s, victim.queue_offset):
             with pytest.raises(CorruptStoreError) as e:
                 read()
             assert e.value.path == path and e.value.position == pos
@@ -219,7 +223,7 @@ def test_damage_found_by_a_read_is_never_served(store_dir):
     path, pos = segment_path(store_dir, victim.commitlog_offset), victim.commitlog_offset % SEG
     with open_store(store_dir) as s:
         s.commitlog.mfq.find(victim.commitlog_offset).mm[pos : pos + victim.store_size] = bytes(victim.store_size)
-        for read in reads(s):
+        for read in reads(s, victim.queue_offset):
             with pytest.raises(CorruptStoreError, match=f"position {pos}.*zero bytes"):
                 read()
         assert s.look_message_by_offset(victim.commitlog_offset) is None  # no record starts there
