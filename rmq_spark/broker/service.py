@@ -89,7 +89,7 @@ class MessagingService(MessagingServiceServicer):
             retry_backoff_ms=list(core.config.delay_levels_ms),
             long_polling_timeout_ms=options.long_polling_max_ms,
         )
-        self.producer = ProducerPath(core, self.clients)
+        self.producer = ProducerPath(core, self.clients, cluster=options.cluster_name)
         self.executor: Executor | None = None  # the server's worker threads (None: a thread per call)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -184,8 +184,9 @@ class MessagingService(MessagingServiceServicer):
         return mq
 
     def _filter(self, fe: D.FilterExpression) -> object:
-        kind = "SQL92" if fe.type == D.FilterType.SQL else "TAG"
-        return make_filter(kind, fe.expression)
+        # an unknown type (a number the enum does not define) is refused, not served as TAG
+        kinds = {D.FilterType.SQL: "SQL92", D.FilterType.TAG: "TAG", D.FilterType.FILTER_TYPE_UNSPECIFIED: "TAG"}
+        return make_filter(kinds.get(fe.type, f"FilterType {fe.type}"), fe.expression)
 
     def _wait_ms(self, requested: Any, has: bool, context: grpc.ServicerContext) -> int:
         wait = requested.ToMilliseconds() if has else self.options.long_polling_max_ms

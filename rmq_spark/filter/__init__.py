@@ -43,6 +43,9 @@ SQL92 semantics (those of ``org.apache.rocketmq.filter``, checked against its so
   present and ``null`` when missing.
 * There is no ``!=`` operator; ``--`` line comments and ``/* */`` block comments are skipped.
 
+Limits: an expression of either type is at most ``MAX_EXPRESSION_CHARS`` (16 Ki) characters
+(RocketMQ sets none); an SQL92 parse's outcome is cached, failures like successes.
+
 Deliberate differences from the Java code: decimal literals ``0.0`` and other values below
 ``Double.MIN_VALUE`` are accepted (RocketMQ rejects them); a trailing ``--`` comment needs no
 newline; integer conversion accepts ASCII digits only (Java's ``Character.digit`` also takes
@@ -58,6 +61,7 @@ not a number.
 from __future__ import annotations
 
 from rmq_spark.errors import FilterExpressionError
+from rmq_spark.filter._common import MAX_EXPRESSION_CHARS
 from rmq_spark.filter.sql import SqlFilter
 from rmq_spark.filter.sql_compile import Node as Node
 from rmq_spark.filter.sql_compile import Plan as Plan
@@ -67,6 +71,7 @@ from rmq_spark.store.hashing import java_string_hash
 __all__ = [
     "EXPRESSION_TYPE_SQL92",
     "EXPRESSION_TYPE_TAG",
+    "MAX_EXPRESSION_CHARS",
     "SUB_ALL",
     "SqlFilter",
     "TagFilter",

@@ -27,7 +27,9 @@ def make_filters(tags: str | None, sql: str | None) -> tuple[Any | None, Any | N
         if getattr(tag_filter, "match_all", False):
             tag_filter = None
         elif not tag_filter.tags:
-            raise ConfigError(f"option 'tags': {tags!r} names no tag; give tags like 'TagA || TagB', or '*' for every message")
+            raise ConfigError(
+                f"option 'tags': {tags!r} names no tag; give tags like 'TagA || TagB', or '*' for every message"
+            )
     if sql is not None:
         try:
             sql_filter = SqlFilter.parse(sql)

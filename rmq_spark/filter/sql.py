@@ -15,8 +15,8 @@ import pyarrow as pa
 
 from rmq_spark.filter._common import _concat_masks
 from rmq_spark.filter.sql_compile import Node, _compile_sql
-from rmq_spark.filter.sql_eval import _JavaError, _eval
-from rmq_spark.filter.sql_mask import _VectorEvaluator, _check_map_type
+from rmq_spark.filter.sql_eval import _eval, _JavaError
+from rmq_spark.filter.sql_mask import _check_map_type, _VectorEvaluator
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """SQL92 filter compiler: lark tree -> plain tuples, with RocketMQ's parse-time checks.
 
-:func:`_compile_sql` (cached) parses an expression and compiles it to a tree of plain tuples
-(picklable, shipped to Spark executors) and the set of property names it reads.  The compiler
+:func:`_compile_sql` parses an expression and compiles it to a tree of plain tuples
+(picklable, shipped to Spark executors) and the set of property names it reads.  Expressions are
+at most ``MAX_EXPRESSION_CHARS`` long, and the outcome of the last 256 is cached, failures like
+successes: a client repeating a bad expression costs one parse, not one per request.  The compiler
 rejects, with the position of the offending subexpression, what RocketMQ rejects when it builds
 the expression: non-boolean conditions, ``NULL`` compared with ``=``, booleans and strings
 ordered with ``<``, empty or reversed constant ``BETWEEN`` ranges, ``IN`` without a property,
@@ -10,14 +12,23 @@ out-of-range literals and too deep nesting.
 
 from __future__ import annotations
 
-import functools
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from lark import Token, Tree
 from lark.exceptions import UnexpectedInput
 
 from rmq_spark.errors import FilterExpressionError
-from rmq_spark.filter._common import _DOUBLE_MAX, _INT32_MAX, _INT64_MAX, Node, Plan, _int32
+from rmq_spark.filter._common import (
+    _DOUBLE_MAX,
+    _INT32_MAX,
+    _INT64_MAX,
+    Node,
+    Plan,
+    _check_expression_size,
+    _int32,
+)
 from rmq_spark.filter.sql_eval import _compare
 from rmq_spark.filter.sql_parse import _parser, _sql_error, _syntax_error
 
@@ -144,9 +155,12 @@ class _Compiler:
         if not negated and low.constant and high.constant:
             if low.kind == "null" or high.kind == "null":
                 raise self.error("BETWEEN bounds cannot be NULL", low)
-            if low.kind in _NUMERIC_KINDS and high.kind in _NUMERIC_KINDS:
-                if _compare(_plan(high.kind, low.kind, False), high.node[2], low.node[2]) < 0:
-                    raise self.error("BETWEEN lower bound is greater than upper bound", low)
+            numeric = low.kind in _NUMERIC_KINDS and high.kind in _NUMERIC_KINDS
+            if (
+                numeric
+                and _compare(_plan(high.kind, low.kind, False), high.node[2], low.node[2]) < 0
+            ):
+                raise self.error("BETWEEN lower bound is greater than upper bound", low)
         if negated:
             first, second = self.ordering("<", value, low), self.ordering(">", value, high)
             return self.boolean(("or", first.node, second.node), value)
@@ -228,9 +242,12 @@ class _Compiler:
 
     def decimal(self, token: Token, line: int, column: int) -> _Expr:
         text = str(token)
-        value = int(text[:-1] if text[-1] in "lL" else text)
-        if value > _INT64_MAX:
+        digits = text[:-1] if text[-1] in "lL" else text
+        # a long has at most 19 digits: refuse longer ones before converting (Python refuses to
+        # convert more than 4300 digits, and the conversion is quadratic below that)
+        if len(digits) > 19 or int(digits) > _INT64_MAX:
             raise self.error(f"{text} is out of the range of a long", token)
+        value = int(digits)
         kind = "int" if value <= _INT32_MAX else "long"
         return _Expr(("const", kind, value), kind, line, column, constant=True)
 
@@ -239,12 +256,42 @@ def _unquote(token: Token | Tree) -> str:
     return str(token)[1:-1].replace("''", "'")
 
 
-@functools.lru_cache(maxsize=256)
+_CACHE_ENTRIES = 256
+_cache: OrderedDict[str, tuple[Node, frozenset[str]] | FilterExpressionError] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
 def _compile_sql(text: str) -> tuple[Node, frozenset[str]]:
+    """(tree, property names) of ``text``; FilterExpressionError when it is malformed or too long."""
+    _check_expression_size("SQL92", text)
+    with _cache_lock:
+        outcome = _cache.get(text)
+        if outcome is not None:
+            _cache.move_to_end(text)
+    if outcome is None:
+        try:
+            outcome = _compile_uncached(text)
+        except FilterExpressionError as e:
+            outcome = e
+        with _cache_lock:
+            _cache[text] = outcome
+            while len(_cache) > _CACHE_ENTRIES:
+                _cache.popitem(last=False)
+    if isinstance(outcome, FilterExpressionError):
+        raise FilterExpressionError(str(outcome))
+    return outcome
+
+
+def _compile_uncached(text: str) -> tuple[Node, frozenset[str]]:
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as exc:
         raise _syntax_error(text, exc) from None
+    except RecursionError:
+        raise FilterExpressionError("invalid SQL92 filter expression: nested too deeply") from None
     compiler = _Compiler(text)
-    top = compiler.compile(tree)
+    try:
+        top = compiler.compile(tree)
+    except RecursionError:
+        raise FilterExpressionError("invalid SQL92 filter expression: nested too deeply") from None
     return compiler.as_boolean(top).node, frozenset(compiler.names)

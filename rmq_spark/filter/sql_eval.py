@@ -8,6 +8,7 @@ shared with the vectorized evaluator in ``sql_mask``.
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Callable, Mapping
@@ -51,7 +52,7 @@ def _parse_bool(value: str) -> bool:
 
 def _double_order_key(value: float) -> int:
     """An int64 whose order is ``Double.compareTo``'s total order."""
-    if value != value:
+    if math.isnan(value):
         bits = 0x7FF8000000000000
     else:
         (bits,) = struct.unpack("<q", struct.pack("<d", value))

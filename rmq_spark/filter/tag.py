@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rmq_spark.filter._common import _JAVA_TRIM_CHARS, _concat_masks, _int32
+from rmq_spark.filter._common import _JAVA_TRIM_CHARS, _check_expression_size, _concat_masks, _int32
 from rmq_spark.store.hashing import java_string_hash
 
 SUB_ALL = "*"
@@ -35,6 +35,7 @@ class TagFilter:
         """Build the filter as RocketMQ's ``FilterAPI.buildSubscriptionData`` does."""
         if expression is None or expression == "" or expression == SUB_ALL:
             return cls(SUB_ALL, True)
+        _check_expression_size("TAG", expression)
         pieces = (piece.strip(_JAVA_TRIM_CHARS) for piece in expression.split("||"))
         tags = frozenset(piece for piece in pieces if piece)
         return cls(expression, False, tags, frozenset(java_string_hash(t) for t in tags))

@@ -146,16 +146,20 @@ class RemotingCommand:
         }
         if self.remark is not None:
             doc["remark"] = self.remark
-        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        try:
+            return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        except UnicodeEncodeError:  # a lone surrogate (echoed from a request): JSON escapes it
+            return json.dumps(doc, separators=(",", ":")).encode()
 
     def _binary_header(self) -> bytes:
         parts = [_BINARY_FIXED.pack(_short_code(self.code), int(self.language), _short(self.version), self.opaque,
                                     self.flag)]  # fmt: skip
-        remark = (self.remark or "").encode()
+        # a lone surrogate (echoed from a request) is written as "?", as Java's getBytes(UTF_8) does
+        remark = (self.remark or "").encode("utf-8", "replace")
         parts += [_INT.pack(len(remark)), remark]
         ext = bytearray()
         for k, v in self.ext_fields.items():
-            kb, vb = k.encode(), str(v).encode()
+            kb, vb = k.encode("utf-8", "replace"), str(v).encode("utf-8", "replace")
             ext += _SHORT.pack(len(kb)) + kb + _INT.pack(len(vb)) + vb
         parts += [_INT.pack(len(ext)), bytes(ext)]
         return b"".join(parts)
@@ -202,11 +206,18 @@ def decode_frame(frame: bytes | bytearray | memoryview) -> RemotingCommand:
     return cmd
 
 
+# ext field values are strings (numbers and booleans are taken as text); an object or array is
+# taken as its JSON text, nested at most this deep (a client never sends one)
+JSON_EXT_VALUE_MAX_DEPTH = 8
+
+
 def _decode_json(header: bytes) -> RemotingCommand:
     try:
         doc = json.loads(header)
     except (UnicodeDecodeError, ValueError) as e:
-        raise FrameError(f"JSON header does not parse: {e}") from None
+        raise FrameError(f"JSON header does not parse: {str(e)[:200]}") from None
+    except RecursionError:
+        raise FrameError("JSON header nests too deeply") from None
     if not isinstance(doc, dict):
         raise FrameError("JSON header is not an object")
     try:
@@ -217,12 +228,30 @@ def _decode_json(header: bytes) -> RemotingCommand:
     ext = doc.get("extFields") or {}
     if not isinstance(ext, dict):
         raise FrameError("JSON header's extFields is not an object")
+    for k, v in ext.items():
+        if isinstance(v, (dict, list)) and _depth(v) > JSON_EXT_VALUE_MAX_DEPTH:
+            raise FrameError(
+                f"JSON header's extFields value {k[:64]!r} nests deeper than {JSON_EXT_VALUE_MAX_DEPTH} levels"
+            )
     remark = doc.get("remark")
     return RemotingCommand(
         code, {str(k): v if v.__class__ is str else _ext_value(v) for k, v in ext.items()}, b"", opaque, flag,
         remark if isinstance(remark, str) else None, version, LanguageCode.of(doc.get("language")),
         SerializeType.JSON,
     )  # fmt: skip
+
+
+def _depth(value: object) -> int:
+    """How deep a parsed JSON value nests (iterative: no recursion however deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
 
 
 def _int32(value: object) -> int:

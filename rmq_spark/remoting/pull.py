@@ -12,31 +12,42 @@ offset == max (nothing new)               PULL_NOT_FOUND             offset (lon
 empty queue, offset 0                     PULL_NOT_FOUND             0 (long polled)
 offset < min, offset > max, or offset     PULL_OFFSET_MOVED          min (max when over it
 >0 on an empty queue                                                 and min > 0)
+a damaged record (CRC, layout) at offset  SYSTEM_ERROR, naming its   --
+                                          CommitLog file, position
 ========================================  =========================  =====================
 
-Long polling: a request with the SUSPEND flag that found nothing new waits (a future on the event
-loop, no thread) until a message is dispatched to its queue or ``suspendTimeoutMillis`` passes,
-then is run again.  The filter is the request's own subscription (SUBSCRIPTION flag: pull and
-lite pull consumers) or the one the group's heartbeat registered for the topic (push consumers).
-A COMMIT_OFFSET flag stores ``commitOffset`` as the group's offset.
+Every record served is first held to its ConsumeQueue unit (layout, queue, offset, CRCs): a batch
+ends before a damaged record (nextBeginOffset is its offset), and only the pull that starts at it
+is refused, so a consumer stops exactly there, as Kafka's fetch does.
+
+Long polling: a request with the SUSPEND flag that found nothing new is parked (no thread, no task:
+:mod:`rmq_spark.remoting.longpoll`) until a message is dispatched to its queue or
+``suspendTimeoutMillis`` passes, then is run again; past the bounds on parked pulls (per
+connection and in all) it is answered at once, PULL_NOT_FOUND.  The filter is the request's own
+subscription (SUBSCRIPTION flag: pull and lite pull consumers) or the one the group's heartbeat
+registered for the topic (push consumers).
+A COMMIT_OFFSET flag stores ``commitOffset`` as the group's offset.  An SQL92 expression the
+processor has not seen is parsed on the server's thread pool, not on the event loop; the outcome
+(a filter, or why it does not parse) is cached.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
-from rmq_spark.errors import FilterExpressionError
-from rmq_spark.filter import SqlFilter, TagFilter, make_filter
+from rmq_spark.errors import CorruptStoreError, FilterExpressionError
+from rmq_spark.filter import MAX_EXPRESSION_CHARS, SqlFilter, TagFilter, make_filter
 from rmq_spark.remoting.clients import ClientManager
 from rmq_spark.remoting.codes import PullSysFlag, ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.headers import fields_of
+from rmq_spark.remoting.longpoll import LongPollHold
 from rmq_spark.remoting.server import Connection, EventLoopThread
+from rmq_spark.store.consistency import bad_units, why_bad
 
 __all__ = ["PullProcessor"]
 
@@ -49,6 +60,9 @@ MAX_PULL_BYTES = 4 << 20
 FILTER_SCAN_UNITS = 800
 MAX_SUSPEND_MS = 60_000
 _FILTER_CACHE_SIZE = 256
+# the flags as plain ints (an IntFlag operation builds an enum member: slow per request)
+_SUBSCRIPTION, _COMMIT_OFFSET, _SUSPEND = (int(PullSysFlag.SUBSCRIPTION), int(PullSysFlag.COMMIT_OFFSET),
+                                           int(PullSysFlag.SUSPEND))  # fmt: skip
 
 
 class PullProcessor:
@@ -56,43 +70,45 @@ class PullProcessor:
         self.store = store
         self.clients = clients
         self.loop = loop_thread.loop
-        self._filters: OrderedDict[tuple[str, str], TagFilter | SqlFilter] = OrderedDict()
-        # (topic, queue id) -> (offset, future) of suspended pulls (touched on the event loop only)
-        self._waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future[None]]]] = {}
-        self._check_scheduled = False
+        # (expression type, expression) -> its filter, or the error it raised
+        self._filters: OrderedDict[tuple[str, str], TagFilter | SqlFilter | FilterExpressionError] = OrderedDict()
+        self._loop_thread = loop_thread
+        self.hold = LongPollHold(self.loop, store.max_offset)
         self.traffic: Any = None  # rmq_spark.services.traffic.Traffic when metrics are on
-        # a waker (no DispatchBatch made per put): it looks at the waiting queues' max offsets
-        store.add_listener(self._on_dispatch, batch=False)
+        store.add_listener(self._on_dispatch)
 
     def close(self) -> None:
-        self.store.remove_listener(self._on_dispatch)
+        """Stop waking; answer every parked pull (on the loop, waiting for it), so none is left."""
+        import concurrent.futures
+        import threading
 
-    # --- long polling ---------------------------------------------------------------------------
-    def _on_dispatch(self) -> None:
-        """Store listener (any thread, after every put): when pulls are suspended, check them on
-        the loop, once however many puts come before the check runs."""
-        if not self._waiters or self._check_scheduled:
+        self.store.remove_listener(self._on_dispatch)
+        loop = self.loop
+        if loop.is_closed() or not loop.is_running():
             return
-        self._check_scheduled = True
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+        def release() -> None:
+            try:
+                done.set_result(self.hold.release_all())
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                done.set_exception(e)
+
+        if threading.get_ident() == self._loop_thread.thread_id:
+            release()
+            return
         try:
-            self.loop.call_soon_threadsafe(self._check_waiters)
-        except RuntimeError:  # the loop is closed: the broker is stopping
+            loop.call_soon_threadsafe(release)
+            done.result(timeout=10)
+        except (RuntimeError, concurrent.futures.TimeoutError):  # the loop stopped first
             pass
 
-    def _check_waiters(self) -> None:
-        self._check_scheduled = False
-        max_offset = self.store.max_offset
-        for key in list(self._waiters):
-            hi = max_offset(*key)
-            waiting = self._waiters[key]
-            ready = [fut for offset, fut in waiting if hi > offset]
-            if ready:
-                self._waiters[key] = [(o, f) for o, f in waiting if not f.done() and hi <= o]
-                if not self._waiters[key]:
-                    del self._waiters[key]
-                for fut in ready:
-                    if not fut.done():
-                        fut.set_result(None)
+    # --- long polling ---------------------------------------------------------------------------
+    def _on_dispatch(self, batch: Any) -> None:
+        """Store listener (any thread, after every put): wake the pulls parked on the queues it
+        wrote (nothing to do, and no work, when none is parked)."""
+        if self.hold.parked:
+            self.hold.notify(batch.topics, batch.column_list("queue_ids"))
 
     # --- the request ----------------------------------------------------------------------------
     def pull(self, conn: Connection, req: RemotingCommand) -> Any:
@@ -112,7 +128,7 @@ class PullProcessor:
             return req.response(ResponseCode.SYSTEM_ERROR,
                                 f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
                                 f"[{cfg.read_queue_nums}]")  # fmt: skip
-        if sys_flag & PullSysFlag.SUBSCRIPTION:
+        if sys_flag & _SUBSCRIPTION:
             expression, expression_type = f.str("subscription", "*"), f.str("expressionType", "TAG")
         else:
             sub = self.clients.subscription(group, topic)
@@ -120,48 +136,64 @@ class PullProcessor:
                 return req.response(ResponseCode.SUBSCRIPTION_NOT_EXIST,
                                     f"the consumer's subscription not exist, group: {group}")  # fmt: skip
             expression, expression_type = sub.expression, sub.expression_type
-        try:
-            message_filter = self._filter(expression_type, expression)
-        except FilterExpressionError as e:
-            return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"parse the consumer's subscription failed: {e}")
-        if sys_flag & PullSysFlag.COMMIT_OFFSET:
+
+        def serve(flt: TagFilter | SqlFilter | FilterExpressionError) -> Any:
+            if isinstance(flt, FilterExpressionError):
+                return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                    f"parse the consumer's subscription failed: {flt}")  # fmt: skip
+            return self._serve(conn, req, f, group, topic, queue_id, offset, max_msgs, max_bytes, sys_flag,
+                               suspend_ms, flt)  # fmt: skip
+
+        if len(expression) > MAX_EXPRESSION_CHARS:  # refused at once: not parsed, not cached
+            try:
+                make_filter(expression_type, expression)
+            except FilterExpressionError as e:
+                return serve(e)
+        key = (expression_type.upper(), expression)
+        flt = self._filters.get(key)
+        if flt is None and key[0] == "SQL92":  # a parse that may take long: off the event loop
+
+            async def parse_then_serve() -> Any:
+                try:
+                    parsed = await conn.run_blocking(make_filter, expression_type, expression)
+                except FilterExpressionError as e:
+                    parsed = e
+                self._remember(key, parsed)
+                return serve(parsed)
+
+            return parse_then_serve()
+        if flt is None:
+            try:
+                flt = make_filter(expression_type, expression)
+            except FilterExpressionError as e:
+                flt = e
+            self._remember(key, flt)
+
+        return serve(flt)
+
+    def _serve(self, conn: Connection, req: RemotingCommand, f: Any, group: str, topic: str, queue_id: int,
+               offset: int, max_msgs: int, max_bytes: int, sys_flag: int, suspend_ms: int,
+               message_filter: TagFilter | SqlFilter) -> RemotingCommand | None:  # fmt: skip
+        if sys_flag & _COMMIT_OFFSET:
             commit = f.long("commitOffset", -1)
             if commit >= 0:
                 self.store.offsets.commit(group, topic, queue_id, commit)
         answer = self._read(req, topic, queue_id, offset, max_msgs, max_bytes, message_filter)
-        if answer.code != ResponseCode.PULL_NOT_FOUND or not sys_flag & PullSysFlag.SUSPEND or suspend_ms <= 0:
+        if answer.code != ResponseCode.PULL_NOT_FOUND or not sys_flag & _SUSPEND or suspend_ms <= 0:
             return answer
-        return self._suspend(req, topic, queue_id, offset, max_msgs, max_bytes, message_filter, suspend_ms)
 
-    async def _suspend(self, req: RemotingCommand, topic: str, queue_id: int, offset: int, max_msgs: int,
-                       max_bytes: int, message_filter: Any, suspend_ms: int) -> RemotingCommand:  # fmt: skip
-        key = (topic, queue_id)
-        fut: asyncio.Future[None] = self.loop.create_future()
-        self._waiters.setdefault(key, []).append((offset, fut))
-        # a message stored between the read and the registration woke nobody: look again
-        if self.store.max_offset(topic, queue_id) > offset:
-            fut.set_result(None)
-        try:
-            await asyncio.wait_for(fut, suspend_ms / 1000)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            waiting = self._waiters.get(key)
-            if waiting is not None:
-                waiting[:] = [(o, f) for o, f in waiting if f is not fut]
-                if not waiting:
-                    del self._waiters[key]
-        return self._read(req, topic, queue_id, offset, max_msgs, max_bytes, message_filter)
+        def again() -> RemotingCommand:
+            return self._read(req, topic, queue_id, offset, max_msgs, max_bytes, message_filter)
 
-    def _filter(self, expression_type: str, expression: str) -> TagFilter | SqlFilter:
-        key = (expression_type.upper(), expression)
-        flt = self._filters.get(key)
-        if flt is None:
-            flt = make_filter(expression_type, expression)
-            self._filters[key] = flt
-            if len(self._filters) > _FILTER_CACHE_SIZE:
-                self._filters.popitem(last=False)
-        return flt
+        if self.hold.park(conn, req, (topic, queue_id), offset, suspend_ms / 1000, again):
+            return None  # answered when woken, expired or released
+        return answer  # past the bounds on parked pulls: nothing new, now
+
+    def _remember(self, key: tuple[str, str], flt: TagFilter | SqlFilter | FilterExpressionError) -> None:
+        self._filters[key] = flt
+        self._filters.move_to_end(key)
+        if len(self._filters) > _FILTER_CACHE_SIZE:
+            self._filters.popitem(last=False)
 
     # --- reading --------------------------------------------------------------------------------
     def _read(self, req: RemotingCommand, topic: str, queue_id: int, offset: int, max_msgs: int, max_bytes: int,
@@ -189,8 +221,10 @@ class PullProcessor:
         commitlog = store.commitlog
         mfq = commitlog.mfq
         parts: list[bytes] = []
+        served: list[int] = []  # unit index of each part
         nbytes = 0
         scanned = 0
+        corrupt: int | None = None  # unit index of a damaged record
         for i, (p, s) in enumerate(zip(phys.tolist(), sizes.tolist())):
             if len(parts) >= max_msgs or (parts and nbytes + s > max_bytes):
                 break
@@ -203,16 +237,36 @@ class PullProcessor:
             pos = p - mf.from_offset
             if pos + s > mf.wrote_position:
                 continue
-            if filtered_by_sql:
-                m = commitlog.read_record(p, s, read_body=False)
-                if m is None or not message_filter.matches(m.properties):
-                    continue
-            elif filtered_by_tag:
-                m = commitlog.read_record(p, s, read_body=False)  # tag codes collide: check the tag
-                if m is None or not message_filter.matches(m.tags):
-                    continue
+            try:
+                if filtered_by_sql:
+                    m = commitlog.read_record(p, s, read_body=False)
+                    if m is None or not message_filter.matches(m.properties):
+                        continue
+                elif filtered_by_tag:
+                    m = commitlog.read_record(p, s, read_body=False)  # tag codes collide: check the tag
+                    if m is None or not message_filter.matches(m.tags):
+                        continue
+            except CorruptStoreError:
+                corrupt = scanned = i
+                break
             parts.append(mf.mm[pos : pos + s])
+            served.append(i)
             nbytes += s
+        # every record served is held to its unit (layout, queue, offset, CRCs) first: the batch
+        # ends before a damaged one, and a pull that starts at it is answered with its file and
+        # position (as Kafka's fetch does), so a consumer stops exactly at it
+        rows = np.array(served, dtype=np.int64)
+        bad = bad_units(mfq, phys[rows], sizes[rows], topic, queue_id, offset + rows, commitlog.force_prop_crc)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            del parts[k:]
+            nbytes = sum(len(x) for x in parts)
+            corrupt = scanned = int(rows[k])
+        if corrupt == 0:
+            path, pos, why = why_bad(mfq, int(phys[0]), int(sizes[0]), commitlog.force_prop_crc)
+            return req.response(ResponseCode.SYSTEM_ERROR, f"{path}: corrupt CommitLog record at position {pos} "
+                                f"(offset {int(phys[0])}), unit {offset} of {topic}/{queue_id}: {why}; it is not "
+                                "served")  # fmt: skip
         next_offset = offset + scanned
         if not parts:
             return self._answer(req, ResponseCode.PULL_RETRY_IMMEDIATELY, next_offset, lo, hi)

@@ -2,17 +2,24 @@
 broker's remoting port and of its NameServer (a connection costs a buffer, not a thread).
 
 - A :class:`Processor` maps request codes to handlers.  A handler gets the :class:`Connection` and
-  the request and returns the response, ``None`` (nothing to answer, or a oneway request), or an
-  awaitable of either (long polling waits without a thread).  Handlers that may block (a send
-  waiting for its fdatasync) are named in ``Processor.blocking`` and run on a small thread pool.
+  the request and returns the response, ``None`` (nothing to answer yet, or a oneway request), or
+  an awaitable of either.  Handlers that may block (a send waiting for its fdatasync) are named in
+  ``Processor.blocking`` and run on a small thread pool; :meth:`Connection.run_blocking` runs other
+  slow work there (an SQL92 parse).
 - Bad input never stops the loop: a frame over 16 MiB, an unknown serialize type or a header
-  that does not parse closes that connection; an unknown code is answered
-  ``REQUEST_CODE_NOT_SUPPORTED``; a missing or malformed header field ``SYSTEM_ERROR`` naming it;
-  any other fault of a handler ``SYSTEM_ERROR`` (and is logged).
+  that does not decode (not JSON, nested too deeply, fields of the wrong type) closes that
+  connection with one WARNING line; an unknown code is answered ``REQUEST_CODE_NOT_SUPPORTED``
+  (counted in ``unsupported_requests``, logged at most once per 10 s); a missing or malformed
+  header field ``SYSTEM_ERROR`` naming it; running out of descriptors ``SERVICE_NOT_AVAILABLE``;
+  any other fault of a handler ``SYSTEM_ERROR`` with a generic text (the fault is logged, not sent).
+- The limits of :mod:`rmq_spark.remoting.limits`: connections past the limit are closed as they
+  are accepted; a connection with too much queued blocking work, or whose answers are not read,
+  is not read until it drains; past the total, blocking requests are answered ``SYSTEM_BUSY``.
 - A connection idle for ``idle_timeout_s`` (RocketMQ's ``serverChannelMaxIdleTimeSeconds``, 120 s)
   is closed.
 - The broker can send requests to a client over its connection (CHECK_TRANSACTION_STATE,
   NOTIFY_CONSUMER_IDS_CHANGED): :meth:`Connection.send_oneway` from any thread.
+- Stopping cancels the handlers' tasks still running, so no task outlives the loop.
 """
 
 from __future__ import annotations
@@ -28,11 +35,28 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rmq_spark.remoting import limits as lim
 from rmq_spark.remoting.codes import ResponseCode
-from rmq_spark.remoting.command import FLAG_ONEWAY, FrameError, RemotingCommand, decode_frame, split_frame
-from rmq_spark.remoting.headers import HeaderError
+from rmq_spark.remoting.command import (
+    FLAG_ONEWAY,
+    FrameError,
+    RemotingCommand,
+    decode_frame,
+    split_frame,
+)
+from rmq_spark.remoting.faults import ServerBusy, failure_answer
+from rmq_spark.remoting.loop import EventLoopThread, bind
+from rmq_spark.remoting.work import ConnectionWork, WorkQueue
 
-__all__ = ["Connection", "EventLoopThread", "Handler", "Processor", "RemotingServer", "bind"]
+__all__ = [
+    "Connection",
+    "EventLoopThread",
+    "Handler",
+    "Processor",
+    "RemotingServer",
+    "ServerBusy",
+    "bind",
+]
 
 log = logging.getLogger("rmq_spark.remoting")
 
@@ -41,6 +65,8 @@ Handler = Callable[["Connection", RemotingCommand], Any]
 IDLE_TIMEOUT_S = 120.0
 # pause reading a connection whose answers are not being read (bytes queued for it)
 WRITE_HIGH_WATER_BYTES = 8 << 20
+# requests of one connection served in one turn of the event loop
+FRAMES_PER_TURN = 4
 
 
 class Processor:
@@ -76,7 +102,14 @@ class Connection(asyncio.Protocol):
         self.attrs: dict[str, Any] = {}
         self._buf = bytearray()
         self._closed = False
+        self._admitted = False
         self._paused_writing = False
+        self._reading_paused = False
+        self._processing = False
+        self._backlog = False  # whole frames left in the buffer for a later turn of the loop
+        self._close_callbacks: list[Callable[[Connection], None]] = []
+        # blocking requests queued or running for this connection (rmq_spark.remoting.work)
+        self.work = ConnectionWork()
         self.last_active = time.monotonic()
 
     # --- asyncio.Protocol -----------------------------------------------------------------------
@@ -87,6 +120,15 @@ class Connection(asyncio.Protocol):
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
         sock = transport.get_extra_info("socket")
+        refusal = self.server.admit(sock.fileno() if sock is not None else -1)
+        if refusal is not None:
+            self.server.refused_connections += 1
+            self.server.limited_log.log("refused", logging.WARNING, "remoting connection from %s refused: %s",
+                                        self.peer, refusal)  # fmt: skip
+            self._closed = True
+            transport.abort()
+            return
+        self._admitted = True
         if sock is not None:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -99,10 +141,15 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if not self._admitted:
+            return
+        self._admitted = False
         self.server.connections.discard(self)
+        self.server.release()
+        WorkQueue.drop(self.work)
         if self.server.activity is not None:
             self.server.activity.end()
-        for cb in self.server.processor.on_close:
+        for cb in [*self._close_callbacks, *self.server.processor.on_close]:
             try:
                 cb(self)
             except Exception:
@@ -110,40 +157,92 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused_writing = True
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self._paused_writing = False
-        if self.transport is not None and not self._closed:
-            self.transport.resume_reading()
+        self._update_reading()
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
+        self._buf += data
+        self._process()
+
+    # --- reading frames ---------------------------------------------------------------------------
+    def _held(self) -> bool:
+        """Whether this connection must not be read: its answers are not being read, or it has
+        as much queued blocking work as one connection may."""
+        server = self.server
+        work = self.work
+        return (self._paused_writing or work.inflight >= server.conn_inflight_max
+                or work.inflight_bytes >= server.conn_inflight_max_bytes)  # fmt: skip
+
+    def _update_reading(self) -> None:
+        held = self._held() or self._backlog
+        if held == self._reading_paused or self.transport is None or self._closed:
+            return
+        self._reading_paused = held
+        if held:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
+            if self._buf:  # frames that arrived before the pause
+                self.loop.call_soon(self._process)
+
+    def _process(self) -> None:
+        """Serve the whole frames in the buffer, stopping while the connection is held, and
+        after FRAMES_PER_TURN of them (the rest after the loop's other work, this connection not
+        read meanwhile): a client pipelining thousands of requests shares the loop."""
+        if self._processing:
+            return
+        self._processing = True
+        self._backlog = False
         buf = self._buf
-        buf += data
         max_bytes = self.server.frame_max_bytes
         start = 0
+        budget = FRAMES_PER_TURN
         try:
-            while True:
+            while not self._closed and not self._held():
                 n = split_frame(memoryview(buf)[start:], max_bytes)
                 if n == 0:
                     break
+                if budget == 0:
+                    self._backlog = True
+                    self.loop.call_soon(self._process)
+                    break
+                budget -= 1
                 frame = bytes(buf[start + 4 : start + n])
                 start += n
-                self._on_frame(decode_frame(frame))
-                if self._closed:
-                    return
+                try:
+                    cmd = decode_frame(frame)
+                except FrameError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - RecursionError...: a header it cannot read
+                    raise FrameError(f"the header does not decode ({type(e).__name__})") from None
+                try:
+                    self._on_frame(cmd, n)
+                except Exception as e:  # noqa: BLE001 - a fault of the server itself: logged, connection closed
+                    self.server.limited_log.log(("frame-fault", type(e).__name__), logging.ERROR,
+                                                "remoting request %d from %s failed: closing the connection",
+                                                cmd.code, self.peer, exc_info=e)  # fmt: skip
+                    self.close()
         except FrameError as e:
-            log.warning("remoting connection %s sent a bad frame (%s): closing it", self.peer, e)
+            self.server.limited_log.log(
+                "bad-frame",
+                logging.WARNING,
+                "remoting connection %s sent a bad frame (%s): closing it",
+                self.peer,
+                e,
+            )
             self.close()
-            return
         finally:
+            self._processing = False
             if start:
                 del buf[:start]
+        self._update_reading()
 
     # --- requests -------------------------------------------------------------------------------
-    def _on_frame(self, cmd: RemotingCommand) -> None:
+    def _on_frame(self, cmd: RemotingCommand, frame_bytes: int) -> None:
         if cmd.is_response:
             return  # answers to the broker's oneway requests: nothing waits for them
         server = self.server
@@ -151,48 +250,79 @@ class Connection(asyncio.Protocol):
             cmd.received_s = time.perf_counter()  # type: ignore[attr-defined]
         handler = server.processor.handlers.get(cmd.code)
         if handler is None:
-            log.info("remoting request code %d from %s is not supported", cmd.code, self.peer)
+            server.unsupported_requests += 1
+            server.limited_log.log("unsupported", logging.INFO,
+                                   "remoting request code %d from %s is not supported (%d such requests so far)",
+                                   cmd.code, self.peer, server.unsupported_requests)  # fmt: skip
             self.reply(cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                          f" request type {cmd.code} not supported"))  # fmt: skip
             return
         before = server.processor.before
         if before is not None:
-            refused = before(self, cmd)
+            try:
+                refused = before(self, cmd)
+            except Exception as e:  # noqa: BLE001 - answered (and logged when a fault) by failure()
+                refused = self.failure(cmd, e)
             if refused is not None:
                 self.reply(cmd, refused)
                 return
         if cmd.code in server.processor.blocking:
-            fut = self.loop.run_in_executor(server.executor, self._call, handler, cmd)
-            fut.add_done_callback(lambda f: self._answer(cmd, f))
+            self._run_blocking_handler(handler, cmd, frame_bytes)
             return
         result = self._call(handler, cmd)
         if inspect.isawaitable(result):
-            task = asyncio.ensure_future(result)
-            task.add_done_callback(lambda t: self._answer(cmd, t))
+            self._await(cmd, result)
         elif result is not None:
             self.reply(cmd, result)
+
+    def _run_blocking_handler(
+        self, handler: Handler, cmd: RemotingCommand, frame_bytes: int
+    ) -> None:
+        try:
+            fut = self._submit(frame_bytes, self._call, handler, cmd)
+        except ServerBusy as e:
+            self.reply(cmd, cmd.response(ResponseCode.SYSTEM_BUSY, str(e)))
+            return
+        fut.add_done_callback(lambda f: self._answer(cmd, f))
+
+    def _submit(self, nbytes: int, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """``fn(*args)`` on the server's pool, counted as this connection's queued work."""
+        fut = self.server.work_queue.submit(
+            self.work, nbytes, fn, *args, on_done=self._update_reading
+        )
+        self._update_reading()
+        return fut
+
+    async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Await ``fn(*args)`` run on the server's pool (slow work kept off the event loop);
+        raises :class:`ServerBusy` when the pool's queue is full."""
+        return await self._submit(0, fn, *args)
+
+    def _await(self, cmd: RemotingCommand, result: Any) -> None:
+        fut = asyncio.ensure_future(result)
+        if isinstance(fut, asyncio.Task):
+            self.server.tasks.add(fut)
+            fut.add_done_callback(self.server.tasks.discard)
+        fut.add_done_callback(lambda t: self._answer(cmd, t))
 
     def _call(self, handler: Handler, cmd: RemotingCommand) -> Any:
         try:
             return handler(self, cmd)
-        except HeaderError as e:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, str(e))
-        except Exception as e:
-            log.exception("remoting request %d from %s failed", cmd.code, self.peer)
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - answered (and logged when a fault) by failure()
+            return self.failure(cmd, e)
+
+    def failure(self, cmd: RemotingCommand, exc: BaseException) -> RemotingCommand:
+        """The answer to a request whose handler raised ``exc`` (logged when it is a fault of the
+        broker, never sent: the client gets a text that names the problem or a generic one)."""
+        return self.server.failure_answer(self, cmd, exc)
 
     def _answer(self, cmd: RemotingCommand, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():
             return
         exc = fut.exception()
-        if exc is not None:
-            log.error("remoting request %d from %s failed", cmd.code, self.peer, exc_info=exc)
-            result: Any = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
-        else:
-            result = fut.result()
+        result: Any = self.failure(cmd, exc) if exc is not None else fut.result()
         if inspect.isawaitable(result):
-            task = asyncio.ensure_future(result)
-            task.add_done_callback(lambda t: self._answer(cmd, t))
+            self._await(cmd, result)
         elif result is not None:
             self.reply(cmd, result)
 
@@ -204,7 +334,19 @@ class Connection(asyncio.Protocol):
                 observe(request.code, response.code, (time.perf_counter() - began) * 1000)
         if request.flag & FLAG_ONEWAY:
             return
-        self.write(response.encode())
+        try:
+            data = response.encode()
+        except FrameError as e:  # a header over 16 MiB
+            log.error(
+                "remoting answer to request %d from %s cannot be encoded: %s",
+                request.code,
+                self.peer,
+                e,
+            )
+            data = response.__class__(ResponseCode.SYSTEM_ERROR, {}, b"", response.opaque, response.flag,
+                                      "the answer does not fit a frame", response.version, response.language,
+                                      response.serialize_type).encode()  # fmt: skip
+        self.write(data)
 
     def write(self, data: bytes) -> None:
         if not self._closed and self.transport is not None:
@@ -213,6 +355,13 @@ class Connection(asyncio.Protocol):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def on_close(self, callback: Callable[[Connection], None]) -> None:
+        """Call ``callback(self)`` on the loop when this connection closes (at once if it has)."""
+        if self._closed and not self._admitted:
+            callback(self)
+            return
+        self._close_callbacks.append(callback)
 
     def close(self) -> None:
         if not self._closed and self.transport is not None:
@@ -233,75 +382,43 @@ class Connection(asyncio.Protocol):
         return True
 
 
-class EventLoopThread:
-    """An asyncio event loop running on its own daemon thread."""
-
-    def __init__(self, name: str = "rmq-remoting") -> None:
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self.thread_id = 0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-        self._ready.wait()
-
-    def _run(self) -> None:
-        self.thread_id = threading.get_ident()
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self._ready.set)
-        self.loop.run_forever()
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` (a coroutine function or a plain one) on the loop and wait for it."""
-
-        async def run() -> Any:
-            result = fn(*args)
-            return await result if inspect.isawaitable(result) else result
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result()
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
-def bind(listen: str) -> socket.socket:
-    """A listening TCP socket on ``HOST:PORT`` (port 0: a free port)."""
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-    family, _, _, _, addr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(1024)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 class RemotingServer:
-    """Serves ``processor`` on the listening socket ``sock`` on the event loop of ``loop_thread``."""
+    """Serves ``processor`` on the listening socket ``sock`` on the event loop of ``loop_thread``.
+
+    The limits (:mod:`rmq_spark.remoting.limits`) are attributes, read at each use."""
 
     def __init__(self, sock: socket.socket, processor: Processor, loop_thread: EventLoopThread, *,
                  executor: concurrent.futures.Executor | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 frame_max_bytes: int | None = None, activity: Any = None) -> None:  # fmt: skip
+                 frame_max_bytes: int | None = None, activity: Any = None,
+                 max_connections: int = lim.MAX_CONNECTIONS) -> None:  # fmt: skip
         from rmq_spark.remoting.command import FRAME_MAX_BYTES
 
         self.sock = sock
         self.host, self.port = sock.getsockname()[:2]
         self.processor = processor
         self.loop_thread = loop_thread
-        self.executor = executor or concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="rmq-remoting")
+        self.executor = executor or concurrent.futures.ThreadPoolExecutor(
+            8, thread_name_prefix="rmq-remoting"
+        )
         self.idle_timeout_s = idle_timeout_s
         self.frame_max_bytes = frame_max_bytes or FRAME_MAX_BYTES
+        self.max_connections = max_connections
+        self.conn_inflight_max = lim.CONN_INFLIGHT_MAX
+        self.conn_inflight_max_bytes = lim.CONN_INFLIGHT_MAX_BYTES
+        self.total_inflight_max = lim.TOTAL_INFLIGHT_MAX
+        self.total_inflight_max_bytes = lim.TOTAL_INFLIGHT_MAX_BYTES
         self.connections: set[Connection] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        # blocking requests queued or running, and their frames' bytes (touched on the loop only)
+        self.inflight = 0
+        self.inflight_bytes = 0
+        self.work_queue = WorkQueue(self)
+        # counters: requests of unknown codes, blocking requests answered SYSTEM_BUSY, connections
+        # closed at accept
+        self.unsupported_requests = 0
+        self.busy_answers = 0
+        self.refused_connections = 0
+        self.limited_log = lim.RateLimitedLog(log)
         # an object with begin() / end(): an open connection counts as a call in progress (the
         # broker's --idle-exit-s)
         self.activity = activity
@@ -317,6 +434,22 @@ class RemotingServer:
     def next_opaque(self) -> int:
         return next(self._opaque) & 0x7FFFFFFF
 
+    # --- connections ----------------------------------------------------------------------------
+    def admit(self, fileno: int) -> str | None:
+        """None when a new connection may stay (and it is counted), else why it may not."""
+        return lim.PROCESS_CONNECTIONS.admit(len(self.connections), self.max_connections, fileno)
+
+    def release(self) -> None:
+        lim.PROCESS_CONNECTIONS.release()
+
+    # --- faults -----------------------------------------------------------------------------------
+    def failure_answer(
+        self, conn: Connection, cmd: RemotingCommand, exc: BaseException
+    ) -> RemotingCommand:
+        """The answer to a request that raised ``exc`` (any thread)."""
+        return failure_answer(self.limited_log, conn.peer, cmd, exc)
+
+    # --- lifecycle --------------------------------------------------------------------------------
     async def _start(self) -> None:
         loop = self.loop_thread.loop
         self._server = await loop.create_server(lambda: Connection(self), sock=self.sock)
@@ -330,7 +463,11 @@ class RemotingServer:
         now = time.monotonic()
         for conn in list(self.connections):
             if now - conn.last_active > self.idle_timeout_s:
-                log.info("remoting connection %s idle for %.0fs: closing it", conn.peer, self.idle_timeout_s)
+                log.info(
+                    "remoting connection %s idle for %.0fs: closing it",
+                    conn.peer,
+                    self.idle_timeout_s,
+                )
                 conn.close()
         self._schedule_reap()
 
@@ -342,6 +479,11 @@ class RemotingServer:
                 self._server.close()
             for conn in list(self.connections):
                 conn.close()
+            tasks = list(self.tasks)
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5)
 
         if not self.loop_thread.loop.is_closed():
             self.loop_thread.call(close)
