@@ -32,7 +32,7 @@ __all__ = ["MAX_PARKED_PER_CONNECTION", "MAX_PARKED_TOTAL", "RELEASE_BATCH", "Lo
 
 log = logging.getLogger("rmq_spark.remoting.pull")
 
-MAX_PARKED_PER_CONNECTION = 1_000
+MAX_PARKED_PER_CONNECTION = 4_096  # a client instance shares one connection for all its queues
 MAX_PARKED_TOTAL = 20_000
 RELEASE_BATCH = 256  # parked pulls answered per turn of the event loop
 

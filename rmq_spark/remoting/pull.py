@@ -23,7 +23,7 @@ is refused, so a consumer stops exactly there, as Kafka's fetch does.
 Long polling: a request with the SUSPEND flag that found nothing new is parked (no thread, no task:
 :mod:`rmq_spark.remoting.longpoll`) until a message is dispatched to its queue or
 ``suspendTimeoutMillis`` passes, then is run again; past the bounds on parked pulls (per
-connection and in all) it is answered at once, PULL_NOT_FOUND.  The filter is the request's own
+connection and in all) it is answered at once, SYSTEM_BUSY (the clients then wait a while).  The filter is the request's own
 subscription (SUBSCRIPTION flag: pull and lite pull consumers) or the one the group's heartbeat
 registered for the topic (push consumers).
 A COMMIT_OFFSET flag stores ``commitOffset`` as the group's offset.  An SQL92 expression the
@@ -187,7 +187,10 @@ class PullProcessor:
 
         if self.hold.park(conn, req, (topic, queue_id), offset, suspend_ms / 1000, again):
             return None  # answered when woken, expired or released
-        return answer  # past the bounds on parked pulls: nothing new, now
+        # past the bounds on parked pulls: SYSTEM_BUSY, on which the clients wait before pulling
+        # again (an answer of "nothing new" would have them pull again at once, and spin)
+        return req.response(ResponseCode.SYSTEM_BUSY, f"[PULL_HOLD]system busy: {self.hold.parked} pulls are "
+                                                      "parked, the most this broker holds; try again later")  # fmt: skip
 
     def _remember(self, key: tuple[str, str], flt: TagFilter | SqlFilter | FilterExpressionError) -> None:
         self._filters[key] = flt

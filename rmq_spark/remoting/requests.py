@@ -39,7 +39,7 @@ from rmq_spark.errors import (
 )
 from rmq_spark.remoting.codes import RequestCode as R
 from rmq_spark.remoting.codes import ResponseCode
-from rmq_spark.remoting.command import RemotingCommand
+from rmq_spark.remoting.command import FRAME_MAX_BYTES, RemotingCommand
 from rmq_spark.store import layout as L
 from rmq_spark.store.validation import check_group, check_topic_cached
 
@@ -202,7 +202,10 @@ def json_object(body: bytes, what: str) -> dict[str, Any]:
         raise HeaderProblem(f"the {what} body is {len(body)} bytes; the limit is {JSON_BODY_MAX_BYTES}")
     try:
         doc = json.loads(body)
-    except (ValueError, RecursionError) as e:
+    except RecursionError:
+        raise HeaderProblem(f"the {what} body is not JSON this broker reads: it nests deeper than "
+                            f"{JSON_MAX_DEPTH} levels") from None  # fmt: skip
+    except ValueError as e:
         raise HeaderProblem(f"the {what} body is not JSON: {str(e)[:120]}") from None
     if not _depth_ok(doc, JSON_MAX_DEPTH):
         raise HeaderProblem(f"the {what} body nests deeper than {JSON_MAX_DEPTH} levels")
@@ -339,7 +342,8 @@ _PULL_FIELDS = (
     F("consumerGroup", "group", True), F("topic", "topic", True), F("queueId", "int", True, QUEUE_ID),
     F("queueOffset", "long", True, NONNEG64), F("maxMsgNums", "int", True, NONNEG32), F("sysFlag", "int", True),
     F("commitOffset", "long", True, (-1, INT64[1])), F("suspendTimeoutMillis", "long", True, NONNEG64),
-    F("subscription", "str"), F("subVersion", "long", True), F("expressionType", "str", max_chars=32),
+    # the filter bounds an expression's length and answers SUBSCRIPTION_PARSE_FAILED (RocketMQ's code)
+    F("subscription", "str", max_chars=FRAME_MAX_BYTES), F("subVersion", "long", True), F("expressionType", "str", max_chars=32),
     F("maxMsgBytes", "int", bounds=NONNEG32), F("brokerName", "str", max_chars=255),
 )  # fmt: skip
 
