@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rmq_spark.errors import RmqError
+from rmq_spark.access.names import Use, group_name, topic_name
+from rmq_spark.errors import IllegalTopicError, MessageIllegalError, RmqError
 from rmq_spark.remoting import jsonbody
 from rmq_spark.remoting.clients import ClientManager
 from rmq_spark.remoting.codes import ResponseCode
@@ -26,7 +27,7 @@ from rmq_spark.remoting.server import Connection
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
 
-__all__ = ["AdminProcessor", "BROKER_VERSION"]
+__all__ = ["BROKER_VERSION", "AdminProcessor"]
 
 log = logging.getLogger("rmq_spark.remoting")
 RESET_CONSUMER_CLIENT_OFFSET = 220  # RequestCode: the broker tells a consumer its new offsets
@@ -49,24 +50,42 @@ class AdminProcessor:
         self.on_delete: Callable[[str], None] | None = None  # told of each deleted topic
 
     # --- topics ---------------------------------------------------------------------------------
+    @staticmethod
+    def _refused_topic(req: RemotingCommand, topic: str) -> RemotingCommand | None:
+        """RocketMQ's answers to an admin request naming a topic it may not create, update or
+        delete: a name that is not a topic's, or one of TopicValidator's system topics
+        (retry and dead-letter topics are not: they stay allowed)."""
+        try:
+            topic_name(topic, Use.ROUTE, system_reads=True)
+        except IllegalTopicError as e:
+            return req.response(ResponseCode.SYSTEM_ERROR, f"The specified topic is invalid: {e}")
+        if L.conflicts_with_system_topic(topic):
+            return req.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
+        return None
+
     def update_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        """UPDATE_AND_CREATE_TOPIC: what the store's loader accepts (one rule: the store's
+        ``check_topic_config``), never a system topic."""
         f = fields_of(req.ext_fields)
         topic = f.str("topic")
+        refused = self._refused_topic(req, topic)
+        if refused is not None:
+            return refused
+        cfg = TopicConfig(topic, f.int("readQueueNums"), f.int("writeQueueNums"), f.int("perm", 6),
+                          order=f.bool("order"))  # fmt: skip
         try:
-            cfg = TopicConfig(topic, f.int("readQueueNums"), f.int("writeQueueNums"), f.int("perm", 6),
-                              order=f.bool("order"))  # fmt: skip
-            self.store.topics.create(cfg, system=topic.startswith((L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX)))
-        except (RmqError, ValueError) as e:
-            return req.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic "
-                                                           f"or invalid: {e}")  # fmt: skip
+            self.store.topics.create(cfg)
+        except RmqError as e:
+            return req.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is not created: {e}")
         return req.response(ResponseCode.SUCCESS)
 
     def delete_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         """DELETE_TOPIC_IN_BROKER: the topic's config, ConsumeQueues and consumer offsets go (its
         records stay in the CommitLog, hidden, until their segments expire)."""
         topic = fields_of(req.ext_fields).str("topic")
-        if L.is_system_topic(topic):
-            return req.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
+        refused = self._refused_topic(req, topic)
+        if refused is not None:
+            return refused
         self.store.delete_topic(topic)
         if self.on_delete is not None:
             self.on_delete(topic)
@@ -90,19 +109,29 @@ class AdminProcessor:
         ResetOffsetBody of the new offsets."""
         f = fields_of(req.ext_fields)
         topic, group = f.str("topic"), f.str("group")
+        try:  # the names first: a committed offset is a file entry built from them
+            group_name(group)
+            topic_name(topic, Use.READ, system_reads=True)
+        except MessageIllegalError as e:
+            return req.response(ResponseCode.SYSTEM_ERROR, f"[reset-offset] {e}")
         when, only = f.long("timestamp"), f.int("queueId", -1)
-        given = f.opt("offset")
+        given = f.long("offset") if f.opt("offset") not in (None, "") else None
         cfg = self.store.topics.get(topic)
         if cfg is None:
             return req.response(ResponseCode.SYSTEM_ERROR,
                                 f"[reset-offset] reset offset failed, no topic in this broker. topic={topic}")  # fmt: skip
+        queue_nums = max(cfg.read_queue_nums, cfg.write_queue_nums)
+        if not -1 <= only < queue_nums:
+            return req.response(ResponseCode.SYSTEM_ERROR,
+                                f"[reset-offset] the custom header's field 'queueId' is out of range: {only} "
+                                f"(topic {topic} has queues 0 to {queue_nums - 1}; -1: all of them)")  # fmt: skip
         store = self.store
         queues = [only] if only >= 0 else list(range(cfg.write_queue_nums))
         items = []
         for q in queues:
             lo, hi = store.min_offset(topic, q), store.max_offset(topic, q)
-            if only >= 0 and given not in (None, ""):
-                target = min(max(int(given), lo), hi)
+            if only >= 0 and given is not None:
+                target = min(max(given, lo), hi)
             elif when < 0:
                 target = hi
             else:

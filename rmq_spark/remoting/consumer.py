@@ -51,14 +51,14 @@ class ConsumerProcessor:
             changed = self.clients.heartbeat(conn, doc, req.language.name, req.version)
         except (ValueError, TypeError, AttributeError) as e:
             raise HeaderError(f"HeartbeatData: {e}") from None
-        for c in doc.get("consumerDataSet") or []:
-            # the group's retry topic exists from the consumer's first heartbeat (as RocketMQ's)
-            name = (c or {}).get("groupName")
-            if name:
-                try:
-                    self.store.topics.get_or_create(L.RETRY_GROUP_TOPIC_PREFIX + str(name))
-                except RmqError:
-                    pass
+        # each group's retry topic exists from the consumer's first heartbeat (as RocketMQ's): all
+        # the new ones with one write of topics.json (one each was quadratic: 1,000 groups, 29.6 s)
+        retry = [L.RETRY_GROUP_TOPIC_PREFIX + str(c.get("groupName"))
+                 for c in doc.get("consumerDataSet") or [] if isinstance(c, dict) and c.get("groupName")]  # fmt: skip
+        try:
+            self.store.topics.get_or_create_many(retry, skip_invalid=True)
+        except RmqError:
+            pass
         for group in changed:
             self.clients.notify_ids_changed(group)
         return req.response(ResponseCode.SUCCESS)

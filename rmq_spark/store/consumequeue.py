@@ -20,6 +20,7 @@ import numpy as np
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.mapped import MappedFileQueue
+from rmq_spark.store.validation import check_queue_id_value, check_topic_cached
 
 CQ_UNIT = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert CQ_UNIT.itemsize == L.CQ_UNIT_BYTES
@@ -37,9 +38,12 @@ class ConsumeQueue:
         units_per_segment: int = L.CQ_SEGMENT_UNITS,
         writable: bool = True,
     ) -> None:
+        # the directory is built from the name: a name that is not a topic's ("..", "/x", "")
+        # never gets that far (MessageIllegalError naming it)
+        check_topic_cached(topic, allow_system=True)
         self.topic = topic
-        self.queue_id = queue_id
-        self.directory = os.path.join(root, L.CONSUMEQUEUE_DIR, topic, str(queue_id))
+        self.queue_id = check_queue_id_value(queue_id)
+        self.directory = os.path.join(root, L.CONSUMEQUEUE_DIR, topic, str(self.queue_id))
         self.mfq = MappedFileQueue(self.directory, units_per_segment * U, writable=writable)
         self.max_phys_end = 0  # CommitLog end (offset + size) of the last unit
         self.damage: str | None = None  # what recovery cut that was no torn tail (file, position)

@@ -13,14 +13,19 @@ from queue offset 0.  A tombstone goes once the CommitLog's first segment starts
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
 import numpy as np
 
+from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import DispatchBatch
 from rmq_spark.store.jsonfile import JsonObject, write_json_atomic
+from rmq_spark.store.validation import check_topic
+
+log = logging.getLogger("rmq_spark.store")
 
 __all__ = ["DeletedTopics"]
 
@@ -35,13 +40,22 @@ class DeletedTopics:
         data = JsonObject.load(self.path)
         if data is not None:
             table = data.obj("deletedTopics")
-            self.below = {t: table.int(t, 0, 0) for t, _ in table.items()}
+            for t in table.data:
+                offset = table.int(t, 0, 0)
+                try:
+                    check_topic(t, allow_system=True)
+                except MessageIllegalError as e:
+                    # a tombstone an older version wrote for a name no record can carry: it hides nothing
+                    log.warning("config file %s: tombstone %r dropped: %s", self.path, t[:200], e)
+                    continue
+                self.below[t] = offset
 
     def __bool__(self) -> bool:
         return bool(self.below)
 
     def add(self, topic: str, offset: int) -> None:
         """Records of ``topic`` below CommitLog ``offset`` are deleted (durable on return)."""
+        check_topic(topic, allow_system=True)
         with self._lock:
             self.below = {**self.below, topic: max(offset, self.below.get(topic, 0))}
             self._persist()

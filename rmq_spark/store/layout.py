@@ -99,6 +99,13 @@ SYSTEM_TOPICS = frozenset(
         "OFFSET_MOVED_EVENT",
     }
 )
+# TopicValidator.SYSTEM_TOPIC_SET: the topics an admin request may not create, reconfigure or
+# delete ("conflict with system topic"); producers may still send to these three, which
+# SYSTEM_TOPICS (RocketMQ's NOT_ALLOWED_SEND_TOPIC_SET) leaves out
+AUTO_CREATE_TOPIC = "TBW102"  # AUTO_CREATE_TOPIC_KEY_TOPIC
+BENCHMARK_TOPIC = "BenchmarkTest"
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
+ADMIN_RESERVED_TOPICS = SYSTEM_TOPICS | {AUTO_CREATE_TOPIC, BENCHMARK_TOPIC, TRACE_TOPIC}
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
@@ -106,6 +113,9 @@ DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 TOPIC_MAX_CHARS = 127
 RETRY_TOPIC_MAX_CHARS = 255
 GROUP_MAX_CHARS = 120
+QUEUE_NUMS_MAX = 1024  # queues of a topic; queue ids are below it
+OFFSET_MIN = -1  # a consumer offset: -1, none yet (RocketMQ's answer for a queue without one)
+OFFSET_MAX = (1 << 63) - 1  # a Java long
 BODY_MAX_BYTES = 4 * 1024 * 1024  # maxMessageSize (5.x: a limit on the body)
 
 # --- topic permissions (PermName) ------------------------------------------------------------------------
@@ -122,3 +132,8 @@ def offset_to_file_name(offset: int) -> str:
 
 def is_system_topic(topic: str) -> bool:
     return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def conflicts_with_system_topic(topic: str) -> bool:
+    """``TopicValidator.isSystemTopic``: a topic an admin request may not create, update or delete."""
+    return topic in ADMIN_RESERVED_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)

@@ -30,6 +30,7 @@ from rmq_spark.errors import (
     StoreLockedError,
 )
 from rmq_spark.store import layout as L
+from rmq_spark.store.apache import check_servable, lock_like_apache
 from rmq_spark.store.checkpoint import StoreCheckpoint
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.commitlog import AppendResult, CommitLog
@@ -55,7 +56,13 @@ from rmq_spark.store.encode import (
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER
 from rmq_spark.store.status import GetStatus, PutStatus
-from rmq_spark.store.validation import check_bodies, check_body, check_properties_size, check_topic_cached
+from rmq_spark.store.validation import (
+    check_bodies,
+    check_body,
+    check_properties_size,
+    check_topic,
+    check_topic_cached,
+)
 
 log = logging.getLogger("rmq_spark.store")
 
@@ -134,6 +141,7 @@ class MessageStore:
         self.config = config or StoreConfig()
         self.clock = clock
         self.tags_code_rules: dict[str, TagsCodeRule] = dict(tags_code_rules or {})
+        check_servable(self.root)  # what it cannot serve is refused before anything is written
         make_dirs(self.root)
         self._lock_fd = _lock_directory(self.root)
         self._closed = False
@@ -163,7 +171,6 @@ class MessageStore:
             tags_code_topics=self.tags_code_rules.keys(),
             inflight_path=os.path.join(self.root, L.INFLIGHT_FILE),
         )
-        self.commitlog.force_prop_crc = cfg.append_prop_crc
         self.publish_lock = threading.RLock()
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._pending: list[DispatchBatch] = []  # sync flush: appended, not yet durable
@@ -278,8 +285,16 @@ class MessageStore:
             return
         for topic in sorted(os.listdir(base)):
             tdir = os.path.join(base, topic)
+            try:
+                check_topic(topic, allow_system=True)
+            except MessageIllegalError as e:
+                log.warning("%s is not a ConsumeQueue directory (%s): left alone", tdir, e)
+                continue
+            if not os.path.isdir(tdir):
+                log.warning("%s is not a directory: left alone", tdir)
+                continue
             for q in sorted(os.listdir(tdir)):
-                if q.isdigit():
+                if q.isascii() and q.isdigit() and int(q) < L.QUEUE_NUMS_MAX:
                     cq = ConsumeQueue(self.root, topic, int(q), self.config.cq_segment_units)
                     cq.load()
                     self._cqs[(topic, int(q))] = cq
@@ -303,7 +318,8 @@ class MessageStore:
         try:
             end = cl.recover(
                 scan_from, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch,
-                force_prop_crc=self.config.append_prop_crc,
+                force_prop_crc=self.config.append_prop_crc, consume_queues=list(self._cqs.values()),
+                durable_store_ts=cp.physic_msg_timestamp if cp.written_by_apache else 0,
             )
         except ValueError:
             # a ConsumeQueue is missing units the checkpoint said were durable: rebuild them all
@@ -318,7 +334,7 @@ class MessageStore:
             if cq.max_phys_end > end:
                 cq.truncate_dirty(end)
         problems = [cq.damage for cq in self._cqs.values() if cq.damage]
-        problems += check_consume_queues(self._cqs, cl.mfq, end, self.config.append_prop_crc, self.deleted.below)
+        problems += check_consume_queues(self._cqs, cl.mfq, end, cl.force_prop_crc, self.deleted.below)
         if problems:
             for problem in problems:
                 log.error("%s; the ConsumeQueues are rebuilt from the CommitLog, checked again", problem)
@@ -386,7 +402,13 @@ class MessageStore:
         """Delete ``topic`` as RocketMQ's ``deleteTopics`` does: its config, ConsumeQueues and
         consumer offsets go; its records stay in the CommitLog until their segments expire, behind
         a tombstone (:mod:`rmq_spark.store.deleted`) so that no check, recovery or lookup brings
-        them back, and a topic created again under the name starts empty, at queue offset 0."""
+        them back, and a topic created again under the name starts empty, at queue offset 0.  A name
+        that is not a topic's is refused (MessageIllegalError), nothing touched."""
+        check_topic(topic, allow_system=True)  # the name becomes a path below: never "..", "/x", ""
+        base = os.path.join(self.root, L.CONSUMEQUEUE_DIR)
+        tdir = os.path.join(base, topic)
+        if os.path.dirname(os.path.normpath(tdir)) != base:  # pragma: no cover - a valid name stays inside
+            raise MessageIllegalError(f"topic {topic!r} names no directory of {base}")
         cl = self.commitlog
         with cl.put_lock:
             if self._group_commit is not None:  # what waits for its fdatasync is dispatched first
@@ -397,7 +419,7 @@ class MessageStore:
                 for key in keys:
                     self._cqs.pop(key).destroy()
                     cl.queue_table.pop(key, None)
-            shutil.rmtree(os.path.join(self.root, L.CONSUMEQUEUE_DIR, topic), ignore_errors=True)
+            shutil.rmtree(tdir, ignore_errors=True)
         self.offsets.remove_topic(topic)
         self.topics.delete(topic)
         log.info("topic %s deleted: %d ConsumeQueue(s) removed, its records hidden below CommitLog offset %d",
@@ -455,7 +477,11 @@ class MessageStore:
     def put_rows(self, rows: Sequence[Row]) -> PutResult:
         """Store a few records given as rows (:data:`~rmq_spark.store.record.Row`) as one write:
         for callers that checked their topics, bodies and queue ids as :meth:`put_messages` does
-        and encoded each one's properties with its UNIQ_KEY (the broker's sends, transactions)."""
+        and encoded each one's properties with its UNIQ_KEY (the broker's sends, transactions).
+        The topic names are checked again here (a cached lookup): a name that is not a topic's
+        is refused with MessageIllegalError, nothing written."""
+        for row in rows:
+            check_topic_cached(row[0], allow_system=True)
         if len(rows) == 1:
             row = rows[0]
             placed = self.try_put_row(row)
@@ -788,7 +814,9 @@ class MessageStore:
         ``max_bytes`` bytes.  ``message_filter`` is any object with ``matches_code(tagsCode)``
         (checked on the ConsumeQueue unit first) and/or ``matches_message(MessageExt)`` (then on
         the record), and ``match_all`` when it lets everything through (the filters of
-        :mod:`rmq_spark.filter` are such objects)."""
+        :mod:`rmq_spark.filter` are such objects).  A damaged record ends the batch before it
+        (``next_offset`` is its offset); a read that starts at it raises :class:`CorruptStoreError`
+        naming its file and position, so a consumer stops exactly there (as Kafka's fetch does)."""
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
@@ -820,12 +848,18 @@ class MessageStore:
                 next_offset += 1
                 if match_code is not None and not match_code(tcode):
                     continue
-                m = self.commitlog.read_record(phys, size)
+                try:  # a damaged record ends the batch before it; a read that starts at it raises
+                    m = self.commitlog.read_record(phys, size)  # (file and position), as Kafka does
+                    if m is not None and (m.topic != topic or m.queue_id != queue_id or m.queue_offset != next_offset - 1):
+                        raise self._wrong_unit(cq, next_offset - 1, m)
+                except CorruptStoreError:
+                    if next_offset - 1 == offset:
+                        raise
+                    next_offset -= 1
+                    break
                 if m is None:
                     self._unreadable_unit(cq, next_offset - 1, phys, size)
                     continue
-                if m.topic != topic or m.queue_id != queue_id or m.queue_offset != next_offset - 1:
-                    raise self._wrong_unit(cq, next_offset - 1, m)
                 if match_msg is not None and not match_msg(m):
                     continue
                 out.append(m)
@@ -869,7 +903,7 @@ class MessageStore:
             from rmq_spark.store.reader import empty_batch
 
             return empty_batch(kw.get("columns"))  # type: ignore[arg-type]
-        kw.setdefault("force_prop_crc", self.config.append_prop_crc)
+        kw.setdefault("force_prop_crc", self.commitlog.force_prop_crc)
         return read_queue_arrow(self.commitlog.mfq, cq, topic, queue_id, start, end, **kw)
 
 
@@ -887,6 +921,13 @@ def _lock_directory(root: str) -> int:
             f"store directory {root} is in use by another process (pid {owner}); "
             "one broker owns a store at a time"
         ) from None
+    holder = lock_like_apache(fd)  # Apache RocketMQ's lock: flock and fcntl locks do not exclude each other
+    if holder is not None:
+        os.close(fd)
+        raise StoreLockedError(
+            f"store directory {root} is in use by another process ({holder}), such as an Apache RocketMQ "
+            f"broker, which holds the POSIX lock on {path}; one broker owns a store at a time"
+        )
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
