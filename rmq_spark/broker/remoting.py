@@ -160,7 +160,8 @@ class RemotingService:
             p.register(code, send.send, blocking=blocking_send)
         p.register(R.CONSUMER_SEND_MSG_BACK, send.send_back, blocking=blocking_send)
         p.register(R.END_TRANSACTION, end_transaction_handler(core), blocking=blocking_send)
-        p.register(R.HEART_BEAT, consumer.heartbeat)
+        # a heartbeat may create its groups' retry topics (one durable write): off the loop
+        p.register(R.HEART_BEAT, consumer.heartbeat, blocking=True)
         p.register(R.UNREGISTER_CLIENT, consumer.unregister)
         p.register(R.CHECK_CLIENT_CONFIG, consumer.check_client_config, blocking=True)  # parses SQL92
         p.register(R.GET_CONSUMER_LIST_BY_GROUP, consumer.consumer_list)

@@ -49,7 +49,7 @@ INT32 = (-(1 << 31), (1 << 31) - 1)
 INT64 = (-(1 << 63), (1 << 63) - 1)
 NONNEG32 = (0, INT32[1])
 NONNEG64 = (0, INT64[1])
-QUEUE_ID = (0, 65535)
+QUEUE_ID = (0, L.QUEUE_NUMS_MAX - 1)  # a topic has at most 1,024 queues
 FIELD_MAX_CHARS = 32 * 1024  # any one string field (properties are bounded by the store's 32 KiB)
 JSON_BODY_MAX_BYTES = 4 << 20
 JSON_MAX_DEPTH = 32
@@ -387,7 +387,7 @@ BROKER_REQUESTS: dict[int, Spec] = _rows(
                            F("maxNum", "int", bounds=NONNEG32), F("beginTimestamp", "long"), F("endTimestamp", "long"),
                            F("_UNIQUE_KEY_QUERY", "bool")), need_topic(Perm.SUB)),  # fmt: skip
     Spec(R.UPDATE_AND_CREATE_TOPIC, (F("topic", "topic", True), F("defaultTopic", "str", max_chars=255),
-                                     F("readQueueNums", "int", True, (1, 1024)), F("writeQueueNums", "int", True, (1, 1024)),
+                                     F("readQueueNums", "int", True, (1, L.QUEUE_NUMS_MAX)), F("writeQueueNums", "int", True, (1, L.QUEUE_NUMS_MAX)),
                                      F("perm", "int", bounds=(0, 15)), F("topicFilterType", "str", max_chars=32),
                                      F("topicSysFlag", "int"), F("order", "bool"), F("attributes", "str")), need_admin),  # fmt: skip
     Spec(R.GET_ALL_TOPIC_CONFIG),
