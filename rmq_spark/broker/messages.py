@@ -27,6 +27,7 @@ from rmq_spark.store.message import Message, MessageExt, tags_code
 from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.encode import Row
 from rmq_spark.access import rules as V
+from rmq_spark.services.core import DEFAULT_CLUSTER, stamp_send
 
 __all__ = [
     "SYSTEM_PROPERTIES",
@@ -159,9 +160,12 @@ def parse_send(
     body_max_bytes: int,
     max_delay_ms: int,
     peer_host: Callable[[], str] = lambda: "127.0.0.1",
+    cluster: str = DEFAULT_CLUSTER,
 ) -> Outgoing:
     """Validate one message of a SendMessage request against ``topic`` and build the store
-    message (queue chosen later).  Raises :class:`RpcStatusError` naming the problem."""
+    message (queue chosen later).  Raises :class:`RpcStatusError` naming the problem.  Stored
+    with ``CLUSTER`` (``cluster``), ``MSG_REGION`` and ``TRACE_ON``, as the Apache proxy's sends
+    are (its broker's SendMessageProcessor adds them, in local and cluster mode alike)."""
     sp = pm.system_properties
     body = pm.body
     enc = sp.body_encoding
@@ -209,6 +213,7 @@ def parse_send(
     if group is not None:
         props[L.P_SHARDING_KEY] = group
     props[L.P_UNIQ_KEY] = mid
+    stamp_send(props, cluster)
     sys_flag = 0
     if mtype == MessageType.TRANSACTION:
         props[L.P_TRAN_MSG] = "true"

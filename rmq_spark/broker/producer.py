@@ -31,7 +31,7 @@ from rmq_spark.broker.batcher import SendBatcher, Written
 from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.broker.messages import MessageType, Outgoing, parse_send
 from rmq_spark.broker.telemetry import ClientRegistry, StreamTransactionChecker
-from rmq_spark.services.core import HOOK_KEYS
+from rmq_spark.services.core import DEFAULT_CLUSTER, HOOK_KEYS
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
@@ -59,8 +59,9 @@ def _put_failed(status: PutStatus) -> S.SendMessageResponse:
 
 
 class ProducerPath:
-    def __init__(self, core: Any, clients: ClientRegistry) -> None:
+    def __init__(self, core: Any, clients: ClientRegistry, cluster: str = DEFAULT_CLUSTER) -> None:
         self.core = core
+        self.cluster = cluster  # stored on every message sent (CLUSTER), as Apache's broker does
         self.store = core.store
         self.clock = core.clock
         self.clients = clients
@@ -102,7 +103,7 @@ class ProducerPath:
         now = self.clock.now_ms()
         parsed = [
             parse_send(pm, cfg, now_ms=now, body_max_bytes=self._body_max_bytes, max_delay_ms=self._max_delay_ms,
-                       peer_host=peer_host)
+                       peer_host=peer_host, cluster=self.cluster)
             for pm, cfg in zip(messages, topics)
         ]  # fmt: skip
         return self._send_parsed(parsed, topics, client_id)
@@ -110,7 +111,7 @@ class ProducerPath:
     def send_one(self, pm: D.Message, cfg: TopicConfig, client_id: str, peer_host: Callable[[], str]) -> S.SendMessageResponse:
         """:meth:`send` of a request of one message (the usual request)."""
         out = parse_send(pm, cfg, now_ms=self.clock.now_ms(), body_max_bytes=self._body_max_bytes,
-                         max_delay_ms=self._max_delay_ms, peer_host=peer_host)  # fmt: skip
+                         max_delay_ms=self._max_delay_ms, peer_host=peer_host, cluster=self.cluster)  # fmt: skip
         props = out.properties
         if (out.type == MessageType.NORMAL and self._batcher is None and L.P_SHARDING_KEY not in props
                 and HOOK_KEYS.isdisjoint(props)):

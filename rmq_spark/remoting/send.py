@@ -28,8 +28,9 @@ from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.headers import Fields, HeaderError, fields_of
 from rmq_spark.remoting.requests import may_read
 from rmq_spark.remoting.server import Connection
-from rmq_spark.services.core import HOOK_KEYS
+from rmq_spark.services.core import DEFAULT_CLUSTER, HOOK_KEYS, stamp_send
 from rmq_spark.store import layout as L
+from rmq_spark.store.inflate import check_compressed_body
 from rmq_spark.store.message import Message, offset_msg_id, tags_code
 from rmq_spark.store.properties import decode_properties, encode_properties
 from rmq_spark.store.status import PutStatus
@@ -104,10 +105,11 @@ def _peer(conn: Connection) -> tuple[str, int]:
 
 
 class SendProcessor:
-    def __init__(self, core: Any, broker_name: str) -> None:
+    def __init__(self, core: Any, broker_name: str, cluster: str = DEFAULT_CLUSTER) -> None:
         self.core = core
         self.store = core.store
         self.broker_name = broker_name
+        self.cluster = cluster
 
     # --- helpers --------------------------------------------------------------------------------
     def _topic_config(self, req: RemotingCommand, topic: str) -> tuple[Any, RemotingCommand | None]:
@@ -171,6 +173,18 @@ class SendProcessor:
             return DLQ_PREFIX + topic[len(RETRY_PREFIX) :], True
         return topic, False
 
+    def _compressed_problem(self, req: RemotingCommand, bodies: list[bytes], sys_flag: int) -> RemotingCommand | None:
+        """MESSAGE_ILLEGAL when a body flagged COMPRESSED does not inflate within the body limit
+        (the readers could never serve it: refused here rather than stored as a poison record)."""
+        if not sys_flag & L.FLAG_COMPRESSED:
+            return None
+        try:
+            for body in bodies:
+                check_compressed_body(body, sys_flag, self.store.config.body_max_bytes)
+        except MessageIllegalError as e:
+            return req.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
+        return None
+
     # --- SEND_MESSAGE / SEND_MESSAGE_V2 ---------------------------------------------------------
     def send(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         # the ext fields are the request table's canonical header (long names, decoded once)
@@ -184,7 +198,10 @@ class SendProcessor:
         reconsume_times = f.int("reconsumeTimes", 0)
         if f.bool("batch") or req.code == R.SEND_BATCH_MESSAGE:  # code 320 is a batch, flagged or not
             return self._send_batch(conn, req, f)
-        props = decode_properties(f.str("properties", ""))
+        refused = self._compressed_problem(req, [req.body], sys_flag)
+        if refused is not None:
+            return refused
+        props = stamp_send(decode_properties(f.str("properties", "")), self.cluster)  # as Apache 5.x
         props.pop(P_CRC, None)
         topic, to_dlq = self._retry_or_dlq(f, topic, reconsume_times)
         cfg, error = self._topic_config(req, topic)
@@ -229,6 +246,9 @@ class SendProcessor:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty")
         host, port = _peer(conn)
         sys_flag, born_ms = f.int("sysFlag"), f.long("bornTimestamp")
+        refused = self._compressed_problem(req, [body for _flag, body, _props in parts], sys_flag)
+        if refused is not None:
+            return refused
         items = []
         for flag, body, props in parts:
             if L.P_DELAY in props or L.P_TRAN_MSG in props:
@@ -253,24 +273,27 @@ class SendProcessor:
             # only a message the caller could consume goes to its retry topic (which it may read)
             return req.response(ResponseCode.NO_PERMISSION, f"No SUB permission for the topic of the message at "
                                                             f"offset {offset} (accessKey {req.account.access_key})")  # fmt: skip
+        # stored as Apache's consumerSendMsgBack stores it: the original's properties with
+        # RETRY_TOPIC, WAIT=false, DELAY (0 for the DLQ) and ORIGIN_MESSAGE_ID = the existing one
+        # else the original's offsetMsgId (the request's originMsgId is not used); REAL_TOPIC /
+        # REAL_QID kept (a retry's are set again on its way through the schedule topic);
+        # SYSFLAG as the original's (a committed message stays COMMIT, its TRAN_MSG kept)
         props = dict(msg.properties)
         props.pop(P_CRC, None)
         props.setdefault(L.P_RETRY_TOPIC, msg.topic)
+        props[L.P_WAIT] = "false"
         if not props.get(L.P_ORIGIN_MESSAGE_ID):
-            props[L.P_ORIGIN_MESSAGE_ID] = f.opt("originMsgId") or msg.msg_id
+            props[L.P_ORIGIN_MESSAGE_ID] = msg.msg_id
         if msg.reconsume_times >= max_times or delay_level < 0:
             topic = DLQ_PREFIX + group
-            props.pop(L.P_DELAY, None)
+            props[L.P_DELAY] = "0"
         else:
             topic = RETRY_PREFIX + group
             props[L.P_DELAY] = str(delay_level or 3 + msg.reconsume_times)
-        # the copy is a new record: the delay service's bookkeeping of the old one does not apply
-        for key in (L.P_REAL_TOPIC, L.P_REAL_QID):
-            props.pop(key, None)
         cfg, error = self._topic_config(req, topic)
         if error is not None:
             return error
-        new = Message(topic, msg.body, props, 0, msg.flag, msg.sys_flag & ~L.TRANSACTION_MASK,
+        new = Message(topic, msg.body, props, 0, msg.flag, msg.sys_flag,
                       msg.born_timestamp_ms, msg.born_host, msg.born_port, msg.reconsume_times + 1)  # fmt: skip
         _put, error = self._store(req, [self._item(new)])
         if error is not None:

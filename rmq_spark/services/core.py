@@ -35,8 +35,23 @@ log = logging.getLogger("rmq_spark.services")
 # and timer hooks run on its real message when it is committed.
 SERVICES = (("transactions", TransactionService), ("schedule", ScheduleService), ("timer", TimerService))
 # the properties without which every service's put hook returns its message unchanged: TRAN_MSG
-# for transactions, the delay and timer requests (and their services' own markers) for the others
+# for transactions, the delay and timer requests for the others
 HOOK_KEYS = frozenset((L.P_TRAN_MSG, *DELIVERY_REQUEST_KEYS))
+
+# what Apache RocketMQ 5.x's broker stores on every message a producer sends (one message: a
+# batch's messages keep their own properties): CLUSTER (SendMessageProcessor.sendMessage; a reply
+# message names the requester's cluster with it), MSG_REGION and TRACE_ON
+# (AbstractSendMessageProcessor.buildMsgContext, with the defaults regionId and traceOn)
+P_CLUSTER, P_MSG_REGION, P_TRACE_ON = "CLUSTER", "MSG_REGION", "TRACE_ON"
+DEFAULT_CLUSTER, DEFAULT_REGION = "DefaultCluster", "DefaultRegion"
+
+
+def stamp_send(props: dict[str, str], cluster: str = DEFAULT_CLUSTER) -> dict[str, str]:
+    """``props`` of a message a producer sends, with what Apache's broker adds to it (in place)."""
+    props[P_MSG_REGION] = DEFAULT_REGION
+    props[P_TRACE_ON] = "true"
+    props[P_CLUSTER] = cluster
+    return props
 
 
 class BrokerCore:

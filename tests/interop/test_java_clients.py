@@ -17,10 +17,9 @@ from _java import CLIENT_VERSION_5X, CLIENT_VERSION_DEFAULT
 
 BOTH_CLIENTS = pytest.mark.parametrize("client", [CLIENT_VERSION_DEFAULT, CLIENT_VERSION_5X])
 # Does a delayed message, once delivered, still carry DELAY, REAL_TOPIC and REAL_QID?  Apache
-# RocketMQ 5.x keeps them (4.x clears DELAY); rmq-broker's delay and timer services remove all
-# three (services/redelivery/rewrite.py DROPPED_ON_DELIVERY: its recovery scan tells delivered
-# records from schedule records by REAL_TOPIC).  No client reads them.
-DELIVERY_PROPERTIES_KEPT = {"apache": True, "rmq-broker": False}
+# RocketMQ 5.x keeps them (4.x clears DELAY), and so does rmq-broker (issue 29; every property
+# compared in test_apache_properties.py).
+DELIVERY_PROPERTIES_KEPT = {"apache": True, "rmq-broker": True}
 
 
 def bodies(events: list[dict]) -> list[str]:

@@ -21,7 +21,7 @@ from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message, tags_code
-from rmq_spark.services.schedule.service import P_DELAY_SOURCE, ScheduleService, store_rules
+from rmq_spark.services.schedule.service import ScheduleService, store_rules
 from rmq_spark.store.store import MessageStore, StoreConfig
 
 T0 = 1_700_000_000_000
@@ -79,8 +79,6 @@ def test_transform_clamps_levels_and_leaves_other_messages(store_dir):
         svc.transform(Message("Orders", b"d", {L.P_DELAY: "soon"}))
     both = svc.transform(Message("Orders", b"e", {L.P_DELAY: "1", L.P_TIMER_DELAY_MS: "5"}))
     assert both.topic == L.SCHEDULE_TOPIC and L.P_TIMER_DELAY_MS not in both.properties
-    forged = svc.transform(Message("Orders", b"f", {P_DELAY_SOURCE: "0:0"}))
-    assert P_DELAY_SOURCE not in forged.properties
     store.shutdown()
 
 
@@ -107,16 +105,14 @@ def test_delivers_in_order_when_due_and_restores_the_message(store_dir):
     assert [m.body for m in got] == [b"m%d" % i for i in range(5)]
     for i, m in enumerate(got):
         assert m.properties[L.P_UNIQ_KEY] == ids[i]
-        assert m.properties[L.P_TIMER_OUT_MS] == str(T0 + 5000)
-        assert m.properties[P_DELAY_SOURCE] == f"1:{i}"
         assert m.properties["KEYS"] == f"m{i}"
-        for gone in (L.P_DELAY, L.P_REAL_TOPIC, L.P_REAL_QID):
-            assert gone not in m.properties
+        # what Apache's ScheduleMessageService stores: the schedule record's properties as they were
+        assert (m.properties[L.P_DELAY], m.properties[L.P_REAL_TOPIC], m.properties[L.P_REAL_QID]) == ("2", "Orders", "1")
+        assert L.P_TIMER_OUT_MS not in m.properties
+        assert not any(k.endswith("_SOURCE") for k in m.properties)
     units = store.consume_queue("Orders", 1).units(0, 5)
     assert set(units["tags_code"].tolist()) == {tags_code("TagA")}
     assert svc.run_once() == 0  # nothing twice
-    batch = store.read_arrow("Orders", 1, 0, 5, columns=["deliverTimestamp"])
-    assert batch.column(0).null_count == 0
     store.shutdown()
 
 
@@ -366,8 +362,14 @@ def test_service_thread_delivers_on_the_real_clock(store_dir):
         svc.shutdown()
     got = store.get_messages("Orders", 0, 0, max_msgs=100).messages
     assert sorted(m.properties[L.P_UNIQ_KEY] for m in got) == sorted(ids)
+    due = {}  # unique id -> when its schedule record came due (the unit's tagsCode)
+    for q in (0, 1):
+        cq = store.consume_queue(L.SCHEDULE_TOPIC, q)
+        units = cq.units(0, cq.max_offset)
+        recs = store.get_messages(L.SCHEDULE_TOPIC, q, 0, max_msgs=100).messages
+        due.update((r.properties[L.P_UNIQ_KEY], int(t)) for r, t in zip(recs, units["tags_code"]))
     for m in got:  # never early
-        assert m.store_timestamp_ms >= int(m.properties[L.P_TIMER_OUT_MS])
+        assert m.store_timestamp_ms >= due[m.properties[L.P_UNIQ_KEY]]
     store.shutdown()
 
 
@@ -442,3 +444,58 @@ def test_gather_runs_concatenates_the_runs():
         want = b"".join(pool[s : s + n].tobytes() for s, n in zip(starts, lens))
         assert bytes(gather_runs(pool, starts, lens, int(lens.sum()))) == want
     assert gather_runs(np.zeros(4, np.uint8), np.array([1]), np.array([0]), 0) == bytearray()
+
+
+# --- recovery without a marker of its own (issue 29: the copy stores what Apache stores) ------------
+def twin(level: int, body: bytes, uniq: str) -> Message:
+    """A message a client sent twice (a resend): the same unique id, born time and body."""
+    return Message("Orders", body, {L.P_DELAY: str(level), L.P_UNIQ_KEY: uniq}, born_timestamp_ms=T0 - 5)
+
+
+def test_crash_recovery_matches_copies_past_resends_and_discarded_records(store_dir):
+    """The copies carry no marker: after a crash each level's cursor moves past the records its
+    copies match, in order -- an identical resend counted once per copy, a record discarded
+    (no REAL_TOPIC) skipped -- and the records delivered later come exactly once."""
+    clock = FakeClock(T0)
+    store, svc = open_service(store_dir, clock)
+    send(store, svc, [twin(1, b"A", "U-A")])
+    # a schedule record without a real topic (written straight to the topic): discarded when due
+    store.put_messages([Message(L.SCHEDULE_TOPIC, b"X", {L.P_DELAY: "1"}, queue_id=0)])
+    send(store, svc, [twin(1, b"A", "U-A")])  # the resend
+    svc.checkpoint()  # progress 0 saved, with the CommitLog end before any delivery
+    clock.advance(500)
+    send(store, svc, [twin(1, b"B", "U-B"), twin(1, b"C", "U-C")])  # due 500 ms later
+    clock.advance(500)
+    assert svc.run_once() == 2 and svc.stats.discarded == 1  # A and its resend; X discarded
+    svc.crash()
+    store.crash()
+    store, svc = open_service(store_dir, clock)
+    assert svc.offsets[0] == 3 and svc.stats.reconciled == 3  # A, X, A' done; B and C not
+    clock.advance(500)
+    assert svc.run_once() == 2
+    assert sorted(bodies(store, "Orders")) == [b"A", b"A", b"B", b"C"]
+    assert not any(k.endswith("_SOURCE") for m in store.get_messages("Orders", 0, 0).messages for k in m.properties)
+    store.shutdown()
+
+
+def test_copies_behind_the_cursor_move_nothing(store_dir):
+    """Progress saved without a CommitLog offset (as Apache writes delayOffset.json): the scan
+    starts at 0 and finds copies of records the cursor has passed; they match no record ahead of
+    it, so nothing is skipped."""
+    clock = FakeClock(T0)
+    store, svc = open_service(store_dir, clock)
+    send(store, svc, [twin(1, b"A", "U-A"), twin(1, b"B", "U-B")])
+    clock.advance(1000)
+    assert svc.run_once() == 2
+    send(store, svc, [twin(1, b"C", "U-C"), twin(1, b"D", "U-D")])
+    svc.crash()
+    store.shutdown()
+    path = os.path.join(store_dir, L.CONFIG_DIR, L.DELAY_OFFSET_FILE)
+    with open(path, "w") as f:
+        f.write('{"offsetTable": {"1": 2}}')
+    store, svc = open_service(store_dir, clock)
+    assert svc.offsets[0] == 2 and svc.stats.reconciled == 0
+    clock.advance(1000)
+    assert svc.run_once() == 2
+    assert sorted(bodies(store, "Orders")) == [b"A", b"B", b"C", b"D"]
+    store.shutdown()

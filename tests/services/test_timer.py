@@ -26,7 +26,7 @@ from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message, tags_code
 from rmq_spark.store.store import MessageStore, StoreConfig
 from rmq_spark.services.timer.recall import RecallError, RecallFailure, build_recall_handle, parse_recall_handle
-from rmq_spark.services.timer.service import P_TIMER_SOURCE, TIMER_CHECK_FILE, TimerService
+from rmq_spark.services.timer.service import TIMER_CHECK_FILE, TimerService
 from rmq_spark.services.timer.wheel import ENTRY, TimerWheel
 
 T0 = 1_700_000_000_000
@@ -108,8 +108,6 @@ def test_transform_leaves_levels_past_times_and_halves_alone(store_dir):
     assert svc.transform(half) is half
     plain = Message("Orders", b"e")
     assert svc.transform(plain) is plain
-    forged = svc.transform(Message("Orders", b"f", {P_TIMER_SOURCE: "0"}))
-    assert P_TIMER_SOURCE not in forged.properties
     store.shutdown()
 
 
@@ -184,11 +182,17 @@ def test_delivered_message_is_restored(store_dir):
     assert (
         m.body == b"body" and m.properties[L.P_UNIQ_KEY] == ids[0] and m.properties["KEYS"] == "k1"
     )
+    # what Apache's TimerMessageStore stores: the timer record's properties, and the two stamps
     assert m.properties[L.P_TIMER_OUT_MS] == str(T0 + 100)
-    timer_record = store.consume_queue(L.TIMER_TOPIC, 0).units(0, 1)["offset"][0]
-    assert m.properties[P_TIMER_SOURCE] == str(int(timer_record))
-    for gone in (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TIMER_DELAY_MS):
-        assert gone not in m.properties
+    (timer_record,) = store.get_messages(L.TIMER_TOPIC, 0, 0).messages
+    assert m.properties[L.P_TIMER_ENQUEUE_MS] == str(timer_record.store_timestamp_ms)
+    assert m.properties[L.P_TIMER_DEQUEUE_MS] == str(T0 + 100)
+    assert (m.properties[L.P_REAL_TOPIC], m.properties[L.P_REAL_QID]) == ("Orders", "3")
+    assert m.properties[L.P_TIMER_DELAY_MS] == "100"
+    assert {k: v for k, v in m.properties.items() if k not in (L.P_TIMER_ENQUEUE_MS, L.P_TIMER_DEQUEUE_MS)} == {
+        k: v for k, v in timer_record.properties.items() if k != "__CRC32#"
+    }
+    assert not any(k.endswith("_SOURCE") for k in m.properties)
     assert int(store.consume_queue("Orders", 3).units(0, 1)["tags_code"][0]) == tags_code("TagT")
     store.shutdown()
 
@@ -568,3 +572,63 @@ def test_patched_delivery_writes_what_the_general_path_writes(tmp_path, crc):
     assert sum(map(len, views[0].values())) == 300
     assert views[0] == views[1]
     assert patched == [300, 0]
+
+
+# --- recovery without a marker of its own (issue 29: the copy stores what Apache stores) ------------
+def test_crash_between_identical_resends_delivers_each_once(store_dir):
+    """Two identical timer messages (a client's resend: same unique id, born time, body and
+    delivery time), the first delivered before a kill -9: the restart counts one copy for one
+    record (told apart by TIMER_ENQUEUE_MS, the record's store time) and delivers the other."""
+    clock = FakeClock(T0)
+    store, svc = open_service(store_dir, clock, batch=1)
+    twin = {L.P_TIMER_DELIVER_MS: str(T0 + 100), L.P_UNIQ_KEY: "U-1"}
+    send(store, svc, [Message("Orders", b"t", dict(twin), born_timestamp_ms=T0)])
+    clock.advance(1)
+    send(store, svc, [Message("Orders", b"t", dict(twin), born_timestamp_ms=T0)])
+    svc.checkpoint()
+    real_put, calls = svc._put, []
+
+    def put_once_then_die(batch):
+        calls.append(1)
+        if len(calls) == 2:
+            raise _Kill
+        real_put(batch)
+
+    svc._put = put_once_then_die
+    clock.advance(100)
+    with pytest.raises(_Kill):
+        svc.run_once()
+    svc.crash()
+    store.crash()
+    store, svc = open_service(store_dir, clock)
+    assert svc.stats.reconciled == 1 and svc.pending_count == 1
+    assert svc.run_once() == 1
+    got = store.get_messages("Orders", 0, 0).messages
+    assert [m.body for m in got] == [b"t", b"t"]
+    enqueued = sorted(m.properties[L.P_TIMER_ENQUEUE_MS] for m in got)
+    assert enqueued[0] != enqueued[1]
+    store.shutdown()
+
+
+def test_a_client_message_that_looks_like_a_copy_claims_no_delivery(store_dir):
+    """A plain message carrying a pending timer message's unique id and timer properties (as a
+    consumer forwarding a delivered copy would) is not taken for its delivery after a crash: its
+    born time and TIMER_ENQUEUE_MS are its own."""
+    clock = FakeClock(T0)
+    store, svc = open_service(store_dir, clock)
+    ids, _ = send(store, svc, [timed("Orders", b"p", **{L.P_TIMER_DELAY_MS: "100"})])
+    svc.checkpoint()
+    (record,) = store.get_messages(L.TIMER_TOPIC, 0, 0).messages
+    lookalike = {
+        L.P_UNIQ_KEY: ids[0], L.P_TIMER_OUT_MS: str(T0 + 100), L.P_REAL_TOPIC: "Orders", L.P_REAL_QID: "0",
+        L.P_TIMER_ENQUEUE_MS: str(record.store_timestamp_ms + 1), L.P_TIMER_DEQUEUE_MS: str(T0 + 100),
+    }  # fmt: skip
+    store.put_messages([svc.transform(Message("Orders", b"p", lookalike, born_timestamp_ms=T0 + 7))])
+    svc.crash()
+    store.crash()
+    store, svc = open_service(store_dir, clock)
+    assert svc.stats.reconciled == 0 and svc.pending_count == 1
+    clock.advance(100)
+    assert svc.run_once() == 1
+    assert bodies(store, "Orders") == [b"p", b"p"]  # the look-alike and the real delivery
+    store.shutdown()

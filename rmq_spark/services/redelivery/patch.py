@@ -277,11 +277,11 @@ def patch_redelivery(
     sizes: np.ndarray,
     keys: tuple[str, ...],
     drop: tuple[str, ...],
-    extra: Callable[[], list[bytes]],
+    extra: Callable[[ParsedRecords], list[bytes]],
 ) -> EncodedBatch | None:
     """The records at ``phys``/``sizes`` re-written to their ``REAL_TOPIC``/``REAL_QID`` by
     patching their bytes (``keys``: the properties to find, at least :data:`DELIVERY_KEYS`;
-    ``drop`` and ``extra()`` as :func:`encode_redelivery` takes them), or None when one of them
+    ``drop`` and ``extra(parsed records)`` as :func:`encode_redelivery` takes them), or None when one of them
     needs the general path: unusual bytes, no real topic or unique id, the half topic as real
     topic, a real queue that cannot be resolved."""
     rec = parse_records(store, phys, sizes, keys)
@@ -297,7 +297,7 @@ def patch_redelivery(
         qids = resolve_queues(store, real, raw_qids, {})  # type: ignore[arg-type]
     except RmqError:
         return None  # the general path holds back what cannot be delivered
-    return encode_redelivery(store, rec, drop, real, qids, extra(), tags, words, uniq)  # type: ignore[arg-type]
+    return encode_redelivery(store, rec, drop, real, qids, extra(rec), tags, words, uniq)  # type: ignore[arg-type]
 
 
 def encode_redelivery(

@@ -18,14 +18,6 @@ from rmq_spark.store.record import HEADER_V4, decode_record, verify_record
 if TYPE_CHECKING:
     from rmq_spark.store.store import MessageStore
 
-DROPPED_ON_DELIVERY = (
-    L.P_DELAY,
-    L.P_REAL_TOPIC,
-    L.P_REAL_QID,
-    L.P_TIMER_DELIVER_MS,
-    L.P_TIMER_DELAY_SEC,
-    L.P_TIMER_DELAY_MS,
-)
 _HOSTS_V6 = L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6
 _STRUCT_CODES = {"i4": "i", "u4": "I", "i8": "q", "V4": "4s"}
 _HEADER = struct.Struct(">" + "".join(_STRUCT_CODES[t[-2:]] for _, t in HEADER_V4.descr))
@@ -39,19 +31,20 @@ _H_MAGIC, _H_FLAG, _H_SYS_FLAG, _H_BORN_TS = (
 )
 _H_BORN_HOST, _H_BORN_PORT, _H_RECONSUME = _H["born_host"], _H["born_port"], _H["reconsume_times"]
 _H_PREPARED, _H_BODY_LEN = _H["prepared_offset"], _H["body_len"]
+_H_STORE_TS = _H["store_timestamp"]
 _CRC_KEY = CRC_KEY
-# what a delivery reads from a record's properties, and what it removes before adding its own
+# what a delivery reads from a record's properties, and what it removes before adding its own:
+# a delivered copy keeps every property of its source, as Apache's ScheduleMessageService and
+# TimerMessageStore store it (DELAY, REAL_TOPIC, REAL_QID, TIMER_* included); only the record CRC
+# goes (written again if on)
 DELIVERY_KEYS = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TAGS, L.P_KEYS, L.P_UNIQ_KEY, _CRC_KEY)
-DELIVERY_KEYS += tuple(k for k in DROPPED_ON_DELIVERY if k not in DELIVERY_KEYS)
-DELIVERY_DROP = DROPPED_ON_DELIVERY + (_CRC_KEY,)  # and the record CRC (written again if on)
+DELIVERY_DROP = (_CRC_KEY,)
 _RECORD_HEAD = struct.Struct(">iI")  # TOTALSIZE, MAGICCODE (record.py's diagram)
 
 
 # the properties the delay and timer put hooks act on: a message without any of them passes
 # through them unchanged
-DELIVERY_REQUEST_KEYS = (
-    L.P_DELAY, L.P_TIMER_DELIVER_MS, L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS, "DELAY_SOURCE", "TIMER_SOURCE",
-)  # fmt: skip
+DELIVERY_REQUEST_KEYS = (L.P_DELAY, L.P_TIMER_DELIVER_MS, L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS)
 
 
 # --- reading stored records in bulk ---------------------------------------------------------------
@@ -64,6 +57,7 @@ class StoredRecords:
     flags: np.ndarray
     sys_flags: np.ndarray
     born_timestamps: np.ndarray
+    store_timestamps: np.ndarray
     born_hosts: list[bytes]
     born_ports: np.ndarray
     reconsume_times: np.ndarray
@@ -102,6 +96,7 @@ def read_records(store: MessageStore, phys: np.ndarray, sizes: np.ndarray) -> St
             props.append(m.properties)
             v = list(h)
             v[_H_FLAG], v[_H_SYS_FLAG], v[_H_BORN_TS] = m.flag, m.sys_flag, m.born_timestamp_ms
+            v[_H_STORE_TS] = m.store_timestamp_ms
             v[_H_BORN_HOST], v[_H_BORN_PORT] = host_bytes(m.born_host), m.born_port
             v[_H_RECONSUME], v[_H_PREPARED] = m.reconsume_times, m.prepared_transaction_offset
             heads.append(tuple(v))
@@ -126,6 +121,7 @@ def read_records(store: MessageStore, phys: np.ndarray, sizes: np.ndarray) -> St
         flags=col(_H_FLAG, np.int32),
         sys_flags=col(_H_SYS_FLAG, np.int32),
         born_timestamps=col(_H_BORN_TS, np.int64),
+        store_timestamps=col(_H_STORE_TS, np.int64),
         born_hosts=list(cols[_H_BORN_HOST]),
         born_ports=col(_H_BORN_PORT, np.int32),
         reconsume_times=col(_H_RECONSUME, np.int32),

@@ -3,16 +3,18 @@
 A message with property ``DELAY=n`` (n > 0) is stored in ``SCHEDULE_TOPIC_XXXX`` queue ``n - 1``
 (a level above the maximum is clamped to it) with ``REAL_TOPIC``/``REAL_QID``; the store gives its
 ConsumeQueue unit tagsCode = store time + the level's delay.  One cursor per level walks that queue
-in order and re-writes every due message to its real topic and queue (``DELAY`` and ``REAL_*``
-removed, ``TIMER_OUT_MS`` = its delivery time, the tags code computed from ``TAGS`` again), as one
-CommitLog write per batch (:mod:`rmq_spark.services.redelivery.rewrite`).
+in order and re-writes every due message to its real topic and queue, as one CommitLog write per
+batch (:mod:`rmq_spark.services.redelivery.rewrite`).  The copy stores the properties of its
+schedule record unchanged, ``DELAY``, ``REAL_TOPIC`` and ``REAL_QID`` included, as Apache's
+``ScheduleMessageService.messageTimeUp`` stores them (the tags code computed from ``TAGS`` again).
 
-Exactly once: every delivered message carries ``DELAY_SOURCE = "{queueId}:{queueOffset}"`` of the
-schedule record it came from.  Progress is saved to ``config/delayOffset.json`` (atomically) with
-the CommitLog end at the time; on start the CommitLog is scanned from there
-(:func:`scan_sources`) and each cursor moves past every source already delivered, so a crash at
-any moment neither loses nor repeats a delivery (RocketMQ 4.x saved progress every 10 s and
-redelivered after a crash).  A failed write leaves the cursor where it was and is retried after a
+Exactly once: progress is saved to ``config/delayOffset.json`` (atomically, once the CommitLog is
+durable up to it) with the CommitLog end at the time.  On start the CommitLog is scanned from
+there for delivered copies -- records outside the system topics that keep ``DELAY`` -- and each
+level's cursor moves past the sources they match, in order (:meth:`ScheduleService._reconcile`),
+so a crash at any moment neither loses nor repeats a delivery (Apache saves progress every 10 s
+and redelivers after a crash).  No property of this broker's own is stored (``docs/semantics.md``).
+A failed write leaves the cursor where it was and is retried after a
 back-off (100 ms doubling to 10 s); a message whose real topic cannot take it (topic missing with
 auto-creation off) holds back its own level only.
 
@@ -49,11 +51,10 @@ from rmq_spark.services.redelivery.patch import PATCH_MIN_MSGS, patch_redelivery
 from rmq_spark.services.redelivery.records import (
     DELIVERY_DROP,
     DELIVERY_KEYS,
-    DROPPED_ON_DELIVERY,
     StoredRecords,
     read_records,
 )
-from rmq_spark.services.redelivery.recovery import scan_sources
+from rmq_spark.services.redelivery.recovery import same_message, scan_copies
 from rmq_spark.services.redelivery.rewrite import encode_redelivered, resolve_queue
 from rmq_spark.store.message import Message
 from rmq_spark.store.encoded import EncodedBatch
@@ -62,16 +63,15 @@ if TYPE_CHECKING:
     from rmq_spark.services.config import BrokerConfig
     from rmq_spark.store.store import MessageStore, TagsCodeRule
 
-__all__ = ["P_DELAY_SOURCE", "ScheduleService", "ScheduleStats", "delivery_time_rule", "store_rules"]
+__all__ = ["ScheduleService", "ScheduleStats", "delivery_time_rule", "store_rules"]
 
 logger = logging.getLogger(__name__)
 
-P_DELAY_SOURCE = "DELAY_SOURCE"  # "{scheduleQueueId}:{queueOffset}" of the record delivered
 _TIMER_PROPS = (L.P_TIMER_DELIVER_MS, L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS)
 _UNCONSUMABLE = (L.TRANSACTION_PREPARED_TYPE, L.TRANSACTION_ROLLBACK_TYPE)
-_SCHEDULE_KEYS = DELIVERY_KEYS + (L.P_TIMER_OUT_MS, P_DELAY_SOURCE)
-_SCHEDULE_DROP = DELIVERY_DROP + (L.P_TIMER_OUT_MS, P_DELAY_SOURCE)
-_SCHEDULE_EXTRA = f"{L.P_TIMER_OUT_MS}\x01%d\x02{P_DELAY_SOURCE}\x01%d:%d\x02".encode()
+_SCHEDULE_KEYS = DELIVERY_KEYS
+_SCHEDULE_DROP = DELIVERY_DROP
+_RECONCILE_READ = 1024  # schedule records read at a time while matching copies
 
 
 # --- the service ----------------------------------------------------------------------------------
@@ -168,9 +168,6 @@ class ScheduleService(DeliveryLifecycle):
         """A message with ``DELAY=n > 0`` goes to the schedule topic, queue ``min(n, max) - 1``.
         Timer properties on it are dropped: the level wins (as ``HookUtils``)."""
         p = msg.properties
-        if P_DELAY_SOURCE in p:  # only the service may claim a delivery
-            p = {k: v for k, v in p.items() if k != P_DELAY_SOURCE}
-            msg = replace(msg, properties=p)
         raw = p.get(L.P_DELAY)
         if raw is None or msg.topic in (L.SCHEDULE_TOPIC, L.TIMER_TOPIC):
             return msg
@@ -205,16 +202,46 @@ class ScheduleService(DeliveryLifecycle):
         return cq.max_offset if cq is not None else 0
 
     def _reconcile(self, start: int) -> int:
-        """Move each cursor past the sources delivered at CommitLog offset >= ``start``."""
+        """Move each cursor past the sources delivered at CommitLog offset >= ``start``.
+
+        Every copy written from ``start`` on lies after the cursors' saved place, and a level
+        delivers its records in queue order, skipping only those it discards (no real topic, or
+        the half topic): so the copies of level ``n`` (``DELAY=n``, outside the system topics),
+        in CommitLog order, are the level's next records that are not discarded.  Each one moves
+        the cursor past the record it matches (unique id, born time, body); a record that does
+        not match (a copy older than the cursor, on a store another broker wrote) moves
+        nothing."""
+        by_level: dict[int, list[Any]] = {}
+        for copy in scan_copies(self.store, start, L.P_DELAY):
+            raw = copy.properties.get(L.P_DELAY, "")
+            if raw.isdigit() and int(raw) - 1 in self.offsets:
+                by_level.setdefault(int(raw) - 1, []).append(copy)
         moved = 0
-        for value in scan_sources(self.store, start, P_DELAY_SOURCE):
-            q_text, _, off_text = value.partition(":")
-            if not (q_text.isdigit() and off_text.isdigit()):
+        for q, copies in by_level.items():
+            cq = self.store.consume_queue(L.SCHEDULE_TOPIC, q)
+            if cq is None:
                 continue
-            q, off = int(q_text), int(off_text)
-            if q in self.offsets and off >= self.offsets[q]:
-                moved += off + 1 - self.offsets[q]
-                self.offsets[q] = off + 1
+            cursor = max(self.offsets[q], cq.min_offset)
+            hi = cq.max_offset
+            window: tuple[int, StoredRecords] | None = None
+            for copy in copies:
+                j = cursor
+                while j < hi:
+                    if window is None or not window[0] <= j < window[0] + len(window[1]):
+                        units = cq.units(j, min(hi, j + _RECONCILE_READ))
+                        window = (j, read_records(self.store, units["offset"], units["size"]))
+                    src, i = window[1], j - window[0]
+                    real = src.properties[i].get(L.P_REAL_TOPIC)
+                    if real is None or real == L.TRANS_HALF_TOPIC:
+                        j += 1  # discarded when it came due: no copy
+                        continue
+                    if same_message(
+                        copy, src.properties[i].get(L.P_UNIQ_KEY), int(src.born_timestamps[i]), src.bodies[i]
+                    ):
+                        moved += j + 1 - cursor
+                        cursor = j + 1
+                    break
+            self.offsets[q] = cursor
         return moved
 
     def _locked_snapshot(self) -> dict[str, Any]:
@@ -301,7 +328,7 @@ class ScheduleService(DeliveryLifecycle):
         row = 0
         for q, start, units, deliver in plan:
             end = start
-            for j, deliver_ms in enumerate(deliver.tolist()):
+            for j in range(len(units)):
                 i = row + j
                 p = src.properties[i]
                 real = p.get(L.P_REAL_TOPIC)
@@ -317,9 +344,7 @@ class ScheduleService(DeliveryLifecycle):
                 except RmqError as e:
                     self._hold(q, now, e)  # this level waits; the others go on
                     break
-                p = {k: v for k, v in p.items() if k not in DROPPED_ON_DELIVERY}
-                p[L.P_TIMER_OUT_MS] = str(deliver_ms)
-                p[P_DELAY_SOURCE] = f"{q}:{start + j}"
+                p = {k: v for k, v in p.items() if k not in _SCHEDULE_DROP}  # stored as it was
                 rows.append(i)
                 topics.append(real)
                 qids.append(qid)
@@ -374,13 +399,9 @@ class ScheduleService(DeliveryLifecycle):
         or None when one of them needs the general path (discarded, held, unusual bytes)."""
         if len(phys) < self.patch_min_msgs:
             return None
-        def extra() -> list[bytes]:
-            out: list[bytes] = []
-            for q, start, _, deliver in plan:
-                out += [_SCHEDULE_EXTRA % (d, q, start + j) for j, d in enumerate(deliver.tolist())]
-            return out
-
-        return patch_redelivery(self.store, phys, sizes, _SCHEDULE_KEYS, _SCHEDULE_DROP, extra)
+        return patch_redelivery(
+            self.store, phys, sizes, _SCHEDULE_KEYS, _SCHEDULE_DROP, lambda rec: [b""] * len(rec)
+        )
 
     def _put(self, batch: EncodedBatch) -> None:
         self.store.put_encoded(batch)

@@ -12,8 +12,10 @@ message a normal one.  Otherwise it is stored in ``rmq_sys_wheel_timer`` queue 0
 Scheduling: the timer topic's ConsumeQueue is the log.  Pending entries live in memory in a
 :class:`TimerWheel` (slots of ``timer_precision_ms``, an ordered heap of slot numbers), fed from
 the ConsumeQueue as messages arrive and rebuilt from it at start.  A round delivers every entry
-due at ``clock.now_ms()`` in batches, one CommitLog write each; a delivered message keeps
-``TIMER_OUT_MS`` and carries ``TIMER_SOURCE`` = the CommitLog offset of its timer record.
+due at ``clock.now_ms()`` in batches, one CommitLog write each.  A delivered message stores what
+Apache's ``TimerMessageStore.convertMessage`` stores: every property of its timer record
+(``REAL_TOPIC``, ``REAL_QID``, ``TIMER_OUT_MS``, the client's ``TIMER_*``) plus
+``TIMER_ENQUEUE_MS`` (the timer record's store time) and ``TIMER_DEQUEUE_MS`` (the delivery time).
 
 Recall: the send of a timer message yields a handle (:meth:`TimerService.recall_handle`,
 URL-safe Base64 of ``"v1 {realTopic} {brokerName} {TIMER_OUT_MS + 1} {UNIQ_KEY}"``);
@@ -33,7 +35,10 @@ survives a restart, or raises :class:`RecallError` when nothing is pending for t
     └──────────────────┴────────────────────────────────────────────────────────────────────┘
 
 Restart: read the records of ``[W, max)``, keep those at or above M or due after T, drop those
-whose ``TIMER_SOURCE`` appears in the CommitLog from D on (:func:`scan_sources`).
+delivered from D on: a copy in the CommitLog from D (outside the system topics, with
+``TIMER_DEQUEUE_MS``) with the record's ``TIMER_OUT_MS``, store time as ``TIMER_ENQUEUE_MS``,
+unique id, born time and body (:meth:`TimerService._delivered`).  No property of this broker's
+own is stored (``docs/semantics.md``).
 
 Why this module is long: the put hook, recall, restart and the delivery round all read and move
 one state (the wheel, the pending deletes and the checkpoint W/M/T/D) under one lock; the recall
@@ -65,10 +70,9 @@ from rmq_spark.services.redelivery.patch import PATCH_MIN_MSGS, patch_redelivery
 from rmq_spark.services.redelivery.records import (
     DELIVERY_DROP,
     DELIVERY_KEYS,
-    DROPPED_ON_DELIVERY,
     read_records,
 )
-from rmq_spark.services.redelivery.recovery import scan_sources
+from rmq_spark.services.redelivery.recovery import timer_copies_of
 from rmq_spark.services.redelivery.rewrite import encode_redelivered, resolve_queue
 
 from rmq_spark.services.timer.recall import (
@@ -85,7 +89,6 @@ if TYPE_CHECKING:
     from rmq_spark.store.store import MessageStore
 
 __all__ = [
-    "P_TIMER_SOURCE",
     "TIMER_CHECK_FILE",
     "RecallError",
     "RecallFailure",
@@ -98,7 +101,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-P_TIMER_SOURCE = "TIMER_SOURCE"  # CommitLog offset of the timer record a message was delivered from
 TIMER_CHECK_FILE = "timercheck.json"
 RECALL_TAG = "_RECALL_TAG_"
 RECALL_TAG_CODE = tags_code(RECALL_TAG)
@@ -106,9 +108,11 @@ _READ_UNITS = 65536
 _UNCONSUMABLE = (L.TRANSACTION_PREPARED_TYPE, L.TRANSACTION_ROLLBACK_TYPE)
 _TIMER_PROPS = (L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS, L.P_TIMER_DELIVER_MS)
 
-_KEYS = DELIVERY_KEYS + (P_TIMER_SOURCE,)
-_DROP = DELIVERY_DROP + (P_TIMER_SOURCE,)
-_EXTRA = f"{P_TIMER_SOURCE}\x01%d\x02".encode()
+# a delivery replaces TIMER_ENQUEUE_MS / TIMER_DEQUEUE_MS (Apache's putProperty on the map)
+_STAMPS = (L.P_TIMER_ENQUEUE_MS, L.P_TIMER_DEQUEUE_MS)
+_KEYS = DELIVERY_KEYS + _STAMPS
+_DROP = DELIVERY_DROP + _STAMPS
+_EXTRA = f"{L.P_TIMER_ENQUEUE_MS}\x01%d\x02{L.P_TIMER_DEQUEUE_MS}\x01%d\x02".encode()
 
 
 # --- the service ----------------------------------------------------------------------------------
@@ -173,9 +177,6 @@ class TimerService(DeliveryLifecycle):
     # --- put hook ---------------------------------------------------------------------------------
     def transform(self, msg: Message) -> Message:
         p = msg.properties
-        if P_TIMER_SOURCE in p:  # only the service may claim a delivery
-            p = {k: v for k, v in p.items() if k != P_TIMER_SOURCE}
-            msg = replace(msg, properties=p)
         if not (L.P_TIMER_DELAY_SEC in p or L.P_TIMER_DELAY_MS in p or L.P_TIMER_DELIVER_MS in p):
             return msg
         if (
@@ -336,18 +337,19 @@ class TimerService(DeliveryLifecycle):
                 keys.update((p, key) for p, key in k.items() if p in kept)
         entries = np.concatenate(parts) if parts else np.zeros(0, ENTRY)
         if len(entries):
-            done = np.fromiter(
-                (int(v) for v in scan_sources(self.store, d, P_TIMER_SOURCE) if v.isdigit()),
-                np.int64,
-            )
-            if len(done):
-                delivered = np.isin(entries["phys"], done)
+            delivered = self._delivered(entries, d)
+            if delivered.any():
                 self.stats.reconciled += int(delivered.sum())
                 self._note_done(entries[delivered])
                 entries = entries[~delivered]
         self._register_deletes(keys)
         self._wheel.add(entries)
         self._enqueued = hi
+
+    def _delivered(self, entries: np.ndarray, start: int) -> np.ndarray:
+        """Which of ``entries`` have a delivered copy at CommitLog offset >= ``start``."""
+        messages = entries["kind"] == KIND_MESSAGE
+        return messages & timer_copies_of(self.store, entries["phys"], entries["size"], entries["deliver_ms"], start)
 
     def _read_entries(self, cq: Any, start: int, end: int) -> tuple[np.ndarray, dict[int, str]]:
         units = cq.units(start, end)
@@ -473,13 +475,13 @@ class TimerService(DeliveryLifecycle):
         phys_list = chunk["phys"].tolist()
         rows: list[int] = []
         held: list[int] = []
-        batch = None if self._cancelled else self._fast_batch(chunk, phys_list)
+        batch = None if self._cancelled else self._fast_batch(chunk, now)
         if batch is not None:
             rows = list(range(len(chunk)))
             fast = len(rows)
         else:
             fast = 0
-            rows, held, general = self._general(chunk, phys_list)
+            rows, held, general = self._general(chunk, phys_list, now)
         if rows:
             before = self.store.commitlog.max_offset
             try:
@@ -489,11 +491,9 @@ class TimerService(DeliveryLifecycle):
             except Exception as e:  # noqa: BLE001 - held and retried, never skipped
                 self.last_error = e
                 self.stats.failed_puts += 1
-                landed = {
-                    int(v) for v in scan_sources(self.store, before, P_TIMER_SOURCE) if v.isdigit()
-                }
-                self.stats.reconciled += len(landed & {phys_list[i] for i in rows})
-                rest = [i for i in rows if phys_list[i] not in landed]
+                landed = self._delivered(chunk, before)  # part of it may have landed
+                self.stats.reconciled += int(landed[rows].sum())
+                rest = [i for i in rows if not landed[i]]
                 self._settle(chunk, held + rest, now)
                 logger.warning(
                     "timer delivery failed (%s); %d messages retried later",
@@ -510,7 +510,7 @@ class TimerService(DeliveryLifecycle):
         return len(rows), not held
 
     def _general(
-        self, chunk: np.ndarray, phys_list: list[int]
+        self, chunk: np.ndarray, phys_list: list[int], now: int
     ) -> tuple[list[int], list[int], tuple[Any, ...]]:
         """Rows to deliver, rows held back, and the arguments of :func:`encode_redelivered`:
         the general path (recalls, discarded records, topics that cannot take a message)."""
@@ -536,21 +536,23 @@ class TimerService(DeliveryLifecycle):
                 self.last_error = e
                 held.append(i)
                 continue
-            out = {k: v for k, v in p.items() if k not in DROPPED_ON_DELIVERY}
-            out[P_TIMER_SOURCE] = str(phys_list[i])
+            out = {k: v for k, v in p.items() if k not in _DROP}  # stored as it was, and
+            out[L.P_TIMER_ENQUEUE_MS] = str(int(src.store_timestamps[i]))
+            out[L.P_TIMER_DEQUEUE_MS] = str(now)
             rows.append(i)
             topics.append(real)
             qids.append(qid)
             props.append(out)
         return rows, held, (src, rows, topics, qids, props)
 
-    def _fast_batch(self, chunk: np.ndarray, phys_list: list[int]) -> EncodedBatch | None:
+    def _fast_batch(self, chunk: np.ndarray, now: int) -> EncodedBatch | None:
         """``chunk`` re-written by patching its bytes, or None when the general path must."""
         if len(chunk) < self.patch_min_msgs:
             return None
         return patch_redelivery(
-            self.store, chunk["phys"], chunk["size"], _KEYS, _DROP, lambda: [_EXTRA % p for p in phys_list]
-        )
+            self.store, chunk["phys"], chunk["size"], _KEYS, _DROP,
+            lambda rec: [_EXTRA % (ts, now) for ts in rec.head["store_timestamp"].tolist()],
+        )  # fmt: skip
 
     def _put(self, batch: EncodedBatch) -> None:
         self.store.put_encoded(batch)

@@ -15,9 +15,11 @@ from rmq_spark.store.encoded import EncodedBatch
 if TYPE_CHECKING:
     from rmq_spark.store.store import MessageStore
 
-# a committed half's real message: its properties without the half's routing
-_COMMIT_DROP = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG, CRC_KEY)
-_COMMIT_KEYS = (L.P_TAGS, L.P_KEYS, L.P_UNIQ_KEY) + _COMMIT_DROP
+# a committed half's real message: the half's properties without REAL_TOPIC / REAL_QID, TRAN_MSG=true
+# kept, as Apache RocketMQ 5.5.0 stores it (compared in tests/interop/test_apache_properties.py);
+# the record CRC is written again if on
+_COMMIT_DROP = (L.P_REAL_TOPIC, L.P_REAL_QID, CRC_KEY)
+_COMMIT_KEYS = (L.P_TAGS, L.P_KEYS, L.P_UNIQ_KEY, L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG, CRC_KEY)
 
 
 def commit_keys(hooked: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -33,8 +35,8 @@ def encode_commits(
     parsed: ParsedRecords | None = None,
 ) -> EncodedBatch | None:
     """The real messages a commit of the halves at ``phys``/``sizes`` writes, made by patching the
-    halves' bytes: topic and queue from ``REAL_TOPIC``/``REAL_QID``, those and ``TRAN_MSG``
-    removed from the properties, SYSFLAG COMMIT, PREPAREDTRANSACTIONOFFSET the half's offset.
+    halves' bytes: topic and queue from ``REAL_TOPIC``/``REAL_QID`` (those removed from the
+    properties, ``TRAN_MSG`` kept), SYSFLAG COMMIT, PREPAREDTRANSACTIONOFFSET the half's offset.
     None when a half needs the general path: unusual bytes, one of the properties ``hooked`` (a
     put hook must see it), a real queue out of range (the general path names the error).
     ``parsed``: the halves already parsed with :func:`commit_keys` (then ``sizes`` is unused)."""

@@ -2,7 +2,8 @@
 
 A half's properties are its real message's (the client's, then ``UNIQ_KEY``,
 ``__transactionId__`` = the same id, ``PGROUP``) followed by ``REAL_TOPIC``, ``REAL_QID`` and
-``TRAN_MSG``; a commit writes the real message with those three removed.  :func:`half_rows`
+``TRAN_MSG``; a commit writes the real message with the half's properties but ``REAL_TOPIC`` and
+``REAL_QID`` (``TRAN_MSG=true`` kept), as Apache RocketMQ 5.5.0 stores it.  :func:`half_rows`
 builds them message by message (each one's properties encoded once, kept for the commit),
 :func:`body_halves` column-wise for bodies that share their properties, :func:`read_halves` reads
 many back in one vectorized pass.
@@ -17,7 +18,7 @@ import numpy as np
 from rmq_spark.errors import MessageIllegalError, StoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import Message, MessageExt, host_bytes, IdColumn, new_uniq_ids, new_uniq_ids_array, tags_code
-from rmq_spark.store.properties import encode_properties
+from rmq_spark.store.properties import CRC_KEY, encode_properties
 from rmq_spark.store.encode import encode_columns, Row
 from rmq_spark.store.encoded import concat_encoded, EncodedBatch
 from rmq_spark.store.properties import PROP_CRC_BYTES
@@ -42,7 +43,8 @@ __all__ = [
     "txn_id_of",
 ]
 
-HALF_ONLY = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG)  # what a half adds to its real message
+HALF_ONLY = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG)  # what a half adds (its commit keeps TRAN_MSG)
+_ROUTING = (L.P_REAL_TOPIC, L.P_REAL_QID, CRC_KEY)  # what a commit drops of a half's properties
 _UNIQ, _TXN_ID = f"{L.P_UNIQ_KEY}\x01", f"{L.P_TRANSACTION_ID}\x01"
 _HALF_TOPIC_BYTES = L.TRANS_HALF_TOPIC.encode()
 _BODY_POS = HEADER_V4.itemsize  # the topic field follows the body
@@ -130,7 +132,7 @@ class Half:
     def real_parts(self) -> Real:
         if self.real is None:
             p = self.msg.properties
-            props = {k: v for k, v in p.items() if k not in HALF_ONLY}
+            props = {k: v for k, v in p.items() if k not in _ROUTING}  # as Apache stores it
             enc = encode_properties(props)
             code = tags_code(p.get(L.P_TAGS))
             self.real = (p[L.P_REAL_TOPIC], int(p[L.P_REAL_QID]), props, enc, code)
@@ -199,7 +201,10 @@ def half_rows(
                 tails.clear()
             tail = tails[(topic, qid, tran)] = (extra, encode_properties(extra))
         code = tags_code(p.get(L.P_TAGS))
-        reals.append((topic, qid, real, enc, code))
+        if tran is None:
+            reals.append((topic, qid, real, enc, code))
+        else:  # the commit keeps TRAN_MSG, as Apache
+            reals.append((topic, qid, {**real, L.P_TRAN_MSG: tran}, enc + f"{L.P_TRAN_MSG}\x01{tran}\x02".encode(), code))
         rows.append(
             (
                 half_topic,
@@ -252,8 +257,8 @@ def body_halves(
     pre = encode_properties(base) + _UNIQ.encode()
     mid = f"\x02{_TXN_ID}".encode()
     tail = {L.P_PGROUP: producer_group, L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"}
-    if prepared_offsets is not None:  # the real messages: the half's routing dropped
-        tail = {L.P_PGROUP: producer_group}
+    if prepared_offsets is not None:  # the real messages: the half's routing dropped, TRAN_MSG kept
+        tail = {L.P_PGROUP: producer_group, L.P_TRAN_MSG: "true"}
     post = b"\x02" + encode_properties(tail)
     width = len(pre) + 32 + len(mid) + 32 + len(post)
     cfg_store = store.config
@@ -293,9 +298,9 @@ def _row_halves(  # type: ignore[no-untyped-def]
     reserved key among them)."""
     n = len(bodies)
     real = prepared_offsets is not None
-    tail = {L.P_PGROUP: producer_group}
-    if not real:
-        tail.update({L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"})
+    tail = {L.P_PGROUP: producer_group, L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"}
+    if real:  # a commit's real messages: the half's routing dropped, TRAN_MSG kept (as Apache)
+        tail = {L.P_PGROUP: producer_group, L.P_TRAN_MSG: "true"}
     post = b"\x02" + encode_properties(tail)
     cfg_store = store.config
     extra = len(_UNIQ) + 32 + 1 + len(_TXN_ID) + 32 + len(post)

@@ -16,8 +16,8 @@ Op message (a normal CommitLog record; RocketMQ 5's layout plus two properties o
     │ (REMOVE_TAG)        │ (which end it was)               │ right after it, same append     │
     └─────────────────────┴──────────────────────────────────┴────────────────────────────────┘
 
-Real message: the half's body and properties minus ``REAL_TOPIC`` / ``REAL_QID`` / ``TRAN_MSG``,
-sys flag COMMIT, ``prepared_transaction_offset`` = the half's CommitLog offset, the half's born
+Real message: the half's body and properties minus ``REAL_TOPIC`` / ``REAL_QID`` (``TRAN_MSG=true``
+kept, as Apache RocketMQ 5.5.0 stores it), sys flag COMMIT, ``prepared_transaction_offset`` = the half's CommitLog offset, the half's born
 time; its store time is the commit time (RocketMQ 5 overwrites it too; store times stay monotonic).
 
 A transaction is known by its id, so the put-back copies the check writes are one transaction with
@@ -186,10 +186,14 @@ class TransactionService:
 
     # --- put hook and prepare ------------------------------------------------------------------------
     def transform(self, msg: Message) -> Message:
-        """A message with ``TRAN_MSG=true`` becomes its half; any other passes unchanged."""
+        """A message with ``TRAN_MSG=true`` becomes its half; any other passes unchanged, and so
+        does a consumed message stored again on its way to a retry (``reconsume_times > 0`` and
+        a delay level: Apache's SendMessageProcessor rule) or to the DLQ: a committed message
+        keeps ``TRAN_MSG=true`` (as Apache stores it), and a send-back never makes a half of it."""
         if (
             msg.topic == L.TRANS_HALF_TOPIC
             or str(msg.properties.get(L.P_TRAN_MSG, "")).lower() != "true"
+            or (msg.reconsume_times > 0 and (_delayed(msg) or msg.topic.startswith(L.DLQ_GROUP_TOPIC_PREFIX)))
         ):
             return msg
         (row,), (real,) = self._halves([msg])
@@ -792,6 +796,11 @@ class TransactionService:
             self._thread = None
 
     crash = shutdown  # nothing to flush: the op queue and the check offsets are the state
+
+
+def _delayed(msg: Message) -> bool:
+    raw = msg.properties.get(L.P_DELAY, "")
+    return raw.isdigit() and int(raw) > 0
 
 
 def _mismatch(

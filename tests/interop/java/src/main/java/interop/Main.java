@@ -30,6 +30,7 @@ public final class Main {
         PROGRAMS.put("lite-pull-consumer", LitePullConsumer::run);
         PROGRAMS.put("offsets", Offsets::run);
         PROGRAMS.put("lookup", Lookup::run);
+        PROGRAMS.put("stored-properties", StoredProperties::run);
         PROGRAMS.put("acl-clients", AclClients::run);
         PROGRAMS.put("bench-producer", BenchProducer::run);
         PROGRAMS.put("bench-batch-producer", BenchBatchProducer::run);
