@@ -269,3 +269,29 @@ def parse_properties(props: pa.Array) -> pa.MapArray:
     """RocketMQ property strings to ``map<string,string>`` (see :class:`ParsedProperties`)."""
     return ParsedProperties(props).map_array()
 
+
+# MessageConst.PROPERTY_DELAY_TIME_LEVEL as stored on a delivered copy: read as part of the record
+# format here (what the delay service does with it is not the store's concern)
+_DELAY_LEVEL_KEY = "DELAY"
+
+
+def deliver_times_ms(parsed: ParsedProperties, store_ts_ms: np.ndarray) -> pa.Array:
+    """The ``deliverTimestamp`` column's milliseconds (int64, null where a message was not
+    delayed): a timer message's ``TIMER_OUT_MS`` (its record and its delivered copy, as Apache
+    stores them); for a delivered delay-level copy (``DELAY`` set, no ``TIMER_OUT_MS``: Apache
+    keeps the level on the copy) its store time, which is when it was delivered.  ``DELAY=0`` (a
+    dead-letter copy) is no delay."""
+    import pyarrow.compute as pc
+
+    n = len(store_ts_ms)
+    timer = parsed.lookup(L.P_TIMER_OUT_MS)
+    delay = parsed.lookup(_DELAY_LEVEL_KEY)
+    if timer.null_count == n and delay.null_count == n:
+        return pa.nulls(n, pa.int64())
+    ms = pc.cast(timer, pa.int64(), safe=False)
+    if delay.null_count < n:
+        delayed = pc.and_kleene(pc.is_valid(delay), pc.not_equal(delay, "0"))
+        use_store = pc.and_kleene(pc.is_null(ms), delayed)
+        ms = pc.if_else(use_store, pa.array(np.asarray(store_ts_ms, dtype=np.int64)), ms)
+    return ms
+

@@ -28,6 +28,7 @@ from rmq_spark.store import layout as L
 from rmq_spark.store import record as R
 from rmq_spark.store.inflate import inflate_bodies
 from rmq_spark.store.message import offset_msg_ids
+from rmq_spark.store.properties import deliver_times_ms
 from rmq_spark.store.reader import MESSAGE_SCHEMA, TS, _Columns, _repeated_string, _timestamps, empty_batch
 from rmq_spark.store.views import _at, _fixed_strings, _gather
 
@@ -146,11 +147,8 @@ def records_arrow(data: bytes | bytearray | memoryview, columns: Sequence[str] |
                 uniq = pc.coalesce(uniq, _fixed_strings(ids.view(np.uint8).reshape(n, ids.itemsize)))
             values["msgId"] = uniq
         if "deliverTimestamp" in need:
-            deliver = parsed.lookup(L.P_TIMER_OUT_MS)
-            if deliver.null_count == n:
-                values["deliverTimestamp"] = pa.nulls(n, TS)
-            else:
-                values["deliverTimestamp"] = pc.multiply(pc.cast(deliver, pa.int64(), safe=False), 1000).cast(TS)
+            deliver_ms = deliver_times_ms(parsed, cols.field("store_ts"))
+            values["deliverTimestamp"] = pc.multiply(deliver_ms, 1000).cast(TS)
         if "transactionId" in need:
             txn = parsed.lookup(L.P_TRANSACTION_ID)
             if txn.null_count < n:

@@ -35,7 +35,7 @@ from rmq_spark.store.inflate import inflate_bodies, record_places
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import offset_msg_ids
 from rmq_spark.store import record as R
-from rmq_spark.store.properties import ParsedProperties, UniformProperties
+from rmq_spark.store.properties import ParsedProperties, UniformProperties, deliver_times_ms
 from rmq_spark.store.views import _at, _fixed_strings, _gather, _views
 
 
@@ -288,12 +288,8 @@ def read_units_arrow(
                 uniq = pc.coalesce(uniq, _fixed_strings(ids.view(np.uint8).reshape(n, ids.itemsize)))
             values["msgId"] = uniq
         if "deliverTimestamp" in need:
-            deliver = parsed.lookup(L.P_TIMER_OUT_MS)
-            if deliver.null_count == n:
-                values["deliverTimestamp"] = pa.nulls(n, TS)
-            else:
-                deliver_ms = pc.cast(deliver, pa.int64(), safe=False)
-                values["deliverTimestamp"] = pc.multiply(deliver_ms, 1000).cast(TS)
+            deliver_ms = deliver_times_ms(parsed, cols.field("store_ts"))
+            values["deliverTimestamp"] = pc.multiply(deliver_ms, 1000).cast(TS)
         if "transactionId" in need:
             txn = parsed.lookup(L.P_TRANSACTION_ID)
             if txn.null_count < n:
