@@ -174,7 +174,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="rmq-broker", description="A local RocketMQ 5 broker (gRPC) over an rmq_spark store.")
+    p = _Parser(prog="rmq-broker", description="A RocketMQ-compatible broker over an rmq_spark store: gRPC (RocketMQ 5 clients), remoting (Java, Go, C++ clients, mqadmin) and a NameServer.")
     p.add_argument("--store", help="store directory (required, here or in the config file)")
     p.add_argument("--config", help="JSON object or key=value lines; flags win")
     for name, typ, help_ in _FLAGS:

@@ -34,7 +34,10 @@ A running broker keeps appending: what a read plans is what its ConsumeQueues he
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import struct
 
 from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
@@ -43,6 +46,8 @@ from rmq_spark.store.jsonfile import read_json
 
 __all__ = [
     "ApacheStoreError",
+    "check_servable",
+    "lock_like_apache",
     "is_apache_store",
     "check_apache_store",
     "topic_queue_nums",
@@ -114,3 +119,124 @@ def check_apache_store(root: str, topics: list[str] | None = None) -> None:
                 "inner-batch records), which this reader does not read; read it through the broker with "
                 "'namesrvAddr' instead"
             )
+
+
+# regular files RocksDB keeps in its directory (Apache's RocksDB ConsumeQueues live in
+# consumequeue/ itself, where a topic is a directory: a file of these names is unambiguous)
+_ROCKSDB_FILES = ("CURRENT", "IDENTITY", "LOCK")
+_ROCKSDB_PREFIXES = ("LOG", "MANIFEST-", "OPTIONS-")
+_ROCKSDB_SUFFIXES = (".sst", ".log")
+
+
+def _is_rocksdb_file(name: str) -> bool:
+    return name in _ROCKSDB_FILES or name.startswith(_ROCKSDB_PREFIXES) or name.endswith(_ROCKSDB_SUFFIXES)
+
+
+def _nonempty_dir(path: str) -> bool:
+    try:
+        with os.scandir(path) as it:
+            return any(True for _ in it)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _has_data_file(path: str) -> bool:
+    """Any non-empty regular file under ``path``."""
+    for dirpath, _dirs, files in os.walk(path):
+        if any(os.path.getsize(os.path.join(dirpath, f)) > 0 for f in files):
+            return True
+    return False
+
+
+def check_servable(root: str) -> None:
+    """Raise :class:`ApacheStoreError` naming what of the store at ``root`` the broker cannot
+    serve: the store kinds Apache RocketMQ writes beyond the plain CommitLog, ConsumeQueue and
+    JSON config files.  Reads only (nothing under ``root`` is created, changed or removed): it
+    runs before the store takes its lock or recovers anything.
+
+    Refused: ConsumeQueues in RocksDB (``storeType=defaultRocksDB``, also with double write),
+    RocksDB config managers (``config/topics/``, ``config/rdb/``, ...), batch ConsumeQueues
+    (``batchconsumequeue/``, ``queue.type=BatchCQ``), compaction topics
+    (``cleanup.policy=COMPACTION``, ``compaction/compactionLog/``), a DLedger CommitLog
+    (``{group}-{selfId}/data/``), controller mode (``epochFileCheckpoint``, ``brokerIdentity``),
+    the tiered store (``config/tieredStoreMetadata.json``, ``tiered_index_file/``), and
+    ConsumeQueues without a CommitLog (``storePathCommitLog`` elsewhere, multi-path)."""
+    if not os.path.isdir(root):
+        return
+
+    def refuse(what: str, evidence: str) -> None:
+        raise ApacheStoreError(
+            f"{root}: the store holds {what} ({evidence}), which rmq-broker cannot serve; it refuses to start "
+            "before writing anything: serve this store with Apache RocketMQ"
+        )
+
+    cq = os.path.join(root, L.CONSUMEQUEUE_DIR)
+    if os.path.isdir(cq):
+        for name in sorted(os.listdir(cq)):
+            if _is_rocksdb_file(name) and os.path.isfile(os.path.join(cq, name)):
+                refuse("ConsumeQueues in RocksDB (storeType=defaultRocksDB)", os.path.join(cq, name))
+    config = os.path.join(root, L.CONFIG_DIR)
+    for sub in ("topics", "consumerOffsets", "subscriptionGroups", "rdb"):
+        if os.path.isdir(os.path.join(config, sub)):
+            refuse("RocksDB configuration (configManagerVersion / RocksDB config managers)", os.path.join(config, sub))
+    batch = os.path.join(root, "batchconsumequeue")
+    if _nonempty_dir(batch):
+        refuse("batch ConsumeQueues (queue.type=BatchCQ)", batch)
+    for topic, conf in sorted(topic_queue_nums(root).items()):
+        attrs = conf.get("attributes") or {}
+        if not isinstance(attrs, dict):
+            continue
+        qtype = str(attrs.get("queue.type", attrs.get("+queue.type", ""))).lower()
+        if qtype == "batchcq":
+            refuse(f"topic {topic!r} with a batch ConsumeQueue", "attribute queue.type=BatchCQ in config/topics.json")
+        policy = str(attrs.get("cleanup.policy", attrs.get("+cleanup.policy", ""))).lower()
+        if policy == "compaction":
+            refuse(f"compaction topic {topic!r}", "attribute cleanup.policy=COMPACTION in config/topics.json")
+    compaction_log = os.path.join(root, "compaction", "compactionLog")
+    if _has_data_file(compaction_log):
+        refuse("compaction topics", compaction_log)
+    for name in ("epochFileCheckpoint", "brokerIdentity"):
+        if os.path.exists(os.path.join(root, name)):
+            refuse("a controller-mode (auto-switch HA) broker's state", os.path.join(root, name))
+    for name in (os.path.join(L.CONFIG_DIR, "tieredStoreMetadata.json"), "tiered_index_file"):
+        if os.path.exists(os.path.join(root, name)):
+            refuse("a tiered store (messageStorePlugIn TieredMessageStore)", os.path.join(root, name))
+    for name in sorted(os.listdir(root)):
+        d = os.path.join(root, name)
+        if "-" in name and os.path.isdir(os.path.join(d, "data")) and os.path.isdir(os.path.join(d, "index")):
+            refuse("a DLedger CommitLog (enableDLegerCommitLog=true)", d)
+    cl = os.path.join(root, L.COMMITLOG_DIR)
+    if not os.path.isdir(cl) and is_apache_store(root) and os.path.isdir(cq) and _has_data_file(cq):
+        refuse(
+            "ConsumeQueues but no CommitLog in commitlog/ (storePathCommitLog elsewhere, or several CommitLog "
+            "paths)",
+            cl,
+        )
+
+
+_FLOCK = struct.Struct("@hhqqi4x")  # struct flock on 64-bit Linux: type, whence, start, len, pid
+
+
+def lock_like_apache(fd: int) -> str | None:
+    """Take the lock Apache RocketMQ takes on ``{root}/lock`` (``FileChannel.tryLock(0, 1,
+    false)``: a POSIX record lock, exclusive, on byte 0), without waiting; None when taken, else
+    who holds it.  On Linux POSIX record locks and ``flock`` do not exclude each other, so the store
+    takes both.  The lock is an open-file-description lock (``F_OFD_SETLK``), which conflicts with
+    Apache's process lock but is not dropped when this process closes another descriptor of the
+    file (a classic POSIX lock is); ``lockf`` where OFD locks do not exist."""
+    ofd = getattr(fcntl, "F_OFD_SETLK", None)
+    try:
+        if ofd is not None:
+            fcntl.fcntl(fd, ofd, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+        else:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        return None
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            raise
+    try:
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+        pid = _FLOCK.unpack(got)[4]
+        return f"pid {pid}" if pid > 0 else "another process"
+    except OSError:
+        return "another process"

@@ -13,7 +13,14 @@
 
 A checkpoint whose CRC does not match (or whose magic is damaged) is logged, naming the file,
 and read as none: recovery then scans the whole CommitLog, checking every record, instead of
-trusting offsets that may be wrong.
+trusting offsets that may be wrong.  (Apache RocketMQ opening a store this one wrote rewrites bytes
+0..39 and leaves ours: the CRC then no longer matches, read the same way.)
+
+Apache RocketMQ's own checkpoint (bytes 40.. zero) is read for what it says
+(:attr:`StoreCheckpoint.written_by_apache`): its physicMsgTimestamp is the store time of the last
+record it flushed, so recovery knows the records stored up to then are durable.  Its
+confirmPhyOffset is the start of the last record at its previous recovery, no durable bound, and
+our offsets are unknown: recovery checks the whole CommitLog.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ class StoreCheckpoint:
         self.index_msg_timestamp = 0
         self.confirm_phy_offset = 0
         self.dispatched_offset = 0
+        self.written_by_apache = False  # Apache RocketMQ's checkpoint (see the module's text)
         if exists:
             (
                 self.physic_msg_timestamp,
@@ -69,10 +77,13 @@ class StoreCheckpoint:
             if not sound:
                 if magic != bytes(8):  # not RocketMQ's (nor a fresh file): damaged
                     log.error(
-                        "%s: the checkpoint is damaged (magic %r, CRC %08x); recovery checks the whole CommitLog",
+                        "%s: the checkpoint is damaged (magic %r, CRC %08x), or Apache RocketMQ rewrote its "
+                        "fields; recovery checks the whole CommitLog",
                         self.path, magic, crc,
                     )
                     self.physic_msg_timestamp = self.logics_msg_timestamp = self.index_msg_timestamp = 0
+                else:
+                    self.written_by_apache = self.physic_msg_timestamp > 0
                 # our offsets are unknown
                 self.confirm_phy_offset = 0
                 self.dispatched_offset = 0

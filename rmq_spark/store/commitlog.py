@@ -114,7 +114,8 @@ class CommitLog:
         self._tags_code_for = tags_code_for  # the store's tagsCode rules, for tags_code_topics
         self._tags_code_topics = tags_code_topics
         self.last_store_timestamp_ms = 0
-        # reads require the whole-record CRC property (the store writes it on every record)
+        # reads require the whole-record CRC property: off, as in Apache RocketMQ, whose records
+        # carry it only with enabledAppendPropCRC (a record that has it is checked by it)
         self.force_prop_crc = False
 
     # --- append -------------------------------------------------------------------------------------
@@ -366,7 +367,7 @@ class CommitLog:
         """:func:`rmq_spark.store.logscan.recover` of this log."""
         return logscan.recover(self, *args, **kwargs)
 
-    def valid_record_after(self, mf, pos: int, force_prop_crc: bool) -> int | None:  # type: ignore[no-untyped-def]
+    def valid_record_after(self, mf, pos: int, force_prop_crc: bool = False) -> int | None:  # type: ignore[no-untyped-def]
         return logscan.valid_record_after(self, mf, pos, force_prop_crc)
 
     def iter_records(self, start: int = 0) -> Iterator[MessageExt]:

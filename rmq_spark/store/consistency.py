@@ -175,7 +175,7 @@ def _walk_gap(
         if mf is None:
             return f"{commitlog.directory}: CommitLog offset {offset} is not in any segment"
         pos = offset - mf.from_offset
-        kind, size, reason = R.check_record(mf.mm, pos, mf.wrote_position, True, force_prop_crc)
+        kind, size, reason = R.check_record(mf.mm, pos, mf.wrote_position, True, force_prop_crc, mf.size_bytes)
         if kind == R.RecordCheck.BLANK:
             offset = mf.end_offset
             continue

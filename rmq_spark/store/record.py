@@ -30,7 +30,7 @@ from zlib_ng.zlib_ng import crc32  # hardware-accelerated CRC32, same polynomial
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import MessageExt, offset_msg_id
-from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PREFIX, decode_properties
+from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER, PROP_CRC_PREFIX, decode_properties
 
 # Fixed header for IPv4 born and store hosts, plus BODYLEN (so 88 bytes); one definition, used by
 # the vectorized encoder and by the bulk reader.
@@ -178,9 +178,18 @@ class RecordCheck:
 
 
 def check_record(  # type: ignore[no-untyped-def]
-    buf, pos: int, limit: int, check_crc: bool = True, force_prop_crc: bool = False
+    buf, pos: int, limit: int, check_crc: bool = True, force_prop_crc: bool = False,
+    segment_end: int | None = None,
 ) -> tuple[int, int, str]:
-    """Validate the record at ``pos`` of ``buf`` (readable up to ``limit``).
+    """Validate the record at ``pos`` of ``buf`` (readable up to ``limit``), the way Apache
+    RocketMQ's recovery does (``CommitLog.checkMessageAndReturnSize``): MAGICCODE v1 or v2,
+    TOTALSIZE equal to the length its fields lay out, the body CRC; and the whole-record CRC
+    property ``__CRC32#`` when the record carries it (Apache writes it only with
+    ``enabledAppendPropCRC``, so a record without it is checked as Apache checks it).
+    ``force_prop_crc`` requires the property: only for records known to have been written with
+    it (the write in flight at a crash, see :mod:`rmq_spark.store.logscan`).  A BLANK record's
+    TOTALSIZE must reach ``segment_end`` (the segment's size; ``limit`` when not given): Apache's
+    segments are sparse past the 8-byte BLANK header, so the readable bytes end before it.
 
     Returns ``(kind, size, reason)`` where kind is a :class:`RecordCheck` value."""
     remaining = limit - pos
@@ -192,8 +201,9 @@ def check_record(  # type: ignore[no-untyped-def]
     if total == 0 and magic == 0:
         return RecordCheck.END, 0, ""
     if magic == L.BLANK_MAGIC:
-        if total != remaining:
-            return RecordCheck.INVALID, 0, f"blank record size {total} != remaining {remaining}"
+        room = (limit if segment_end is None else segment_end) - pos
+        if total != room:
+            return RecordCheck.INVALID, 0, f"blank record size {total} != remaining {room}"
         return RecordCheck.BLANK, total, ""
     if magic not in (L.MAGIC_V1, L.MAGIC_V2):
         return RecordCheck.INVALID, 0, f"bad magic code 0x{magic:08X}"
@@ -227,7 +237,32 @@ def check_record(  # type: ignore[no-untyped-def]
                 return RecordCheck.INVALID, 0, "record CRC mismatch"
         elif force_prop_crc:
             return RecordCheck.INVALID, 0, "record CRC property missing"
+        elif props_len > 0:
+            why = properties_damage(bytes(buf[tail.props_at : end]))
+            if why:
+                return RecordCheck.INVALID, 0, why
     return RecordCheck.VALID, total, ""
+
+
+def properties_damage(props: bytes) -> str:
+    """Why the PROPERTIES of a record without the ``__CRC32#`` property are not what a broker
+    writes, or ``""``: Apache RocketMQ's brokers store ``messageProperties2String`` of the
+    message's map (UTF-8, every ``name\x01value`` ended by ``\x02``), and so does this store,
+    whose own records carry the property (so damage to theirs, which the body CRC does not cover,
+    shows: a torn tail zeroes the end, a flipped bit breaks the UTF-8 or the property's name)."""
+    if props[-1:] != b"\x02":
+        return "the properties do not end with a separator (a torn or damaged record)"
+    if b"\x00" in props:
+        return "a zero byte in the properties (a torn or damaged record)"
+    try:
+        props.decode("utf-8")
+    except UnicodeDecodeError:
+        return "the properties are not UTF-8 (a damaged record)"
+    if len(props) >= PROP_CRC_BYTES:
+        near = sum(a != b for a, b in zip(props[-PROP_CRC_BYTES:], PROP_CRC_PLACEHOLDER[: len(PROP_CRC_PREFIX)]))
+        if near <= 3:  # no broker writes a name this close to it: the property, damaged
+            return "record CRC property damaged"
+    return ""
 
 
 def verify_record(  # type: ignore[no-untyped-def]
@@ -327,6 +362,11 @@ def check_records(  # type: ignore[no-untyped-def]
         ok &= has_prop
     digits = tail["digits"] - np.uint8(48)
     ok &= ~has_prop | ((digits <= 9).all(axis=1) & (tail["end"] == 2))
+    bare = np.flatnonzero(ok & ~has_prop & (props_len > 0))  # Apache's records: their properties checked
+    for r in bare.tolist():
+        a = int(props_len_at[r]) + 2
+        if properties_damage(bytes(buf[a : a + int(props_len[r])])):
+            ok[r] = False
     want = np.where(has_prop, digits @ _POW10, head["body_crc"])
     lo = np.where(has_prop, p, body_at)
     hi = np.where(has_prop, crc_at, body_end)

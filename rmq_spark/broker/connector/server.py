@@ -128,7 +128,7 @@ class ConnectorService:
         if start >= end:
             return
         job = {"topic": topic, "queue_id": qid, "start": start, "end": end, "tags": req.tags, "sql": req.sql,
-               "compression": req.compression, "force_prop_crc": self.store.config.append_prop_crc}  # fmt: skip
+               "compression": req.compression, "force_prop_crc": self.store.commitlog.force_prop_crc}  # fmt: skip
 
         def here() -> Iterator[bytes]:
             def read(a: int, b: int) -> Any:

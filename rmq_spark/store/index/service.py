@@ -428,7 +428,7 @@ class IndexService:
             if mf is None:
                 break
             pos = offset - mf.from_offset
-            kind, size, why = check_record(mf.mm, pos, max(pos, mf.data_bytes), True, cl.force_prop_crc)
+            kind, size, why = check_record(mf.mm, pos, max(pos, mf.data_bytes), True, cl.force_prop_crc, mf.size_bytes)
             if kind == RecordCheck.BLANK:
                 offset = mf.end_offset
                 continue
