@@ -235,7 +235,9 @@ def _decode_json(header: bytes) -> RemotingCommand:
             )
     remark = doc.get("remark")
     return RemotingCommand(
-        code, {str(k): v if v.__class__ is str else _ext_value(v) for k, v in ext.items()}, b"", opaque, flag,
+        # a null value is a field not sent (fastjson leaves it out; the signature skips it)
+        code, {str(k): v if v.__class__ is str else _ext_value(v) for k, v in ext.items() if v is not None}, b"",
+        opaque, flag,
         remark if isinstance(remark, str) else None, version, LanguageCode.of(doc.get("language")),
         SerializeType.JSON,
     )  # fmt: skip

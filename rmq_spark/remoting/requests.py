@@ -25,6 +25,7 @@ END_TRANSACTION) check the record's topic with :func:`may_read` / :func:`may_pub
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -91,12 +92,15 @@ def _group(value: str, name: str) -> str:
     return value
 
 
+_NUMBER = re.compile(r"[+-]?[0-9]{1,20}")  # ASCII digits, as Long.parseLong reads a header
+
+
 def _decode_field(spec: F, raw: str) -> Any:
     if not isinstance(raw, str):
         raise HeaderProblem(f"the custom header's field {spec.name!r} is not a string")
     if spec.kind in ("int", "long"):
         text = raw.strip()
-        if len(text) > 24 or not text.lstrip("+-").isdigit():
+        if not _NUMBER.fullmatch(text):
             raise HeaderProblem(f"the custom header's field {spec.name!r} is not a number: {raw[:40]!r}")
         n = int(text)
         lo, hi = spec.bounds or (INT32 if spec.kind == "int" else INT64)
@@ -201,7 +205,11 @@ def json_object(body: bytes, what: str) -> dict[str, Any]:
     if len(body) > JSON_BODY_MAX_BYTES:
         raise HeaderProblem(f"the {what} body is {len(body)} bytes; the limit is {JSON_BODY_MAX_BYTES}")
     try:
-        doc = json.loads(body)
+        text = body.decode("utf-8")  # as the Java clients write it (json.loads of bytes would guess UTF-16/32)
+    except UnicodeDecodeError as e:
+        raise HeaderProblem(f"the {what} body is not UTF-8 text (byte {e.start})") from None
+    try:
+        doc = json.loads(text)
     except RecursionError:
         raise HeaderProblem(f"the {what} body is not JSON this broker reads: it nests deeper than "
                             f"{JSON_MAX_DEPTH} levels") from None  # fmt: skip
