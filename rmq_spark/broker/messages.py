@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
+import logging
 import re
-import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -26,8 +26,11 @@ from rmq_spark.store.config import TopicConfig
 from rmq_spark.store.message import Message, MessageExt, tags_code
 from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.encode import Row
+from rmq_spark.store.inflate import CodecUnavailableError, InflateError, inflate_body, inflate_gzip
 from rmq_spark.access import rules as V
 from rmq_spark.services.core import DEFAULT_CLUSTER, stamp_send
+
+log = logging.getLogger("rmq_spark.broker")
 
 __all__ = [
     "SYSTEM_PROPERTIES",
@@ -129,18 +132,14 @@ def _set_ms(ts: timestamp_pb2.Timestamp, ms: int) -> None:
 
 
 def _decoded_body(body: bytes, enc: int, body_max_bytes: int) -> bytes:
-    """A body sent with a non-identity encoding, decoded."""
+    """A body sent with a non-identity encoding, decoded (bounded: a zip bomb stops at the limit;
+    a truncated stream is refused, not stored as its prefix)."""
     if enc == _GZIP:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)  # bounded: a zip bomb stops at the limit
         try:
-            out = d.decompress(body, body_max_bytes + 1)
-        except zlib.error as e:
-            raise RpcStatusError(Code.MESSAGE_CORRUPTED, f"gzip body cannot be decoded: {e}") from None
-        if len(out) > body_max_bytes:
-            raise RpcStatusError(
-                Code.MESSAGE_BODY_TOO_LARGE, f"message body exceeds {body_max_bytes} bytes once decompressed"
-            )
-        return out
+            return inflate_gzip(body, body_max_bytes, "the gzip message body")
+        except InflateError as e:
+            over = "more than" in str(e)
+            raise RpcStatusError(Code.MESSAGE_BODY_TOO_LARGE if over else Code.MESSAGE_CORRUPTED, str(e)) from None
     raise RpcStatusError(Code.BAD_REQUEST, f"unsupported body encoding {enc}")
 
 
@@ -299,6 +298,20 @@ def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _delivered_body(ext: MessageExt) -> bytes:
+    """The body a gRPC consumer gets: a record a remoting producer compressed (sysflag COMPRESSED)
+    inflated, as the proxy's client-side decoding does (it is sent as IDENTITY); a body that does
+    not inflate within the limit (a poison record) as stored, with a warning naming it."""
+    if not ext.sys_flag & L.FLAG_COMPRESSED:
+        return ext.body
+    try:
+        return inflate_body(ext.body, ext.sys_flag, what="the stored body")
+    except (InflateError, CodecUnavailableError) as e:
+        log.warning("message at CommitLog offset %d (topic %s) delivered as stored: %s", ext.commitlog_offset,
+                    ext.topic, e)  # fmt: skip
+        return ext.body
+
+
 def to_proto(
     ext: MessageExt,
     *,
@@ -311,7 +324,8 @@ def to_proto(
     """The protocol form of a stored message.  ``topic`` overrides the name shown (a retry copy is
     shown under its original topic)."""
     p = ext.properties
-    out = D.Message(body=ext.body)
+    body = _delivered_body(ext)
+    out = D.Message(body=body)
     out.topic.name = topic or ext.topic
     out.topic.resource_namespace = namespace
     user = out.user_properties
@@ -327,7 +341,7 @@ def to_proto(
         sp.keys.extend(k for k in keys.split(L.KEY_SEPARATOR) if k)
     sp.message_id = ext.client_msg_id
     sp.body_digest.type = _MD5
-    sp.body_digest.checksum = hashlib.md5(ext.body).hexdigest().upper()
+    sp.body_digest.checksum = hashlib.md5(body).hexdigest().upper()
     sp.body_encoding = _IDENTITY
     sp.message_type = message_type_of(ext)
     _set_ms(sp.born_timestamp, ext.born_timestamp_ms)
