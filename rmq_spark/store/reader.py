@@ -331,14 +331,19 @@ def read_queue_arrow(
     columns: Sequence[str] | None = None,
     verify: bool = True,
     force_prop_crc: bool = False,
+    max_inflated: int | None = None,
+    next_offset: list[int] | None = None,
 ) -> pa.RecordBatch:
-    """Messages ``[start, end)`` of one queue (clamped to what the queue holds)."""
+    """Messages ``[start, end)`` of one queue (clamped to what it holds), ending where the bodies
+    pass ``max_inflated`` once inflated; ``next_offset`` gets where the next read starts."""
     first = max(start, cq.min_offset)
     units = cq.units(first, end)
-    return read_units_arrow(
-        commitlog, units, topic, queue_id, first, tag_filter, sql_filter, store_host, store_port, columns,
-        verify, force_prop_crc,
-    )
+    used: list[int] = []
+    batch = read_units_arrow(commitlog, units, topic, queue_id, first, tag_filter, sql_filter, store_host,
+                             store_port, columns, verify, force_prop_crc, max_inflated=max_inflated, consumed=used)
+    if next_offset is not None:
+        next_offset[:] = [max(first + (used[0] if used else len(units)), start + 1)]
+    return batch
 
 
 class StoreReader:
@@ -428,6 +433,7 @@ class StoreReader:
         sql_filter: object | None = None,
         columns: Sequence[str] | None = None,
         force_prop_crc: bool = False,
+        **bounds: Any,  # max_inflated, next_offset: read_queue_arrow's
     ) -> pa.RecordBatch:
         cq = self._cq(topic, queue_id)
         if cq is None:
@@ -441,7 +447,7 @@ class StoreReader:
         self.commitlog.refresh()
         return read_queue_arrow(
             self.commitlog, cq, topic, queue_id, start, end, tag_filter, sql_filter, columns=columns,
-            force_prop_crc=force_prop_crc,
+            force_prop_crc=force_prop_crc, **bounds,
         )  # fmt: skip
 
     def read_chunks(

@@ -56,6 +56,7 @@ log = logging.getLogger("rmq_spark.broker")
 # to Spark as it is (joining them into 65,536-row batches cost a copy of every row and read no
 # faster: 5 M messages, 0.78x the files path joined, 0.90x not, runs side by side).
 READ_STEP = 65_536
+READ_INFLATED_MAX = 64 << 20  # bodies of one step of rows, once inflated
 WIRE_ROWS = 8_192
 WIRE_BYTES = 4 << 20
 
@@ -68,15 +69,19 @@ def default_workers() -> int:
     return max(2, os.cpu_count() or 2)
 
 
-def wire_chunks(read: Callable[[int, int], pa.RecordBatch], start: int, end: int, compression: str | None) -> Iterator[bytes]:
-    """The ``ReadArrow`` messages of ``[start, end)``: ``read(a, b)`` gives the rows of ``[a, b)``."""
+def wire_chunks(read: Callable[..., pa.RecordBatch], start: int, end: int, compression: str | None) -> Iterator[bytes]:
+    """The ``ReadArrow`` messages of ``[start, end)``: ``read(a, b, max_inflated=, next_offset=)``
+    gives rows from ``a`` towards ``b``, ending where compressed bodies would pass
+    :data:`READ_INFLATED_MAX` once inflated (a few KiB of zlib can hold 4 MiB: a step of rows is
+    bounded by what it holds in memory, not by its count), and the offset to go on from."""
     pos = start
     while pos < end:
         stop = min(end, pos + READ_STEP)
-        batch = read(pos, stop)
+        resume: list[int] = []
+        batch = read(pos, stop, max_inflated=READ_INFLATED_MAX, next_offset=resume)
         for a, b in chunk_bounds(_row_bytes(batch), WIRE_ROWS, WIRE_BYTES):
             yield codec.dump_batch(batch.slice(a, b - a), compression)
-        pos = stop
+        pos = min(stop, resume[0]) if resume else stop
 
 
 def _row_bytes(batch: pa.RecordBatch) -> np.ndarray:
@@ -296,8 +301,8 @@ def _serve_job(reader: Any, job: dict[str, Any], out: BinaryIO) -> None:
     tag_filter, sql_filter = make_filters(job.get("tags"), job.get("sql"))
     force = bool(job.get("force_prop_crc", False))
 
-    def read(a: int, b: int) -> pa.RecordBatch:
-        return reader.read_arrow(topic, qid, a, b, tag_filter, sql_filter, force_prop_crc=force)
+    def read(a: int, b: int, **bounds: Any) -> pa.RecordBatch:
+        return reader.read_arrow(topic, qid, a, b, tag_filter, sql_filter, force_prop_crc=force, **bounds)
 
     for chunk in wire_chunks(read, int(job["start"]), int(job["end"]), job.get("compression")):
         _write(out, CHUNK, chunk)

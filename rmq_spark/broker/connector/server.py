@@ -131,8 +131,8 @@ class ConnectorService:
                "compression": req.compression, "force_prop_crc": self.store.commitlog.force_prop_crc}  # fmt: skip
 
         def here() -> Iterator[bytes]:
-            def read(a: int, b: int) -> Any:
-                return self.store.read_arrow(topic, qid, a, b, tag_filter=tag_filter, sql_filter=sql_filter)
+            def read(a: int, b: int, **bounds: Any) -> Any:
+                return self.store.read_arrow(topic, qid, a, b, tag_filter=tag_filter, sql_filter=sql_filter, **bounds)
 
             return wire_chunks(read, start, end, req.compression)
 
