@@ -45,14 +45,14 @@ from rmq_spark.store.inflate import COMPRESSION_MASK, inflate_bodies
 from rmq_spark.store.jsonfile import read_json
 
 __all__ = [
-    "ApacheStoreError",
-    "check_servable",
-    "lock_like_apache",
-    "is_apache_store",
-    "check_apache_store",
-    "topic_queue_nums",
-    "inflate_bodies",
     "COMPRESSION_MASK",
+    "ApacheStoreError",
+    "check_apache_store",
+    "check_servable",
+    "inflate_bodies",
+    "is_apache_store",
+    "lock_like_apache",
+    "topic_queue_nums",
 ]
 
 # files only Apache RocketMQ writes in a store root (4.x: config/consumerFilter.json and
@@ -106,6 +106,7 @@ def check_apache_store(root: str, topics: list[str] | None = None) -> None:
     for topic in topics if topics is not None else sorted(os.listdir(cq)) if os.path.isdir(cq) else []:
         attrs = configs.get(topic, {}).get("attributes") or {}
         batch = str(attrs.get("queue.type", attrs.get("+queue.type", ""))).lower() == "batchcq"
+        batch = batch or os.path.isdir(os.path.join(root, "batchconsumequeue", topic))  # where Apache keeps them
         d = os.path.join(cq, topic)
         if not batch and os.path.isdir(d):
             for q in os.listdir(d):

@@ -6,6 +6,7 @@ records (magic, length, CRC), truncates a torn tail and reports corruption with 
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Callable, Collection, Iterator
 
@@ -13,25 +14,23 @@ import numpy as np
 
 from rmq_spark.errors import CorruptStoreError, StoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.dispatch import Column, DispatchBatch, as_list, group_by_queue
-from rmq_spark.store.inflight import InflightMarker
 from rmq_spark.store import logscan
-from rmq_spark.store.mapped import MappedFileQueue
-from rmq_spark.store.message import MessageExt, offset_msg_ids
+from rmq_spark.store.dispatch import Column, DispatchBatch, as_list, group_by_queue
 from rmq_spark.store.encode import place_v4_record
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
+from rmq_spark.store.inflight import InflightMarker
+from rmq_spark.store.mapped import MappedFileQueue
+from rmq_spark.store.message import MessageExt, offset_msg_ids
 from rmq_spark.store.record import (
-    store_timestamp_at,
-    blank_record,
     POS_MAGIC,
     POS_PHYSICAL_OFFSET,
+    RecordCheck,
+    blank_record,
     check_record,
     decode_record,
+    store_timestamp_at,
     verify_record,
-    RecordCheck,
 )
-
-import struct
 
 _TS = struct.Struct(">q")
 _INT = struct.Struct(">i")
@@ -43,8 +42,13 @@ class AppendResult:
     until read for a batch of a few records)."""
 
     __slots__ = (
-        "wrote_offset", "wrote_bytes", "_phys_offsets", "_queue_offsets", "store_timestamp_ms",
-        "store_host", "store_port",
+        "_phys_offsets",
+        "_queue_offsets",
+        "store_host",
+        "store_port",
+        "store_timestamp_ms",
+        "wrote_bytes",
+        "wrote_offset",
     )  # fmt: skip
     phys_offsets = Column(np.int64)
     queue_offsets = Column(np.int64)
@@ -206,7 +210,7 @@ class CommitLog:
         base = mf.from_offset + mf.wrote_position
         if mf.wrote_position + total > mf.allocated_bytes:  # a full disk: fail before offsets
             mf.ensure_allocated(mf.wrote_position + total)
-        rel, qids, sflags = batch._rel_pos, batch._queue_ids, batch._sys_flags  # noqa: SLF001 - list columns
+        rel, qids, sflags = batch._rel_pos, batch._queue_ids, batch._sys_flags
         if rel.__class__ is not list or qids.__class__ is not list or sflags.__class__ is not list:
             rel, qids, sflags = as_list(rel), as_list(qids), as_list(sflags)
         phys = [base + rel[0]] if len(rel) == 1 else [base + r for r in rel]
@@ -222,8 +226,7 @@ class CommitLog:
             else:
                 qoffs.append(0)
         now = self._now_ms()
-        if now < self.last_store_timestamp_ms:
-            now = self.last_store_timestamp_ms
+        now = max(now, self.last_store_timestamp_ms)
         self.last_store_timestamp_ms = now
         batch.finalize_lists(phys, qoffs, now)
         self._write(mf, batch.buf, base)
@@ -252,8 +255,7 @@ class CommitLog:
         else:
             qoff = 0  # PREPARED / ROLLBACK records take none
         now = self._now_ms()
-        if now < self.last_store_timestamp_ms:
-            now = self.last_store_timestamp_ms
+        now = max(now, self.last_store_timestamp_ms)
         self.last_store_timestamp_ms = now
         place_v4_record(buf, qoff, phys, now, prop_crc)
         self._write(mf, buf, phys)
@@ -271,7 +273,7 @@ class CommitLog:
     def _results(  # type: ignore[no-untyped-def]
         self, batch: EncodedBatch, phys, qoffs, now: int, base: int, end: int, n: int
     ) -> tuple[AppendResult, DispatchBatch]:
-        tags = batch._tags_codes  # noqa: SLF001 - a list for a small batch
+        tags = batch._tags_codes
         if self._tags_code_for is not None and any(t in batch.topics for t in self._tags_code_topics):
             tags = list(as_list(tags))
             for i, (t, p) in enumerate(zip(batch.topics, batch.properties)):
@@ -283,12 +285,12 @@ class CommitLog:
         result = AppendResult(base, end - base, phys, qoffs, now, self.store_host, self.store_port)
         dispatch = DispatchBatch(
             phys,
-            batch._sizes,  # noqa: SLF001
+            batch._sizes,
             batch.topics,
-            batch._queue_ids,  # noqa: SLF001
+            batch._queue_ids,
             qoffs,
             tags,
-            batch._sys_flags,  # noqa: SLF001
+            batch._sys_flags,
             [now] * n if n <= SMALL_BATCH else np.full(n, now, dtype=np.int64),
             batch.keys,
             batch.uniq_keys,

@@ -1,10 +1,17 @@
 """The CommitLog's recovery scan: every record checked (magic, size, CRCs) from a segment on,
 handed on for re-dispatch, the log cut after the last valid one.
 
+Records are checked as Apache RocketMQ's recovery checks them, whoever wrote them (a store Apache
+wrote, or appended to, opens whole): the ``__CRC32#`` property is verified where a record carries
+it, required only inside this store's own write in flight.
+
 What stops the scan decides what happens: the end of the log, or a write torn by a kill (the write
-in flight, :mod:`rmq_spark.store.inflight`), is cut; damage with valid records after it, or below
-what the checkpoint says is durable, stops the store with file and position
-(:class:`CorruptStoreError`) unless the operator asked to cut it (``truncate_corrupt``).
+in flight, :mod:`rmq_spark.store.inflight`), is cut; what is proven written past the stop stops the
+store with file, position and the proof (:class:`CorruptStoreError`) unless the operator asked to
+cut it (``truncate_corrupt``): bytes below the durable offset of our checkpoint, a valid record
+after the stop (at the offset its PHYSICALOFFSET names, stored no earlier than the last one
+before it), a ConsumeQueue unit pointing at a valid record past it, or records short of the store
+time Apache's checkpoint says was flushed.  Checked before anything is cut.
 """
 
 from __future__ import annotations
@@ -20,7 +27,13 @@ from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import DispatchBatch
 from rmq_spark.store.message import MessageExt
-from rmq_spark.store.record import POS_PHYSICAL_OFFSET, RecordCheck, check_record, decode_record, store_timestamp_at
+from rmq_spark.store.record import (
+    POS_PHYSICAL_OFFSET,
+    RecordCheck,
+    check_record,
+    decode_record,
+    store_timestamp_at,
+)
 
 __all__ = ["recover", "torn_write", "unit_past", "valid_record_after"]
 

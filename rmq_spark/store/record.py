@@ -30,7 +30,12 @@ from zlib_ng.zlib_ng import crc32  # hardware-accelerated CRC32, same polynomial
 
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import MessageExt, offset_msg_id
-from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER, PROP_CRC_PREFIX, decode_properties
+from rmq_spark.store.properties import (
+    PROP_CRC_BYTES,
+    PROP_CRC_PLACEHOLDER,
+    PROP_CRC_PREFIX,
+    decode_properties,
+)
 
 # Fixed header for IPv4 born and store hosts, plus BODYLEN (so 88 bytes); one definition, used by
 # the vectorized encoder and by the bulk reader.
@@ -307,7 +312,6 @@ def check_records(  # type: ignore[no-untyped-def]
     unit).  ``buf`` is the segment's bytes as uint8, readable up to ``limit``."""
     from rmq_spark.store.views import _at
 
-    n = len(pos)
     pos = pos.astype(np.int64, copy=False)
     sizes = sizes.astype(np.int64, copy=False)
     ok = (pos >= 0) & (sizes >= _MIN_RECORD_BYTES) & (pos + sizes <= limit)
@@ -426,7 +430,7 @@ def crc32_ranges(buf: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def decode_record(buf, pos: int, read_body: bool = True) -> MessageExt:  # type: ignore[no-untyped-def]
     """Decode the (already validated) record at ``pos`` into a :class:`MessageExt`."""
-    total, magic, crc, qid, flag, qoff, phys, sys_flag, born_ts = _HEAD1.unpack_from(buf, pos)
+    total, _magic, crc, qid, flag, qoff, phys, sys_flag, born_ts = _HEAD1.unpack_from(buf, pos)
     p = pos + POS_BORN_HOST
     hl = 16 if sys_flag & L.FLAG_BORNHOST_V6 else 4
     born_host = bytes(buf[p : p + hl])
