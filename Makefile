@@ -25,7 +25,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -ra
 
-BENCHES := store_bench filter_bench delay_bench txn_bench broker_bench connections_bench remoting_bench arrow_stream_bench spark_bench cluster_bench cluster_write_bench
+BENCHES := store_bench filter_bench delay_bench txn_bench broker_bench connections_bench remoting_bench remoting_hostile_bench arrow_stream_bench spark_bench cluster_bench cluster_write_bench
 
 bench: $(STAMP)
 	for b in $(BENCHES); do $(PY) bench/$$b.py || exit 1; done
