@@ -10,7 +10,7 @@ torn tail is indistinguishable from a write that never reached the disk): the ac
 messages less such a suffix are what must be served.
 
 Cases: 8,739 (6,860 flipped bytes and 1,879 zeroed ranges, about half in each state; the test
-prints its tally by file kind and outcome, and fails if a state runs fewer than 4,000).  Flips
+prints its tally by file kind and outcome, and fails if a state runs fewer than 3,500).  Flips
 cover every byte a file holds data in and every 32nd byte of its zero-filled tail (the same code
 sees every tail byte: past the end of the log, of the checkpoint's fields); zeroed ranges are
 whole files, aligned windows of 4, 20, 64 and 512 bytes, and each CommitLog record whole, its
@@ -273,5 +273,5 @@ def _run(tmp_path: str, state: str, crashed: bool) -> None:
     CASES[state] = sum(tally.values())
     for k in sorted(tally):
         print(f"{state:8s} {k}: {tally[k]}")
-    assert CASES[state] > 4000, tally
+    assert CASES[state] > 3500, tally
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:: max(1, len(failures) // 60)])
