@@ -364,7 +364,7 @@ BROKER_REQUESTS: dict[int, Spec] = _rows(
     Spec(R.QUERY_CONSUMER_OFFSET, (F("consumerGroup", "group", True), *_TOPIC_QUEUE, F("setZeroIfNotFound", "bool")),
          need_topic(Perm.SUB, "consumerGroup")),  # fmt: skip
     Spec(R.UPDATE_CONSUMER_OFFSET, (F("consumerGroup", "group", True), *_TOPIC_QUEUE,
-                                    F("commitOffset", "long", True, NONNEG64)), need_topic(Perm.SUB, "consumerGroup")),  # fmt: skip
+                                    F("commitOffset", "long", True, (L.OFFSET_MIN, L.OFFSET_MAX))), need_topic(Perm.SUB, "consumerGroup")),  # fmt: skip
     Spec(R.LOCK_BATCH_MQ, (), need_lock, lock_body, body_max=1 << 20),
     Spec(R.UNLOCK_BATCH_MQ, (), need_lock, lock_body, body_max=1 << 20),
     Spec(R.PULL_MESSAGE, _PULL_FIELDS, need_topic(Perm.SUB, "consumerGroup")),
