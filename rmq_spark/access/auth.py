@@ -42,8 +42,18 @@ from rmq_spark.errors import AuthenticationError, ConfigError, PermissionDeniedE
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 
-__all__ = ["Perm", "Account", "AccessControl", "AUTHORIZATION", "DATE_TIME", "DATE_WINDOW_MS", "signed_headers",
-           "ACCESS_KEY", "SIGNATURE", "remoting_signature"]
+__all__ = [
+    "ACCESS_KEY",
+    "AUTHORIZATION",
+    "DATE_TIME",
+    "DATE_WINDOW_MS",
+    "SIGNATURE",
+    "AccessControl",
+    "Account",
+    "Perm",
+    "remoting_signature",
+    "signed_headers",
+]
 
 AUTHORIZATION = "authorization"
 DATE_TIME = "x-mq-date-time"

@@ -19,7 +19,7 @@ from rmq_spark.errors import IllegalGroupError, IllegalTopicError, MessageIllega
 from rmq_spark.store import layout as L
 from rmq_spark.store.validation import check_group, check_topic_cached
 
-__all__ = ["Use", "Need", "AUTHENTICATED", "topic_name", "group_name"]
+__all__ = ["AUTHENTICATED", "Need", "Use", "group_name", "topic_name"]
 
 
 class Use(enum.Enum):

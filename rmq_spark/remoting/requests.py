@@ -344,6 +344,7 @@ def _rows(*specs: Spec) -> dict[int, Spec]:
     return {int(s.code): s for s in specs}
 
 
+# fmt: off
 BROKER_REQUESTS: dict[int, Spec] = _rows(
     Spec(R.SEND_MESSAGE, _SEND_FIELDS, need_send, body_max=16 << 20, message_body=True),
     Spec(R.SEND_MESSAGE_V2, _SEND_FIELDS, need_send, body_max=16 << 20, short_names=V2_NAMES, message_body=True),
@@ -351,20 +352,20 @@ BROKER_REQUESTS: dict[int, Spec] = _rows(
     Spec(R.CONSUMER_SEND_MSG_BACK, (F("offset", "long", True, NONNEG64), F("group", "group", True),
                                     F("delayLevel", "int", True), F("originMsgId", "str", max_chars=128),
                                     F("originTopic", "topic"), F("unitMode", "bool"),
-                                    F("maxReconsumeTimes", "int", bounds=(-1, INT32[1]))), need_send_back),  # fmt: skip
+                                    F("maxReconsumeTimes", "int", bounds=(-1, INT32[1]))), need_send_back),
     Spec(R.END_TRANSACTION, (F("producerGroup", "group", True), F("tranStateTableOffset", "long", bounds=NONNEG64),
                              F("commitLogOffset", "long", True, NONNEG64), F("commitOrRollback", "int", True),
                              F("fromTransactionCheck", "bool"), F("msgId", "str", max_chars=128),
-                             F("transactionId", "str", max_chars=128))),  # fmt: skip
+                             F("transactionId", "str", max_chars=128))),
     Spec(R.HEART_BEAT, (), need_heartbeat, heartbeat_body, body_max=1 << 20),
     Spec(R.UNREGISTER_CLIENT, (F("clientID", "str", True, max_chars=512), F("producerGroup", "group"),
-                               F("consumerGroup", "group")), need_groups("consumerGroup")),  # fmt: skip
+                               F("consumerGroup", "group")), need_groups("consumerGroup")),
     Spec(R.CHECK_CLIENT_CONFIG, (), need_client_config, client_config_body),
     Spec(R.GET_CONSUMER_LIST_BY_GROUP, (F("consumerGroup", "group", True),), need_groups("consumerGroup")),
     Spec(R.QUERY_CONSUMER_OFFSET, (F("consumerGroup", "group", True), *_TOPIC_QUEUE, F("setZeroIfNotFound", "bool")),
-         need_topic(Perm.SUB, "consumerGroup")),  # fmt: skip
+         need_topic(Perm.SUB, "consumerGroup")),
     Spec(R.UPDATE_CONSUMER_OFFSET, (F("consumerGroup", "group", True), *_TOPIC_QUEUE,
-                                    F("commitOffset", "long", True, (L.OFFSET_MIN, L.OFFSET_MAX))), need_topic(Perm.SUB, "consumerGroup")),  # fmt: skip
+                                    F("commitOffset", "long", True, (L.OFFSET_MIN, L.OFFSET_MAX))), need_topic(Perm.SUB, "consumerGroup")),
     Spec(R.LOCK_BATCH_MQ, (), need_lock, lock_body, body_max=1 << 20),
     Spec(R.UNLOCK_BATCH_MQ, (), need_lock, lock_body, body_max=1 << 20),
     Spec(R.PULL_MESSAGE, _PULL_FIELDS, need_topic(Perm.SUB, "consumerGroup")),
@@ -372,34 +373,35 @@ BROKER_REQUESTS: dict[int, Spec] = _rows(
     Spec(R.GET_MAX_OFFSET, _TOPIC_QUEUE, need_topic(Perm.DENY)),
     Spec(R.GET_MIN_OFFSET, _TOPIC_QUEUE, need_topic(Perm.DENY)),
     Spec(R.SEARCH_OFFSET_BY_TIMESTAMP, (*_TOPIC_QUEUE, F("timestamp", "long", True), F("boundaryType", "str", max_chars=16)),
-         need_topic(Perm.DENY)),  # fmt: skip
+         need_topic(Perm.DENY)),
     Spec(R.GET_EARLIEST_MSG_STORETIME, _TOPIC_QUEUE, need_topic(Perm.DENY)),
     Spec(R.VIEW_MESSAGE_BY_ID, (F("offset", "long", True, NONNEG64),)),
     Spec(R.QUERY_MESSAGE, (F("topic", "topic", True), F("key", "str", True, max_chars=L.PROPERTY_MAX_BYTES),
                            F("maxNum", "int", bounds=NONNEG32), F("beginTimestamp", "long"), F("endTimestamp", "long"),
-                           F("_UNIQUE_KEY_QUERY", "bool")), need_topic(Perm.SUB)),  # fmt: skip
+                           F("_UNIQUE_KEY_QUERY", "bool")), need_topic(Perm.SUB)),
     Spec(R.UPDATE_AND_CREATE_TOPIC, (F("topic", "topic", True), F("defaultTopic", "str", max_chars=255),
                                      F("readQueueNums", "int", True, (1, L.QUEUE_NUMS_MAX)), F("writeQueueNums", "int", True, (1, L.QUEUE_NUMS_MAX)),
                                      F("perm", "int", bounds=(0, 15)), F("topicFilterType", "str", max_chars=32),
-                                     F("topicSysFlag", "int"), F("order", "bool"), F("attributes", "str")), need_admin),  # fmt: skip
+                                     F("topicSysFlag", "int"), F("order", "bool"), F("attributes", "str")), need_admin),
     Spec(R.GET_ALL_TOPIC_CONFIG),
     Spec(R.DELETE_TOPIC_IN_BROKER, (F("topic", "topic", True),), need_admin),
     Spec(R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG),
     Spec(R.INVOKE_BROKER_TO_RESET_OFFSET, (F("topic", "topic", True), F("group", "group", True),
                                            F("timestamp", "long", True), F("isForce", "bool"),
                                            F("offset", "long", bounds=NONNEG64), F("queueId", "int", bounds=(-1, QUEUE_ID[1]))),
-         need_admin),  # fmt: skip
+         need_admin),
     Spec(R.GET_BROKER_RUNTIME_INFO),
     Spec(R.GET_TOPIC_STATS_INFO, (F("topic", "topic", True),), need_topic(Perm.DENY)),
     Spec(R.GET_TOPIC_CONFIG, (F("topic", "topic", True),), need_topic(Perm.DENY)),
     Spec(R.GET_CONSUME_STATS, (F("consumerGroup", "group", True), F("topic", "topic")),
-         need_topic(Perm.SUB, "consumerGroup")),  # fmt: skip
+         need_topic(Perm.SUB, "consumerGroup")),
     Spec(R.GET_CONSUMER_CONNECTION_LIST, (F("consumerGroup", "group", True),), need_groups("consumerGroup")),
     Spec(R.GET_PRODUCER_CONNECTION_LIST, (F("producerGroup", "group", True),), need_groups("producerGroup")),
     Spec(R.QUERY_TOPIC_CONSUME_BY_WHO, (F("topic", "topic", True),), need_topic(Perm.DENY)),
     Spec(R.QUERY_TOPICS_BY_CONSUMER, (F("group", "group", True),), need_groups("group")),
     Spec(R.GET_ROUTEINFO_BY_TOPIC, (F("topic", "topic", True),)),
 )
+# fmt: on
 
 
 # --- one record's topic, for handlers that read it first -----------------------------------------

@@ -103,17 +103,18 @@ def _lock(t: str, g: str, _s: dict) -> tuple[dict[str, str], bytes]:
                            "mqSet": [{"topic": t, "brokerName": "broker-a", "queueId": 0}]}).encode()  # fmt: skip
 
 
+# fmt: off
 BUILDERS: dict[int, Builder] = {
     R.SEND_MESSAGE: lambda t, g, s: ({"producerGroup": "pg", "topic": t, "defaultTopic": "TBW102",
                                       "defaultTopicQueueNums": "4", "queueId": "0", "sysFlag": "0",
-                                      "bornTimestamp": "1", "flag": "0", "properties": ""}, b"m"),  # fmt: skip
+                                      "bornTimestamp": "1", "flag": "0", "properties": ""}, b"m"),
     R.SEND_MESSAGE_V2: lambda t, g, s: (_send_v2(t), b"m"),
     R.SEND_BATCH_MESSAGE: lambda t, g, s: ({**_send_v2(t), "m": "true"}, _batch(b"one", b"two")),
     R.CONSUMER_SEND_MSG_BACK: lambda t, g, s: ({"offset": str(s[t]), "group": g, "delayLevel": "1",
-                                                "originTopic": t, "maxReconsumeTimes": "16"}, b""),  # fmt: skip
+                                                "originTopic": t, "maxReconsumeTimes": "16"}, b""),
     R.END_TRANSACTION: lambda t, g, s: ({"producerGroup": "pg",
                                          "commitLogOffset": str(s["half-" + t]), "commitOrRollback": "12",
-                                         "fromTransactionCheck": "false", "msgId": f"half-{t}"}, b""),  # fmt: skip
+                                         "fromTransactionCheck": "false", "msgId": f"half-{t}"}, b""),
     R.HEART_BEAT: _heartbeat,
     R.UNREGISTER_CLIENT: lambda t, g, s: ({"clientID": "c1", "consumerGroup": g}, b""),
     R.CHECK_CLIENT_CONFIG: lambda t, g, s: ({}, json.dumps({"group": g, "clientId": "c1", "subscriptionData": {
@@ -121,7 +122,7 @@ BUILDERS: dict[int, Builder] = {
     R.GET_CONSUMER_LIST_BY_GROUP: lambda t, g, s: ({"consumerGroup": g}, b""),
     R.QUERY_CONSUMER_OFFSET: lambda t, g, s: ({"consumerGroup": g, "topic": t, "queueId": "0"}, b""),
     R.UPDATE_CONSUMER_OFFSET: lambda t, g, s: ({"consumerGroup": g, "topic": t, "queueId": "0",
-                                                "commitOffset": "0"}, b""),  # fmt: skip
+                                                "commitOffset": "0"}, b""),
     R.LOCK_BATCH_MQ: _lock,
     R.UNLOCK_BATCH_MQ: _lock,
     R.PULL_MESSAGE: _pull,
@@ -132,14 +133,14 @@ BUILDERS: dict[int, Builder] = {
     R.GET_EARLIEST_MSG_STORETIME: lambda t, g, s: ({"topic": t, "queueId": "0"}, b""),
     R.VIEW_MESSAGE_BY_ID: lambda t, g, s: ({"offset": str(s[t])}, b""),
     R.QUERY_MESSAGE: lambda t, g, s: ({"topic": t, "key": "nokey", "maxNum": "4", "beginTimestamp": "0",
-                                       "endTimestamp": str(1 << 62)}, b""),  # fmt: skip
+                                       "endTimestamp": str(1 << 62)}, b""),
     R.UPDATE_AND_CREATE_TOPIC: lambda t, g, s: ({"topic": t, "readQueueNums": "1", "writeQueueNums": "1",
-                                                 "perm": "6"}, b""),  # fmt: skip
+                                                 "perm": "6"}, b""),
     R.GET_ALL_TOPIC_CONFIG: lambda t, g, s: ({}, b""),
     R.DELETE_TOPIC_IN_BROKER: lambda t, g, s: ({"topic": "Doomed" + t}, b""),
     R.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: lambda t, g, s: ({}, b""),
     R.INVOKE_BROKER_TO_RESET_OFFSET: lambda t, g, s: ({"topic": t, "group": g, "timestamp": "-1",
-                                                       "isForce": "true"}, b""),  # fmt: skip
+                                                       "isForce": "true"}, b""),
     R.GET_BROKER_RUNTIME_INFO: lambda t, g, s: ({}, b""),
     R.GET_TOPIC_STATS_INFO: lambda t, g, s: ({"topic": t}, b""),
     R.GET_TOPIC_CONFIG: lambda t, g, s: ({"topic": t}, b""),
@@ -150,6 +151,7 @@ BUILDERS: dict[int, Builder] = {
     R.QUERY_TOPICS_BY_CONSUMER: lambda t, g, s: ({"group": g}, b""),
     R.GET_ROUTEINFO_BY_TOPIC: lambda t, g, s: ({"topic": t}, b""),
 }
+# fmt: on
 
 # codes any signed account may call (their answers carry no topic's or group's data, or only
 # what the caller may see): "no permission" is not a case for them
