@@ -99,7 +99,12 @@ class _LoopThread:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            # closed by its own thread once it stops, even when close() gave up waiting for it
+            if not self.loop.is_closed():
+                self.loop.close()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = 60.0) -> T:
         """Run ``coro`` on the loop and wait for its result."""

@@ -28,7 +28,13 @@ class EventLoopThread:
         self.thread_id = threading.get_ident()
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self._ready.set)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            # closed by its own thread once it stops: a stop that gave up waiting for the thread
+            # (a loaded machine) does not leave the loop and its self-pipe to the garbage collector
+            if not self.loop.is_closed():
+                self.loop.close()
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` (a coroutine function or a plain one) on the loop and wait for it."""
