@@ -109,6 +109,8 @@ class RemotingCommand:
     # decoded header and the signed account (None: no ACL)
     header: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     account: Any = field(default=None, compare=False, repr=False)
+    # the body as the request table's row parsed it (a heartbeat's or a lock's JSON), or None
+    decoded_body: Any = field(default=None, compare=False, repr=False)
 
     # --- kinds ----------------------------------------------------------------------------------
     @property

@@ -23,6 +23,8 @@ __all__ = ["ConsumerProcessor"]
 
 
 def _body(req: RemotingCommand) -> dict[str, Any]:
+    if isinstance(req.decoded_body, dict):  # parsed and checked once, by the request table's gate
+        return req.decoded_body
     try:
         doc = jsonbody.loads(req.body)
     except ValueError as e:

@@ -23,13 +23,19 @@ MAX_QUERY_MESSAGES = 64  # defaultQueryMaxNum
 
 def raw_record(store: Any, commitlog_offset: int) -> bytes | None:
     """The stored bytes of the valid record starting at ``commitlog_offset``, or None."""
+    found = record_at(store, commitlog_offset)
+    return found[1] if found is not None else None
+
+
+def record_at(store: Any, commitlog_offset: int) -> tuple[Any, bytes] | None:
+    """The valid record starting at ``commitlog_offset``, read and as stored; None if none starts there."""
     m = MessageQuery(store).read_at(commitlog_offset)
     if m is None:
         return None
     mf = store.commitlog.mfq.find(commitlog_offset)
     pos = commitlog_offset - mf.from_offset
     (size,) = _INT.unpack_from(mf.mm, pos)
-    return bytes(mf.mm[pos : pos + size])
+    return m, bytes(mf.mm[pos : pos + size])
 
 
 class LookupProcessor:
@@ -65,10 +71,10 @@ class LookupProcessor:
 
     def view_by_id(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         offset = fields_of(req.ext_fields).long("offset")
-        m = self.query.read_at(offset)
-        data = raw_record(self.store, offset) if m is not None else None
-        if m is None or data is None:
+        found = record_at(self.store, offset)
+        if found is None:
             return req.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+        m, data = found
         if not may_read(req.account, m.topic):
             # the record's own topic decides (a half, a DLQ, another tenant's topic): an offset
             # walk must not read what a pull of the topic could not

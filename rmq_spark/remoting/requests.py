@@ -449,6 +449,7 @@ class RequestGate:
         req.ext_fields = {k: _canonical(v) for k, v in header.items()}
         req.header = header
         req.account = account
+        req.decoded_body = body
         if account is not None:
             conn.attrs["account"] = account
         return None

@@ -91,14 +91,14 @@ def _port_free(port: int) -> bool:
 
 
 def remoting_request(addr: str, code: int, ext_fields: dict[str, str] | None = None,
-                     timeout_s: float = 3.0) -> tuple[dict, bytes]:
+                     timeout_s: float = 3.0, body: bytes = b"") -> tuple[dict, bytes]:
     """One remoting RPC with a JSON header: returns the response header and body.  Frame: int32
     length | int32 (serialize type << 24 | header length) | header | body."""
     header = json.dumps({"code": code, "language": "PYTHON", "version": REMOTING_VERSION, "opaque": 1,
                          "flag": 0, "extFields": ext_fields or {}}).encode()
     host, port = addr.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
-        s.sendall(struct.pack(">ii", 4 + len(header), len(header)) + header)
+        s.sendall(struct.pack(">ii", 4 + len(header) + len(body), len(header)) + header + body)
         length = struct.unpack(">i", _recv_exact(s, 4))[0]
         frame = _recv_exact(s, length)
     header_len = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF

@@ -40,31 +40,7 @@ def _send(addr: str, topic: str, body: bytes = b"") -> dict:
 
 
 def _request(addr: str, code: int, fields: dict[str, str], body: bytes = b"") -> tuple[dict, bytes]:
-    if not body:
-        return remoting_request(addr, code, fields)
-    # remoting_request sends no body: frame it here (JSON header)
-    import socket
-    import struct
-
-    header = json.dumps({"code": code, "language": "JAVA", "version": 409, "opaque": 1, "flag": 0,
-                         "extFields": fields}).encode()  # fmt: skip
-    host, port = addr.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(struct.pack(">ii", 4 + len(header) + len(body), len(header)) + header + body)
-        (length,) = struct.unpack(">i", _exact(s, 4))
-        frame = _exact(s, length)
-    n = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
-    return json.loads(frame[4 : 4 + n]), frame[4 + n :]
-
-
-def _exact(s, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed mid-frame")
-        buf += chunk
-    return buf
+    return remoting_request(addr, code, fields, timeout_s=10.0, body=body)
 
 
 def _max_offset(addr: str, topic: str) -> int:
