@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test test-loaded lint format bench venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,26 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
 
-test: $(STAMP)
-	$(PY) -m pytest -q -ra
+# ruff (rule set and format in pyproject.toml) and mypy --strict (its [tool.mypy]); part of test
+LINTED := rmq_spark pyspark_rmq tests bench examples typings/generate.py
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy
+
+# what `ruff format --check` above holds the tree to
+format: $(STAMP)
+	$(VENV)/bin/ruff format $(LINTED)
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+# `make test` on a loaded machine: beside two CPU hogs, stopped by pid when it ends (also on ^C).
+# PYTEST_ARGS picks tests: make test-loaded PYTEST_ARGS='tests/remoting -k idle'
+test-loaded: $(STAMP)
+	@yes > /dev/null & h1=$$!; yes > /dev/null & h2=$$!; \
+	trap 'kill $$h1 $$h2 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	echo "CPU hogs: pids $$h1 $$h2"; $(MAKE) test
 
 BENCHES := store_bench filter_bench delay_bench txn_bench broker_bench connections_bench remoting_bench remoting_hostile_bench arrow_stream_bench spark_bench cluster_bench cluster_write_bench
 

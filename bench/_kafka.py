@@ -30,6 +30,10 @@ import subprocess
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 # The newest kafka_2.13 on Maven Central; its classes are Java 17 bytecode (class version 61), and
 # Kafka 4.x brokers need Java 17 or later.
@@ -100,7 +104,9 @@ class KafkaError(RuntimeError):
 
 
 def cache_dir() -> str:
-    return os.environ.get("RMQ_SPARK_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rmq_spark")
+    return os.environ.get("RMQ_SPARK_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "rmq_spark"
+    )
 
 
 def maven_repo() -> str:
@@ -129,9 +135,17 @@ def broker_classpath(version: str = KAFKA_VERSION) -> tuple[str, bool]:
     log = os.path.join(cache, "mvn.log")
     with open(log, "w") as out:
         rc = subprocess.call(
-            ["mvn", "-B", "-q", f"-Dmaven.repo.local={maven_repo()}", "dependency:build-classpath",
-             f"-Dmdep.outputFile={cp_file}"],
-            cwd=cache, stdout=out, stderr=subprocess.STDOUT,
+            [
+                "mvn",
+                "-B",
+                "-q",
+                f"-Dmaven.repo.local={maven_repo()}",
+                "dependency:build-classpath",
+                f"-Dmdep.outputFile={cp_file}",
+            ],
+            cwd=cache,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     if rc != 0 or not os.path.exists(cp_file):
         raise KafkaError(f"mvn could not resolve kafka_2.13:{version} (exit {rc}); see {log}")
@@ -167,20 +181,32 @@ class KafkaBroker:
         broker_port, controller_port = free_port(), free_port()
         props = os.path.join(work_dir, "server.properties")
         with open(props, "w") as f:
-            f.write(SERVER_PROPERTIES.format(broker_port=broker_port, controller_port=controller_port,
-                                             log_dir=os.path.join(work_dir, "logs")))
+            f.write(
+                SERVER_PROPERTIES.format(
+                    broker_port=broker_port,
+                    controller_port=controller_port,
+                    log_dir=os.path.join(work_dir, "logs"),
+                )
+            )
         java = shutil.which("java") or "java"
         jvm = [java, BROKER_HEAP, "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", classpath]
         fmt_log = os.path.join(work_dir, "format.log")
         with open(fmt_log, "w") as out:
-            rc = subprocess.call(jvm + ["kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", props],
-                                 stdout=out, stderr=subprocess.STDOUT)
+            rc = subprocess.call(
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", props],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         if rc != 0:
             raise KafkaError(f"kafka.tools.StorageTool format failed (exit {rc}); see {fmt_log}")
         log = os.path.join(work_dir, "server.log")
         with open(log, "w") as out:
-            process = subprocess.Popen(jvm + ["kafka.Kafka", props], stdout=out, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                [*jvm, "kafka.Kafka", props],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         broker = cls(f"127.0.0.1:{broker_port}", classpath, work_dir, process, 0.0, from_cache)
         try:
             broker.wait_listening(log)
@@ -202,7 +228,9 @@ class KafkaBroker:
                     return
             except OSError:
                 time.sleep(0.2)
-        raise KafkaError(f"kafka.Kafka not listening on {self.bootstrap} after {START_TIMEOUT_S:.0f}s; see {log}")
+        raise KafkaError(
+            f"kafka.Kafka not listening on {self.bootstrap} after {START_TIMEOUT_S:.0f}s; see {log}"
+        )
 
     def create_topic(self, name: str, partitions: int) -> None:
         source = os.path.join(self.work_dir, "CreateTopic.java")
@@ -211,12 +239,25 @@ class KafkaBroker:
                 f.write(CREATE_TOPIC_JAVA)
         java = shutil.which("java") or "java"
         done = subprocess.run(
-            [java, "-Dorg.slf4j.simpleLogger.defaultLogLevel=error", "-cp", self.classpath, source,
-             self.bootstrap, name, str(partitions), str(int(START_TIMEOUT_S * 1000))],
-            check=False, capture_output=True, text=True,
+            [
+                java,
+                "-Dorg.slf4j.simpleLogger.defaultLogLevel=error",
+                "-cp",
+                self.classpath,
+                source,
+                self.bootstrap,
+                name,
+                str(partitions),
+                str(int(START_TIMEOUT_S * 1000)),
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
         )
         if done.returncode != 0:
-            raise KafkaError(f"creating topic {name} ({partitions} partitions) failed: {done.stderr.strip()[-2000:]}")
+            raise KafkaError(
+                f"creating topic {name} ({partitions} partitions) failed: {done.stderr.strip()[-2000:]}"
+            )
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -227,7 +268,7 @@ class KafkaBroker:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
 
-    def __enter__(self) -> KafkaBroker:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -265,12 +306,22 @@ def spark_kafka_package(spark_version: str) -> tuple[str, str]:
             raise KafkaError(f"Maven Central answered {e.code} for {pom}") from e
     except urllib.error.URLError:  # offline: Ivy may still have it cached
         return package(spark_version), ""
-    with urllib.request.urlopen(f"{MAVEN_CENTRAL}/{SPARK_KAFKA_ARTIFACT}/maven-metadata.xml", timeout=20) as r:
+    with urllib.request.urlopen(
+        f"{MAVEN_CENTRAL}/{SPARK_KAFKA_ARTIFACT}/maven-metadata.xml", timeout=20
+    ) as r:
         listed = re.findall(r"<version>([0-9]+\.[0-9]+\.[0-9]+)</version>", r.read().decode())
     major = spark_version.split(".")[0]
-    same = [v for v in listed if v.split(".")[0] == major and _version_key(v) <= _version_key(spark_version)]
+    same = [
+        v
+        for v in listed
+        if v.split(".")[0] == major and _version_key(v) <= _version_key(spark_version)
+    ]
     if not same:
-        raise KafkaError(f"Maven Central has no spark-sql-kafka-0-10_2.13 for Spark {spark_version}")
+        raise KafkaError(
+            f"Maven Central has no spark-sql-kafka-0-10_2.13 for Spark {spark_version}"
+        )
     chosen = max(same, key=_version_key)
-    return package(chosen), (f"spark-sql-kafka-0-10_2.13:{spark_version} is not on Maven Central; "
-                             f"using {chosen}, the newest {major}.x release not newer than pyspark")
+    return package(chosen), (
+        f"spark-sql-kafka-0-10_2.13:{spark_version} is not on Maven Central; "
+        f"using {chosen}, the newest {major}.x release not newer than pyspark"
+    )

@@ -19,27 +19,46 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_INTEROP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "interop")
+_INTEROP = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "interop"
+)
 if _INTEROP not in sys.path:
     sys.path.insert(0, _INTEROP)
 
-from _apache import SERVER_VERSION_DEFAULT, ApacheRocketMQ
-from _java import CLIENT_VERSION_5X, CLIENT_VERSION_DEFAULT, JavaPrograms, build_programs
-from _util import scratch_dir
+from _apache import SERVER_VERSION_DEFAULT, ApacheRocketMQ  # noqa: E402
+from _java import CLIENT_VERSION_5X, CLIENT_VERSION_DEFAULT, JavaPrograms, build_programs  # noqa: E402
+from _util import scratch_dir  # noqa: E402
 
-__all__ = ["CLIENT_VERSION_5X", "CLIENT_VERSION_DEFAULT", "ApacheRocketMQ", "apache_rocketmq", "java_programs"]
+__all__ = [
+    "CLIENT_VERSION_5X",
+    "CLIENT_VERSION_DEFAULT",
+    "ApacheRocketMQ",
+    "apache_rocketmq",
+    "java_programs",
+]
 
 
 @contextmanager
-def apache_rocketmq(brokers: int = 1, *, heap: str = "1g", version: str = SERVER_VERSION_DEFAULT,
-                    broker_config: dict[str, str] | None = None) -> Iterator[ApacheRocketMQ]:
+def apache_rocketmq(
+    brokers: int = 1,
+    *,
+    heap: str = "1g",
+    version: str = SERVER_VERSION_DEFAULT,
+    broker_config: dict[str, str] | None = None,
+) -> Iterator[ApacheRocketMQ]:
     """Starts a NameServer and ``brokers`` brokers (broker-a, broker-b, ...) of one cluster on
     127.0.0.1 with free ports; stops them by pid on exit.  ``cluster.startup_s`` has the
     seconds each process took to start; ``cluster.pids`` the pids to sample CPU from."""
     names = tuple(f"broker-{chr(ord('a') + i)}" for i in range(brokers))
     with scratch_dir("rocketmq-") as workdir:
-        cluster = ApacheRocketMQ(workdir, brokers=names, version=version, heap=heap,
-                                 jvm_flags=("-XX:+UseG1GC",), broker_config=broker_config)
+        cluster = ApacheRocketMQ(
+            workdir,
+            brokers=names,
+            version=version,
+            heap=heap,
+            jvm_flags=("-XX:+UseG1GC",),
+            broker_config=broker_config,
+        )
         with cluster:
             yield cluster
 

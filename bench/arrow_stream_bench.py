@@ -22,7 +22,7 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._util import Timer, scratch_dir  # noqa: E402
+from bench._util import Timer, scratch_dir
 
 BODY_BYTES = 100
 QUEUES = 4
@@ -41,7 +41,11 @@ def fill(root: str, n: int, random_bodies: bool) -> None:
         done = 0
         while done < n:
             k = min(chunk, n - done)
-            bodies = [os.urandom(BODY_BYTES) for _ in range(k)] if random_bodies else [distinct[i % 64] for i in range(k)]
+            bodies = (
+                [os.urandom(BODY_BYTES) for _ in range(k)]
+                if random_bodies
+                else [distinct[i % 64] for i in range(k)]
+            )
             core.store.put_bodies("Bench", (done // chunk) % QUEUES, bodies, {"TAGS": "bench"})
             done += k
         core.store.flush_all()
@@ -61,7 +65,9 @@ def read_all(endpoint: str, ends: dict[int, int], compression: str) -> tuple[int
         rows = wire = 0
         try:
             for q in queues:
-                req = P.ReadArrowRequest(topic="Bench", queue_id=q, start=0, end=ends[q], compression=compression)
+                req = P.ReadArrowRequest(
+                    topic="Bench", queue_id=q, start=0, end=ends[q], compression=compression
+                )
                 for chunk in client._stub(P.READ_ARROW)(req.encode(), timeout=600):
                     wire += len(chunk)
                     rows += codec.load_batch(chunk).num_rows
@@ -71,7 +77,9 @@ def read_all(endpoint: str, ends: dict[int, int], compression: str) -> tuple[int
             totals[0] += rows
             totals[1] += wire
 
-    threads = [threading.Thread(target=reader, args=([q for q in ends if q % 2 == k],)) for k in (0, 1)]
+    threads = [
+        threading.Thread(target=reader, args=([q for q in ends if q % 2 == k],)) for k in (0, 1)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -95,28 +103,41 @@ def main() -> None:
         r = StoreReader(store)
         ends = {q: r.max_offset("Bench", q) for q in range(QUEUES)}
         r.close()
-        print(f"store: {sum(ends.values()):,} messages of {BODY_BYTES} B ({args.bodies} bodies) written in {t.seconds:.1f}s")
+        print(
+            f"store: {sum(ends.values()):,} messages of {BODY_BYTES} B ({args.bodies} bodies) written in {t.seconds:.1f}s"
+        )
         best: dict[str, float] = dict.fromkeys(COMPRESSIONS, 0.0)
         wire: dict[str, float] = {}
-        with BrokerProcess(store, start_timeout_s=300, log_path=os.path.join(work, "broker.log")) as broker:
+        with BrokerProcess(
+            store, start_timeout_s=300, log_path=os.path.join(work, "broker.log")
+        ) as broker:
             for run in range(args.runs + 1):  # run 0 warms up
                 line = []
                 for c in COMPRESSIONS:
                     with Timer() as t:
                         rows, nbytes = read_all(broker.endpoints, ends, c)
                     if rows != sum(ends.values()):
-                        raise RuntimeError(f"{c}: read {rows:,} rows, the store holds {sum(ends.values()):,}")
+                        raise RuntimeError(
+                            f"{c}: read {rows:,} rows, the store holds {sum(ends.values()):,}"
+                        )
                     wire[c] = nbytes / rows
                     if run:
                         best[c] = max(best[c], rows / t.seconds)
                         line.append(f"{c} {t.seconds:.2f}s")
                 if run:
                     print(f"  run {run}: " + ", ".join(line))
-        print("ReadArrow on loopback, 2 reader threads (rows/s, best run; wire-bound rate = link / bytes per row):")
-        print(f"  {'compression':<12} {'rows/s':>12} {'vs none':>8} {'B/row':>7} " + " ".join(f"{name + ' link':>16}" for name, _ in LINKS))
+        print(
+            "ReadArrow on loopback, 2 reader threads (rows/s, best run; wire-bound rate = link / bytes per row):"
+        )
+        print(
+            f"  {'compression':<12} {'rows/s':>12} {'vs none':>8} {'B/row':>7} "
+            + " ".join(f"{name + ' link':>16}" for name, _ in LINKS)
+        )
         for c in COMPRESSIONS:
             links = " ".join(f"{bw / wire[c]:>16,.0f}" for _, bw in LINKS)
-            print(f"  {c:<12} {best[c]:>12,.0f} {best[c] / best['none']:>7.2f}x {wire[c]:>7.1f} {links}")
+            print(
+                f"  {c:<12} {best[c]:>12,.0f} {best[c] / best['none']:>7.2f}x {wire[c]:>7.1f} {links}"
+            )
 
 
 if __name__ == "__main__":

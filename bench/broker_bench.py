@@ -51,7 +51,7 @@ from concurrent import futures
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._util import scratch_dir  # noqa: E402
+from bench._util import scratch_dir
 
 BODY = b"x" * 100
 SEGMENT = 256 * 1024 * 1024
@@ -64,7 +64,10 @@ def serve_noop(argv: list[str]) -> int:
     import grpc
     from rocketmq.grpc_protocol import definition_pb2 as D
     from rocketmq.grpc_protocol import service_pb2 as S
-    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer, add_MessagingServiceServicer_to_server
+    from rocketmq.grpc_protocol.service_pb2_grpc import (
+        MessagingServiceServicer,
+        add_MessagingServiceServicer_to_server,
+    )
 
     from rmq_spark.broker.server import SERVER_OPTIONS
     from rmq_spark.broker.telemetry import SettingsPolicy
@@ -118,8 +121,14 @@ def serve_noop(argv: list[str]) -> int:
                     yield S.TelemetryCommand(status=ok, settings=policy.merge(cmd.settings, False))
 
         def SendMessage(self, request, context):  # type: ignore[no-untyped-def]
-            entries = [S.SendResultEntry(status=ok, message_id=m.system_properties.message_id,
-                                         transaction_id=m.system_properties.message_id) for m in request.messages]
+            entries = [
+                S.SendResultEntry(
+                    status=ok,
+                    message_id=m.system_properties.message_id,
+                    transaction_id=m.system_properties.message_id,
+                )
+                for m in request.messages
+            ]
             return S.SendMessageResponse(status=ok, entries=entries)
 
         def ReceiveMessage(self, request, context):  # type: ignore[no-untyped-def]
@@ -131,9 +140,15 @@ def serve_noop(argv: list[str]) -> int:
             yield r
 
         def AckMessage(self, request, context):  # type: ignore[no-untyped-def]
-            return S.AckMessageResponse(status=ok, entries=[
-                S.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=ok)
-                for e in request.entries])
+            return S.AckMessageResponse(
+                status=ok,
+                entries=[
+                    S.AckMessageResultEntry(
+                        message_id=e.message_id, receipt_handle=e.receipt_handle, status=ok
+                    )
+                    for e in request.entries
+                ],
+            )
 
         def NotifyClientTermination(self, request, context):  # type: ignore[no-untyped-def]
             return S.NotifyClientTerminationResponse(status=ok)
@@ -188,7 +203,9 @@ class Tally:
 
     def paired(self) -> float:
         """The median of the rounds' ratios (ours / peer, measured back to back)."""
-        return statistics.median(o / p for o, p in zip(self.rates["ours"], self.rates["peer"]))
+        return statistics.median(
+            o / p for o, p in zip(self.rates["ours"], self.rates["peer"], strict=True)
+        )
 
 
 class Window:
@@ -218,7 +235,9 @@ def quiet_client_logs() -> None:
     logging.getLogger("rocketmq-python-client").setLevel(logging.ERROR)
 
 
-def send_rate(endpoints: str, topic: str, threads: int, seconds: float, window: Window | None = None) -> tuple[float, int]:
+def send_rate(
+    endpoints: str, topic: str, threads: int, seconds: float, window: Window | None = None
+) -> tuple[float, int]:
     from rocketmq import Message, Producer
 
     from rmq_spark.broker.testing import client_configuration
@@ -226,6 +245,7 @@ def send_rate(endpoints: str, topic: str, threads: int, seconds: float, window: 
     producer = Producer(client_configuration(endpoints), (topic,))
     producer.startup()
     try:
+
         def one() -> None:
             m = Message()
             m.topic = topic
@@ -258,7 +278,9 @@ def send_rate(endpoints: str, topic: str, threads: int, seconds: float, window: 
     return sum(count) / elapsed, sum(count)
 
 
-def send_async_rate(endpoints: str, topic: str, in_flight: int, seconds: float, window: Window | None = None) -> tuple[float, int]:
+def send_async_rate(
+    endpoints: str, topic: str, in_flight: int, seconds: float, window: Window | None = None
+) -> tuple[float, int]:
     """``Producer.send_async`` from one thread with up to ``in_flight`` sends in flight."""
     from rocketmq import Message, Producer
 
@@ -302,13 +324,22 @@ def send_async_rate(endpoints: str, topic: str, in_flight: int, seconds: float, 
     return done[0] / elapsed, done[0]
 
 
-def receive_ack_rate(endpoints: str, topic: str, group: str, threads: int, total: int, seconds: float,
-                     window: Window | None = None) -> tuple[float, int]:
+def receive_ack_rate(
+    endpoints: str,
+    topic: str,
+    group: str,
+    threads: int,
+    total: int,
+    seconds: float,
+    window: Window | None = None,
+) -> tuple[float, int]:
     from rocketmq import FilterExpression, SimpleConsumer
 
     from rmq_spark.broker.testing import client_configuration
 
-    consumer = SimpleConsumer(client_configuration(endpoints), group, {topic: FilterExpression()}, await_duration=1)
+    consumer = SimpleConsumer(
+        client_configuration(endpoints), group, {topic: FilterExpression()}, await_duration=1
+    )
     consumer.startup()
     try:
         count = [0] * threads
@@ -392,8 +423,13 @@ def handler_cost(root: str, rounds: int = 10, per_round: int = 2000) -> dict[str
         return S.SendMessageRequest(messages=[m])
 
     brokers = {
-        "with": Broker(os.path.join(root, "h-with"), options=BrokerOptions(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")),
-        "without": Broker(os.path.join(root, "h-without"), options=BrokerOptions(listen="127.0.0.1:0")),
+        "with": Broker(
+            os.path.join(root, "h-with"),
+            options=BrokerOptions(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0"),
+        ),
+        "without": Broker(
+            os.path.join(root, "h-without"), options=BrokerOptions(listen="127.0.0.1:0")
+        ),
     }
     ctx, reqs = Context(), [request(i) for i in range(per_round)]
     costs: dict[str, list[float]] = {"with": [], "without": []}
@@ -424,7 +460,9 @@ def run_client(argv: list[str]) -> int:
     elif kind == "send_async":
         rate, n = send_async_rate(endpoints, rest[0], int(rest[1]), float(rest[2]), window)
     elif kind == "receive":
-        rate, n = receive_ack_rate(endpoints, rest[0], rest[1], int(rest[2]), int(rest[3]), float(rest[4]), window)
+        rate, n = receive_ack_rate(
+            endpoints, rest[0], rest[1], int(rest[2]), int(rest[3]), float(rest[4]), window
+        )
     else:
         raise SystemExit(f"unknown workload {kind!r}")
     print(json.dumps({"rate": rate, "n": n, "server_cpu_s": window.cpu_s}))
@@ -439,8 +477,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter runs")
     ap.add_argument("--threads", type=int, default=8)
-    ap.add_argument("--metrics", action="store_true",
-                    help="rmq-broker with --metrics-listen against rmq-broker without it (the cost of the metrics)")
+    ap.add_argument(
+        "--metrics",
+        action="store_true",
+        help="rmq-broker with --metrics-listen against rmq-broker without it (the cost of the metrics)",
+    )
     args = ap.parse_args()
     quiet_client_logs()
     from rmq_spark.broker.testing import BrokerProcess
@@ -453,36 +494,89 @@ def main() -> int:
     drain = 4000 if args.quick else 12000
     noop_cmd = [sys.executable, os.path.abspath(__file__), "--serve-noop"]
     with scratch_dir("broker-") as d:
-        prefill(os.path.join(d, "store"), "Drain", drain * (rounds + 1))  # a round never empties the queue
+        prefill(
+            os.path.join(d, "store"), "Drain", drain * (rounds + 1)
+        )  # a round never empties the queue
         flags = ("--long-polling-max-s", "1", "--commitlog-segment-bytes", str(SEGMENT))
         if args.metrics:  # the peer: the same broker without metrics, on a store of its own
             prefill(os.path.join(d, "plain"), "Drain", drain * (rounds + 1))
             ours = BrokerProcess(os.path.join(d, "store"), *flags, "--metrics-listen", "127.0.0.1:0",
                                  log_path=os.path.join(d, "ours.log"))  # fmt: skip
-            peer = BrokerProcess(os.path.join(d, "plain"), *flags, log_path=os.path.join(d, "plain.log"))
+            peer = BrokerProcess(
+                os.path.join(d, "plain"), *flags, log_path=os.path.join(d, "plain.log")
+            )
         else:
-            ours = BrokerProcess(os.path.join(d, "store"), *flags, log_path=os.path.join(d, "ours.log"))
-            peer = BrokerProcess(os.path.join(d, "noop"), program=noop_cmd, log_path=os.path.join(d, "noop.log"))
+            ours = BrokerProcess(
+                os.path.join(d, "store"), *flags, log_path=os.path.join(d, "ours.log")
+            )
+            peer = BrokerProcess(
+                os.path.join(d, "noop"), program=noop_cmd, log_path=os.path.join(d, "noop.log")
+            )
         sent_to_ours = 0
-        send, send_async, recv = Tally(f"send, {args.threads} threads"), Tally("send_async, 64 in flight"), Tally("receive+ack")
+        send, send_async, recv = (
+            Tally(f"send, {args.threads} threads"),
+            Tally("send_async, 64 in flight"),
+            Tally("receive+ack"),
+        )
         try:
             for r in range(rounds):
-                pair = [("peer", peer), ("ours", ours)] if r % 2 == 0 else [("ours", ours), ("peer", peer)]
+                pair = (
+                    [("peer", peer), ("ours", ours)]
+                    if r % 2 == 0
+                    else [("ours", ours), ("peer", peer)]
+                )
                 for who, srv in pair:
-                    rate, n, cpu = send.run(who, ["send", srv.endpoints, str(srv.pid), f"Send{r}", str(args.threads), str(seconds)])
+                    rate, n, cpu = send.run(
+                        who,
+                        [
+                            "send",
+                            srv.endpoints,
+                            str(srv.pid),
+                            f"Send{r}",
+                            str(args.threads),
+                            str(seconds),
+                        ],
+                    )
                     sent_to_ours += n + 20 if who == "ours" else 0  # and its 20 warm-up sends
-                    print(f"  send      {who:4s} round {r}: {rate:8,.0f} msgs/s ({n} messages, {args.threads} threads{_cpu_text(cpu)})")
+                    print(
+                        f"  send      {who:4s} round {r}: {rate:8,.0f} msgs/s ({n} messages, {args.threads} threads{_cpu_text(cpu)})"
+                    )
                 for who, srv in pair:
-                    rate, n, cpu = send_async.run(who, ["send_async", srv.endpoints, str(srv.pid), f"Async{r}", "64", str(seconds)])
+                    rate, n, cpu = send_async.run(
+                        who,
+                        [
+                            "send_async",
+                            srv.endpoints,
+                            str(srv.pid),
+                            f"Async{r}",
+                            "64",
+                            str(seconds),
+                        ],
+                    )
                     sent_to_ours += n + 20 if who == "ours" else 0
-                    print(f"  send_async {who:4s} round {r}: {rate:8,.0f} msgs/s ({n} messages, 64 in flight{_cpu_text(cpu)})")
+                    print(
+                        f"  send_async {who:4s} round {r}: {rate:8,.0f} msgs/s ({n} messages, 64 in flight{_cpu_text(cpu)})"
+                    )
                 for who, srv in pair:
-                    argv = ["receive", srv.endpoints, str(srv.pid), "Drain", f"bench{r}", "4", str(drain), str(seconds)]
+                    argv = [
+                        "receive",
+                        srv.endpoints,
+                        str(srv.pid),
+                        "Drain",
+                        f"bench{r}",
+                        "4",
+                        str(drain),
+                        str(seconds),
+                    ]
                     rate, n, cpu = recv.run(who, argv)
-                    print(f"  recv+ack  {who:4s} round {r}: {rate:8,.0f} msgs/s ({n} messages, 4 threads{_cpu_text(cpu)})")
+                    print(
+                        f"  recv+ack  {who:4s} round {r}: {rate:8,.0f} msgs/s ({n} messages, 4 threads{_cpu_text(cpu)})"
+                    )
             if args.metrics:
                 counted = scraped_messages_in(ours.metrics_endpoint)
-                print(f"  /metrics: rocketmq_messages_in_total = {counted:,.0f}, messages sent = {sent_to_ours:,}")
+                print(
+                    f"  /metrics: rocketmq_messages_in_total = {counted:,.0f}, messages sent = {sent_to_ours:,}"
+                )
         finally:
             ours.stop()
             peer.stop()
@@ -495,7 +589,9 @@ def main() -> int:
     print(f"{'workload':48s} {names[0]:>12s} {names[1]:>12s} {'ratio':>7s} {'paired':>7s}")
     for t, goal in ((send, goal_text), (send_async, goal_text), (recv, "")):
         o, p = max(t.rates["ours"]), max(t.rates["peer"])
-        print(f"{t.name + ' (msgs/s)':48s} {o:12,.0f} {p:12,.0f} {o / p:7.2f} {t.paired():7.2f}{goal}")
+        print(
+            f"{t.name + ' (msgs/s)':48s} {o:12,.0f} {p:12,.0f} {o / p:7.2f} {t.paired():7.2f}{goal}"
+        )
     for t in (send, send_async, recv):
         if t.cpu["ours"] and t.cpu["peer"]:
             o, p = min(t.cpu["ours"]), min(t.cpu["peer"])
@@ -504,9 +600,15 @@ def main() -> int:
         with scratch_dir("handler-") as d:
             costs = handler_cost(d, rounds=4 if args.quick else 10)
         o, p = statistics.median(costs["with"]), statistics.median(costs["without"])
-        whole = f"; the server spends {min(send.cpu['peer']) * 1000:.0f} us per send in all" if send.cpu["peer"] else ""
-        print(f"{'SendMessage handler in-process (CPU us/send)':48s} {o:12.2f} {p:12.2f} {o / p:7.2f}"
-              f"   (+{o - p:.2f} us per send{whole})")
+        whole = (
+            f"; the server spends {min(send.cpu['peer']) * 1000:.0f} us per send in all"
+            if send.cpu["peer"]
+            else ""
+        )
+        print(
+            f"{'SendMessage handler in-process (CPU us/send)':48s} {o:12.2f} {p:12.2f} {o / p:7.2f}"
+            f"   (+{o - p:.2f} us per send{whole})"
+        )
     return 0
 
 

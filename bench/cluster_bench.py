@@ -34,12 +34,12 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _rocketmq import apache_rocketmq, java_programs  # noqa: E402
-from _util import Timer  # noqa: E402
-from spark_bench import session  # noqa: E402
+from _rocketmq import apache_rocketmq, java_programs
+from _util import Timer
+from spark_bench import session
 
-from rmq_spark.cluster import ClusterClient, ClusterError  # noqa: E402
-from rmq_spark.remoting.codes import ResponseCode  # noqa: E402
+from rmq_spark.cluster import ClusterClient, ClusterError
+from rmq_spark.remoting.codes import ResponseCode
 
 TOPIC = "ClusterBench"
 BATCH = 200
@@ -55,13 +55,21 @@ def fill(namesrv: str, brokers: list[str], queues: int, n: int, body_bytes: int)
         while sent < n:
             b, q = slots[i % len(slots)]
             k = min(BATCH, n - sent)
-            batch = [(body, {"TAGS": "bench", "UNIQ_KEY": f"{prefix}{sent + j:016X}"}, 0) for j in range(k)]
-            for attempt in range(50):  # SYSTEM_BUSY (flow control): again later, as the Java producer
+            batch = [
+                (body, {"TAGS": "bench", "UNIQ_KEY": f"{prefix}{sent + j:016X}"}, 0)
+                for j in range(k)
+            ]
+            for attempt in range(
+                50
+            ):  # SYSTEM_BUSY (flow control): again later, as the Java producer
                 try:
                     c.send_batch(b, "bench-p", TOPIC, q, batch)
                     break
                 except ClusterError as e:
-                    if e.code not in (ResponseCode.SYSTEM_BUSY, ResponseCode.SYSTEM_ERROR) or attempt == 49:
+                    if (
+                        e.code not in (ResponseCode.SYSTEM_BUSY, ResponseCode.SYSTEM_ERROR)
+                        or attempt == 49
+                    ):
                         raise
                     time.sleep(0.2)
             sent += k
@@ -80,8 +88,10 @@ def main() -> None:
     config = {}
     pull_batch = a.pull_batch
     if a.max_transfer:
-        config = {"maxTransferCountOnMessageInMemory": str(a.max_transfer),
-                  "maxTransferBytesOnMessageInMemory": str(a.max_transfer * (a.body_bytes + 400))}
+        config = {
+            "maxTransferCountOnMessageInMemory": str(a.max_transfer),
+            "maxTransferBytesOnMessageInMemory": str(a.max_transfer * (a.body_bytes + 400)),
+        }
         pull_batch = a.max_transfer
     programs = java_programs()
     spark = session()
@@ -94,34 +104,77 @@ def main() -> None:
         cluster.wait_route(TOPIC)
         with Timer() as t:
             fill(ns, brokers, a.queues, a.messages, a.body_bytes)
-        print(f"sent {a.messages:,} messages ({a.body_bytes} B bodies) to {brokers} x {a.queues} queues "
-              f"in {t.seconds:.1f}s; pulls ask {pull_batch} messages", flush=True)
+        print(
+            f"sent {a.messages:,} messages ({a.body_bytes} B bodies) to {brokers} x {a.queues} queues "
+            f"in {t.seconds:.1f}s; pulls ask {pull_batch} messages",
+            flush=True,
+        )
         # warm-up, not timed: Spark's Python workers started and imports done, as in a running app
         # (the Java side's JVM start is outside its timing too)
         warm = json.dumps({TOPIC: {b: {str(q): 100 for q in range(a.queues)} for b in brokers}})
-        (spark.read.format("rmq").option("namesrvAddr", ns).option("topics", TOPIC).option("endingOffsets", warm)
-         .load().write.format("noop").mode("append").save())
+        (
+            spark.read.format("rmq")
+            .option("namesrvAddr", ns)
+            .option("topics", TOPIC)
+            .option("endingOffsets", warm)
+            .load()
+            .write.format("noop")
+            .mode("append")
+            .save()
+        )
         spark_runs, java_runs = [], []
         for run in range(a.runs):
-            df = (spark.read.format("rmq").option("namesrvAddr", ns).option("topics", TOPIC)
-                  .option("pullBatchSize", str(pull_batch)).load())
+            df = (
+                spark.read.format("rmq")
+                .option("namesrvAddr", ns)
+                .option("topics", TOPIC)
+                .option("pullBatchSize", str(pull_batch))
+                .load()
+            )
             with Timer() as t:
                 df.write.format("noop").mode("append").save()
-            rows = spark.read.format("rmq").option("namesrvAddr", ns).option("topics", TOPIC).load().count() \
-                if run == 0 else a.messages
+            rows = (
+                spark.read.format("rmq")
+                .option("namesrvAddr", ns)
+                .option("topics", TOPIC)
+                .load()
+                .count()
+                if run == 0
+                else a.messages
+            )
             assert rows == a.messages, f"Spark read {rows} rows, not {a.messages}"
             spark_runs.append(a.messages / t.seconds)
-            print(f"run {run}: Spark rmq (namesrvAddr) {a.messages / t.seconds:12,.0f} msg/s  ({t.seconds:.2f}s)", flush=True)
-            res = programs.run("bench-lite-pull-consumer", "--namesrv", ns, "--group", f"bench-lite-{run}-{time.time_ns()}",
-                               "--topic", TOPIC, "--count", str(a.messages), "--pull-batch", str(pull_batch),
-                               home=cluster.home, timeout_s=900)
+            print(
+                f"run {run}: Spark rmq (namesrvAddr) {a.messages / t.seconds:12,.0f} msg/s  ({t.seconds:.2f}s)",
+                flush=True,
+            )
+            res = programs.run(
+                "bench-lite-pull-consumer",
+                "--namesrv",
+                ns,
+                "--group",
+                f"bench-lite-{run}-{time.time_ns()}",
+                "--topic",
+                TOPIC,
+                "--count",
+                str(a.messages),
+                "--pull-batch",
+                str(pull_batch),
+                home=cluster.home,
+                timeout_s=900,
+            )
             (ev,) = res.events("bench")
             assert ev["messages"] >= a.messages, ev
             java_runs.append(ev["messages"] / ev["seconds"])
-            print(f"run {run}: Java DefaultLitePullConsumer {java_runs[-1]:12,.0f} msg/s  ({ev['seconds']:.2f}s)", flush=True)
+            print(
+                f"run {run}: Java DefaultLitePullConsumer {java_runs[-1]:12,.0f} msg/s  ({ev['seconds']:.2f}s)",
+                flush=True,
+            )
         best_s, best_j = max(spark_runs), max(java_runs)
-        print(f"best: Spark {best_s:,.0f} msg/s, Java {best_j:,.0f} msg/s, ratio Spark/Java {best_s / best_j:.2f}x "
-              f"({a.messages:,} messages, 2 brokers x {a.queues} queues, pulls of {pull_batch})")
+        print(
+            f"best: Spark {best_s:,.0f} msg/s, Java {best_j:,.0f} msg/s, ratio Spark/Java {best_s / best_j:.2f}x "
+            f"({a.messages:,} messages, 2 brokers x {a.queues} queues, pulls of {pull_batch})"
+        )
     spark.stop()
 
 

@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._rocketmq import apache_rocketmq, java_programs  # noqa: E402
+from bench._rocketmq import apache_rocketmq, java_programs
 
 BODY_BYTES = 100
 JAVA_BATCH = 1000
@@ -40,16 +40,37 @@ def stored(namesrv: str, topic: str, n: int, wait_s: float = 120.0) -> int:
     deadline = time.monotonic() + wait_s
     with ClusterClient(namesrv) as c:
         while True:
-            have = sum(c.get_max_offset(b, topic, q) for b, q in c.route(topic, refresh=True).write_queues())
+            have = sum(
+                c.get_max_offset(b, topic, q)
+                for b, q in c.route(topic, refresh=True).write_queues()
+            )
             if have >= n or time.monotonic() > deadline:
                 return have
             time.sleep(0.5)
 
 
 def run_java(programs, cluster, topic: str, n: int) -> float:
-    r = programs.run("bench-batch-producer", "--namesrv", cluster.namesrv_addr, "--group", "bench-java",
-                     "--topic", topic, "--count", str(n), "--threads", str(JAVA_THREADS), "--batch", str(JAVA_BATCH),
-                     "--body-bytes", str(BODY_BYTES), "--warmup", "5", home=cluster.home, timeout_s=1800)
+    r = programs.run(
+        "bench-batch-producer",
+        "--namesrv",
+        cluster.namesrv_addr,
+        "--group",
+        "bench-java",
+        "--topic",
+        topic,
+        "--count",
+        str(n),
+        "--threads",
+        str(JAVA_THREADS),
+        "--batch",
+        str(JAVA_BATCH),
+        "--body-bytes",
+        str(BODY_BYTES),
+        "--warmup",
+        "5",
+        home=cluster.home,
+        timeout_s=1800,
+    )
     ev = r.events("bench")[0]
     if ev.get("retried"):
         print(f"java: {ev['retried']} batches refused and sent again", flush=True)
@@ -60,7 +81,9 @@ def run_java(programs, cluster, topic: str, n: int) -> float:
 
 def run_spark(spark, df, cluster, topic: str) -> float:
     t0 = time.perf_counter()
-    df.write.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic).mode("append").save()
+    df.write.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic).mode(
+        "append"
+    ).save()
     return time.perf_counter() - t0
 
 
@@ -81,15 +104,25 @@ def main() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
-    spark = (SparkSession.builder.master("local[2]").appName("cluster-write-bench")
-             .config("spark.ui.enabled", "false").config("spark.driver.memory", "2g")
-             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
-             .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("cluster-write-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "2g")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
+        .config("spark.python.authenticate.socketTimeout", "120s")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
-    df = (spark.range(n, numPartitions=args.partitions)
-          .select(F.lit(b"x" * BODY_BYTES).alias("body"), F.lit("bench").alias("tags"),
-                  F.format_string("k%d", "id").alias("keys"))).cache()
+    df = (
+        spark.range(n, numPartitions=args.partitions).select(
+            F.lit(b"x" * BODY_BYTES).alias("body"),
+            F.lit("bench").alias("tags"),
+            F.format_string("k%d", "id").alias("keys"),
+        )
+    ).cache()
     df.count()
     with apache_rocketmq(brokers=2, heap="1g") as cluster:
         # untimed warm-up, as the Java program's 5 batches: Python workers started, modules
@@ -103,16 +136,27 @@ def main() -> None:
                 create_topic(cluster.namesrv_addr, t, 4)
             order = [("java", jt), ("spark", st)] if rnd % 2 == 0 else [("spark", st), ("java", jt)]
             for side, topic in order:
-                secs = run_java(programs, cluster, topic, n) if side == "java" else run_spark(spark, df, cluster, topic)
+                secs = (
+                    run_java(programs, cluster, topic, n)
+                    if side == "java"
+                    else run_spark(spark, df, cluster, topic)
+                )
                 have = stored(cluster.namesrv_addr, topic, n)
                 if have < n:
                     raise RuntimeError(f"{side}: {have} of {n} messages stored in {topic}")
                 (java_rates if side == "java" else spark_rates).append(n / secs)
-                print(f"round {rnd} {side:5s}: {n:,} messages in {secs:.2f} s = {n / secs:,.0f} msg/s "
-                      f"({have:,} stored)", flush=True)
+                print(
+                    f"round {rnd} {side:5s}: {n:,} messages in {secs:.2f} s = {n / secs:,.0f} msg/s "
+                    f"({have:,} stored)",
+                    flush=True,
+                )
         best_java, best_spark = max(java_rates), max(spark_rates)
-        print(f"Java DefaultMQProducer (batches of {JAVA_BATCH}, {JAVA_THREADS} threads): {best_java:,.0f} msg/s")
-        print(f"Spark format rmq namesrvAddr ({args.partitions} partitions, local[2]): {best_spark:,.0f} msg/s")
+        print(
+            f"Java DefaultMQProducer (batches of {JAVA_BATCH}, {JAVA_THREADS} threads): {best_java:,.0f} msg/s"
+        )
+        print(
+            f"Spark format rmq namesrvAddr ({args.partitions} partitions, local[2]): {best_spark:,.0f} msg/s"
+        )
         print(f"ratio Spark / Java: {best_spark / best_java:.2f}x (goal >= 1.0x)")
     spark.stop()
 

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._util import scratch_dir  # noqa: E402
+from bench._util import scratch_dir
 
 BODY = b"x" * 100
 SEND_TIMEOUT_S = 5.0
@@ -131,7 +131,9 @@ async def _load(endpoints: str, streams: int, polls: int, connections: int, hold
 
     # the idle topics exist before anyone polls them (a route query creates a topic)
     for t in range(10):
-        r = await stubs[0].QueryRoute(S.QueryRouteRequest(topic=D.Resource(name=f"Idle{t}")), metadata=_md("bench-setup"))
+        r = await stubs[0].QueryRoute(
+            S.QueryRouteRequest(topic=D.Resource(name=f"Idle{t}")), metadata=_md("bench-setup")
+        )
         assert r.status.code == D.Code.OK, r.status
     tasks = []
     t0 = time.monotonic()
@@ -149,15 +151,21 @@ async def _load(endpoints: str, streams: int, polls: int, connections: int, hold
     while open_streams < streams and not failures and time.monotonic() - t0 < 120:
         await asyncio.sleep(0.1)
     await asyncio.sleep(1.0)  # the polls' requests reach the broker and park
-    print(f"{READY} streams={open_streams} parked={parked} answered={answered} failures={len(failures)} "
-          f"setup_s={time.monotonic() - t0:.1f}", flush=True)
+    print(
+        f"{READY} streams={open_streams} parked={parked} answered={answered} failures={len(failures)} "
+        f"setup_s={time.monotonic() - t0:.1f}",
+        flush=True,
+    )
     for f in failures[:5]:
         print(f"  failure: {f}", flush=True)
     deadline = time.monotonic() + hold_s
     while time.monotonic() < deadline:
         line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         if not line or line.strip() == "report":
-            print(f"LOAD streams={open_streams} parked={parked} answered={answered} failures={len(failures)}", flush=True)
+            print(
+                f"LOAD streams={open_streams} parked={parked} answered={answered} failures={len(failures)}",
+                flush=True,
+            )
         if not line or line.strip() == "stop":
             break
     for t in tasks:
@@ -167,7 +175,13 @@ async def _load(endpoints: str, streams: int, polls: int, connections: int, hold
 
 
 def run_load(argv: list[str]) -> int:
-    endpoints, streams, polls, connections, hold_s = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), float(argv[4])
+    endpoints, streams, polls, connections, hold_s = (
+        argv[0],
+        int(argv[1]),
+        int(argv[2]),
+        int(argv[3]),
+        float(argv[4]),
+    )
     asyncio.run(_load(endpoints, streams, polls, connections, hold_s))
     return 0
 
@@ -193,7 +207,9 @@ def send_latencies(endpoints: str, topic: str, n: int) -> tuple[list[float], int
             m.system_properties.body_encoding = D.Encoding.IDENTITY
             t0 = time.perf_counter()
             try:
-                r = stub.SendMessage(S.SendMessageRequest(messages=[m]), metadata=md, timeout=SEND_TIMEOUT_S)
+                r = stub.SendMessage(
+                    S.SendMessageRequest(messages=[m]), metadata=md, timeout=SEND_TIMEOUT_S
+                )
                 ok = r.status.code == D.Code.OK
             except grpc.RpcError:
                 ok = False
@@ -213,8 +229,12 @@ def run_sender(argv: list[str]) -> int:
 
 def _measure(endpoints: str, topic: str, n: int) -> tuple[list[float], int]:
     """The sends, in a process of their own (neither the load's nor this one's GIL)."""
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--sender", endpoints, topic, str(n)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--sender", endpoints, topic, str(n)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = out.stdout.strip().splitlines()
     return [float(x) for x in lines[0].split()], int(lines[1].split("=")[1])
 
@@ -235,7 +255,7 @@ def _stop_load(load: subprocess.Popen) -> None:  # type: ignore[type-arg]
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 def broker_threads_rss(pid: int) -> tuple[int, float]:
@@ -255,23 +275,43 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=5000)
     ap.add_argument("--polls", type=int, default=1000)
-    ap.add_argument("--connections", type=int, default=250, help="HTTP/2 connections the load is spread over")
+    ap.add_argument(
+        "--connections", type=int, default=250, help="HTTP/2 connections the load is spread over"
+    )
     ap.add_argument("--sends", type=int, default=2000)
-    ap.add_argument("--broker-flags", default="", help="extra rmq-broker flags, e.g. '--workers 128'")
+    ap.add_argument(
+        "--broker-flags", default="", help="extra rmq-broker flags, e.g. '--workers 128'"
+    )
     args = ap.parse_args()
     from rmq_spark.broker.testing import BrokerProcess
 
     with scratch_dir("connections-") as d:
-        broker = BrokerProcess(os.path.join(d, "store"), *args.broker_flags.split(), log_path=os.path.join(d, "broker.log"))
+        broker = BrokerProcess(
+            os.path.join(d, "store"),
+            *args.broker_flags.split(),
+            log_path=os.path.join(d, "broker.log"),
+        )
         load = None
         try:
-            _measure(broker.endpoints, "SendWarm", args.sends)  # CommitLog pages, caches, the JIT-less warm-up
+            _measure(
+                broker.endpoints, "SendWarm", args.sends
+            )  # CommitLog pages, caches, the JIT-less warm-up
             threads0, rss0 = broker_threads_rss(broker.pid)
             peer, peer_failed = _measure(broker.endpoints, "SendPeer", args.sends)
             load = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--load", broker.endpoints, str(args.streams),
-                 str(args.polls), str(args.connections), "3600"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--load",
+                    broker.endpoints,
+                    str(args.streams),
+                    str(args.polls),
+                    str(args.connections),
+                    "3600",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
             )
             assert load.stdin is not None and load.stdout is not None
             ready = load.stdout.readline().strip()
@@ -295,18 +335,30 @@ def main() -> int:
                 _stop_load(load)
             broker.stop()
     print(f"after the loaded sends: {after.replace('LOAD ', '')}")
-    print(f"broker threads / RSS: idle {threads0} / {rss0:.0f} MiB; loaded {threads1} / {rss1:.0f} MiB; "
-          f"after the sends {threads2} / {rss2:.0f} MiB")
+    print(
+        f"broker threads / RSS: idle {threads0} / {rss0:.0f} MiB; loaded {threads1} / {rss1:.0f} MiB; "
+        f"after the sends {threads2} / {rss2:.0f} MiB"
+    )
     print()
-    print(f"{args.sends} sends of 100 B, one at a time, {args.streams:,} Telemetry streams and {args.polls:,} parked "
-          f"long polls over {args.connections} connections")
+    print(
+        f"{args.sends} sends of 100 B, one at a time, {args.streams:,} Telemetry streams and {args.polls:,} parked "
+        f"long polls over {args.connections} connections"
+    )
     print(f"{'sends':40s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} {'failed':>7s}")
-    print(f"{'with the streams and polls (ours)':40s} {pct(loaded, 50):8.2f} {pct(loaded, 99):8.2f} {max(loaded):8.2f} {loaded_failed:7d}")
-    print(f"{'no other client, before (peer)':40s} {pct(peer, 50):8.2f} {pct(peer, 99):8.2f} {max(peer):8.2f} {peer_failed:7d}")
-    print(f"{'no other client, after (peer)':40s} {pct(peer2, 50):8.2f} {pct(peer2, 99):8.2f} {max(peer2):8.2f} {peer2_failed:7d}")
+    print(
+        f"{'with the streams and polls (ours)':40s} {pct(loaded, 50):8.2f} {pct(loaded, 99):8.2f} {max(loaded):8.2f} {loaded_failed:7d}"
+    )
+    print(
+        f"{'no other client, before (peer)':40s} {pct(peer, 50):8.2f} {pct(peer, 99):8.2f} {max(peer):8.2f} {peer_failed:7d}"
+    )
+    print(
+        f"{'no other client, after (peer)':40s} {pct(peer2, 50):8.2f} {pct(peer2, 99):8.2f} {max(peer2):8.2f} {peer2_failed:7d}"
+    )
     idle_p99 = min(pct(peer, 99), pct(peer2, 99))  # the machine is shared: the undisturbed one
-    print(f"p99 ratio loaded / idle (the better peer): {pct(loaded, 99) / idle_p99:.2f}x   goal: loaded p99 < 50 ms "
-          f"({'met' if pct(loaded, 99) < 50 and not loaded_failed else 'NOT met'})")
+    print(
+        f"p99 ratio loaded / idle (the better peer): {pct(loaded, 99) / idle_p99:.2f}x   goal: loaded p99 < 50 ms "
+        f"({'met' if pct(loaded, 99) < 50 and not loaded_failed else 'NOT met'})"
+    )
     return 0
 
 

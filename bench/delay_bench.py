@@ -7,7 +7,7 @@ Phases (each on a fresh store in a scratch directory):
   timer-spread  ``count`` timer messages (100-byte bodies) due uniformly over ``spread-s`` seconds
   timer-burst   ``count`` timer messages all due at the same instant (drain rate)
   delay-levels  ``count`` messages with levels ``1s 2s ... 10s`` sent in one burst (due over 10 s)
-For each: delivery lateness (store time of the delivered message − its TIMER_OUT_MS) p50/p99/max,
+For each: delivery lateness (store time of the delivered message - its TIMER_OUT_MS) p50/p99/max,
 and deliveries/s = delivered ÷ CPU time of the service's delivering rounds (its capacity on one
 core, robust to other load on the machine; the burst phase also gives the wall-clock drain rate).  Peer, same run: plain ``put_messages`` of the
 same messages with no delay (what the store takes as ordinary sends), and the ratio.
@@ -23,16 +23,16 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from bench._util import Timer, scratch_dir  # noqa: E402
-from rmq_spark.services.config import BrokerConfig  # noqa: E402
-from rmq_spark.store.message import Message  # noqa: E402
-from rmq_spark.services.schedule.service import ScheduleService, store_rules  # noqa: E402
-from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
-from rmq_spark.services.timer.service import TimerService  # noqa: E402
+from bench._util import Timer, scratch_dir
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.schedule.service import ScheduleService, store_rules
+from rmq_spark.services.timer.service import TimerService
+from rmq_spark.store.message import Message
+from rmq_spark.store.store import MessageStore, StoreConfig
 
 TOPIC = "DelayBench"
 QUEUES = 4
@@ -49,7 +49,7 @@ def make_messages(count: int, extra: list[dict[str, str]]) -> list[Message]:
 
 
 def lateness_ms(store: MessageStore) -> tuple[np.ndarray, np.ndarray, int]:
-    """(store time − TIMER_OUT_MS, store times, distinct message ids) of the delivered."""
+    """(store time - TIMER_OUT_MS, store times, distinct message ids) of the delivered."""
     late, stored, ids = [], [], set()
     for q in range(QUEUES):
         b = store.read_arrow(
@@ -80,7 +80,7 @@ def run_phase(
         svc.start()
         plain = make_messages(count, [{}] * count)
         t0 = store.clock.now_ms()
-        for m, extra in zip(plain, props_for(count, t0)):
+        for m, extra in zip(plain, props_for(count, t0), strict=True):
             m.properties.update(extra)
         msgs = [svc.transform(m) for m in plain]
         for i in range(0, count, BATCH):
@@ -167,7 +167,8 @@ def main() -> None:
         return [{"TIMER_DELIVER_MS": str(t0 + lead_ms)}] * n
 
     levels_cfg = BrokerConfig(
-        store=StoreConfig(commitlog_segment_bytes=SEGMENT), delay_levels=" ".join(f"{k}s" for k in range(1, 11))
+        store=StoreConfig(commitlog_segment_bytes=SEGMENT),
+        delay_levels=" ".join(f"{k}s" for k in range(1, 11)),
     )
 
     def levels(n: int, t0: int) -> list[dict[str, str]]:

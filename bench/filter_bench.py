@@ -34,16 +34,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from bench._util import Timer, scratch_dir  # noqa: E402
-from rmq_spark.filter import SqlFilter, TagFilter  # noqa: E402
-from rmq_spark.store.index.service import IndexService  # noqa: E402
-from rmq_spark.store.message import Message  # noqa: E402
-from rmq_spark.store.query import MessageQuery  # noqa: E402
-from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
+from bench._util import Timer, scratch_dir
+from rmq_spark.filter import SqlFilter, TagFilter
+from rmq_spark.store.index.service import IndexService
+from rmq_spark.store.message import Message
+from rmq_spark.store.query import MessageQuery
+from rmq_spark.store.store import MessageStore, StoreConfig
 
 SEGMENT = 256 * 1024 * 1024
 TOPIC = "Filt"
@@ -123,6 +123,7 @@ def sqlite_peer(d: str, store: MessageStore, count: int) -> sqlite3.Connection:
             batch.column("keys").to_pylist(),
             batch.column("msgId").to_pylist(),
             batch.column("commitLogOffset").to_pylist(),
+            strict=True,
         ),
     )
     db.execute("CREATE INDEX m_key ON m (key)")

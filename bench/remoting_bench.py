@@ -24,11 +24,10 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._rocketmq import apache_rocketmq, java_programs  # noqa: E402
+from bench._rocketmq import apache_rocketmq, java_programs
 
 WARMUP = 500
 THREADS = 8
@@ -74,8 +73,15 @@ def measure(server: Server, programs, home: str, tag: str, messages: int) -> dic
 
     send_rate, send_cpu = run("bench-producer", messages + WARMUP, group=f"{tag}_p", count=messages, threads=THREADS,
                               body_bytes=BODY_BYTES, warmup=WARMUP)  # fmt: skip
-    consume_rate, consume_cpu = run("bench-consumer", messages + WARMUP, group=f"{tag}_c", count=messages + WARMUP)
-    return {"send": send_rate, "send_cpu_ms": send_cpu, "consume": consume_rate, "consume_cpu_ms": consume_cpu}
+    consume_rate, consume_cpu = run(
+        "bench-consumer", messages + WARMUP, group=f"{tag}_c", count=messages + WARMUP
+    )
+    return {
+        "send": send_rate,
+        "send_cpu_ms": send_cpu,
+        "consume": consume_rate,
+        "consume_cpu_ms": consume_cpu,
+    }
 
 
 class RmqBroker(Server):
@@ -85,7 +91,9 @@ class RmqBroker(Server):
         from rmq_spark.broker.testing import BrokerProcess
 
         os.makedirs(workdir, exist_ok=True)
-        self.proc = BrokerProcess(os.path.join(workdir, "store"), "--commitlog-segment-bytes", str(256 << 20))
+        self.proc = BrokerProcess(
+            os.path.join(workdir, "store"), "--commitlog-segment-bytes", str(256 << 20)
+        )
         self.namesrv = self.proc.namesrv_endpoint or ""
         self.pid = self.proc.pid
 
@@ -102,9 +110,16 @@ def main() -> int:
     messages, rounds = (5_000, 1) if args.quick else (args.messages, args.rounds)
     programs = java_programs()
     results: dict[str, list[dict[str, float]]] = {"rmq-broker": [], "apache": []}
-    with tempfile.TemporaryDirectory(prefix="remoting-bench-") as home, apache_rocketmq(brokers=1) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="remoting-bench-") as home,
+        apache_rocketmq(brokers=1) as cluster,
+    ):
         apache = Server()
-        apache.name, apache.namesrv, apache.cluster = "apache", cluster.namesrv_addr, cluster.cluster
+        apache.name, apache.namesrv, apache.cluster = (
+            "apache",
+            cluster.namesrv_addr,
+            cluster.cluster,
+        )
         apache.pid = cluster.brokers[cluster.broker_names[0]].pid
         rmq = RmqBroker(os.path.join(home, "rmq"))
         try:
@@ -120,13 +135,20 @@ def main() -> int:
                           f"CPU/1000)", flush=True)  # fmt: skip
         finally:
             rmq.close()
-    best: Callable[[str, str], dict[str, float]] = lambda name, k: max(results[name], key=lambda x: x[k])  # noqa: E731
+
+    def best(name: str, k: str) -> dict[str, float]:
+        return max(results[name], key=lambda x: x[k])
+
     print()
-    print(f"{'':<10} {'rmq-broker':>14} {'apache 5.5.0':>14} {'ratio':>7}   server CPU per 1,000 msgs (rmq / apache)")
+    print(
+        f"{'':<10} {'rmq-broker':>14} {'apache 5.5.0':>14} {'ratio':>7}   server CPU per 1,000 msgs (rmq / apache)"
+    )
     for k in ("send", "consume"):
         mine, theirs = best("rmq-broker", k), best("apache", k)
-        print(f"{k + ' msgs/s':<10} {mine[k]:>14,.0f} {theirs[k]:>14,.0f} {mine[k] / theirs[k]:>6.2f}x   "
-              f"{mine[k + '_cpu_ms']:.1f} ms / {theirs[k + '_cpu_ms']:.1f} ms")
+        print(
+            f"{k + ' msgs/s':<10} {mine[k]:>14,.0f} {theirs[k]:>14,.0f} {mine[k] / theirs[k]:>6.2f}x   "
+            f"{mine[k + '_cpu_ms']:.1f} ms / {theirs[k + '_cpu_ms']:.1f} ms"
+        )
     return 0
 
 

@@ -38,9 +38,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "tests", "remoting"))
 
 # tests/remoting/_hostile.py: the hostile clients the load test runs (as bench/_rocketmq.py uses
 # tests/interop)
-import _hostile
+import _hostile  # noqa: E402
 
-from bench._util import scratch_dir
+from bench._util import scratch_dir  # noqa: E402
 
 GOAL_MS = 50.0
 # class -> requests (or connections) at most, as issue 28 measured them

@@ -55,10 +55,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from bench._util import Timer, scratch_dir  # noqa: E402
+from bench._util import Timer, scratch_dir
 
 BODY_BYTES = 100
 QUEUES = 4
@@ -78,7 +78,12 @@ def fill_store(root: str, n: int) -> None:
         done = 0
         while done < n:
             k = min(chunk, n - done)
-            s.put_bodies("Bench", (done // chunk) % QUEUES, [distinct[i % 64] for i in range(k)], {"TAGS": "bench"})
+            s.put_bodies(
+                "Bench",
+                (done // chunk) % QUEUES,
+                [distinct[i % 64] for i in range(k)],
+                {"TAGS": "bench"},
+            )
             done += k
         s.flush_all()
 
@@ -95,7 +100,10 @@ def store_to_parquet(root: str, out: str, files_per_queue: int = 2) -> int:
         step = max(1, -(-end // files_per_queue))
         for i, start in enumerate(range(0, end, step)):
             stop = min(end, start + step)
-            batches = [r.read_arrow("Bench", q, s, min(stop, s + 250_000)) for s in range(start, stop, 250_000)]
+            batches = [
+                r.read_arrow("Bench", q, s, min(stop, s + 250_000))
+                for s in range(start, stop, 250_000)
+            ]
             table = pa.Table.from_batches(batches)
             pq.write_table(table, os.path.join(out, f"q{q}-{i}.parquet"))
             n += table.num_rows
@@ -109,10 +117,14 @@ def session():  # type: ignore[no-untyped-def]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     spark = (
-        SparkSession.builder.master("local[2]").appName("rmq-spark-bench")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "4g")
-        .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+        SparkSession.builder.master("local[2]")
+        .appName("rmq-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "4g")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -190,8 +202,12 @@ def bench_read(spark, store: str, parquet: str, work: str, runs: int) -> tuple[f
 
     def ours():  # type: ignore[no-untyped-def]
         df = (
-            spark.readStream.format("rmq").option("path", store).option("topics", "Bench")
-            .option("startingOffsets", "earliest").option("maxRecordsPerPartition", "650000").load()
+            spark.readStream.format("rmq")
+            .option("path", store)
+            .option("topics", "Bench")
+            .option("startingOffsets", "earliest")
+            .option("maxRecordsPerPartition", "650000")
+            .load()
         )
         return timed_query(df.writeStream.format("noop"), os.path.join(work, "ck-rmq"))
 
@@ -210,8 +226,14 @@ def bench_read(spark, store: str, parquet: str, work: str, runs: int) -> tuple[f
         s3, n3 = ceiling()
         if run == 0:
             continue
-        best_ours, best_peer, best_ceiling = max(best_ours, n1 / s1), max(best_peer, n2 / s2), max(best_ceiling, n3 / s3)
-        print(f"  run {run}: rmq {n1:,} rows in {s1:.2f}s, parquet {n2:,} in {s2:.2f}s, ready batches {n3:,} in {s3:.2f}s")
+        best_ours, best_peer, best_ceiling = (
+            max(best_ours, n1 / s1),
+            max(best_peer, n2 / s2),
+            max(best_ceiling, n3 / s3),
+        )
+        print(
+            f"  run {run}: rmq {n1:,} rows in {s1:.2f}s, parquet {n2:,} in {s2:.2f}s, ready batches {n3:,} in {s3:.2f}s"
+        )
     return best_ours, best_peer, best_ceiling
 
 
@@ -230,14 +252,20 @@ def remote_broker(store: str, work: str):  # type: ignore[no-untyped-def]
                          log_path=os.path.join(work, "hidden-broker.log"))  # fmt: skip
 
 
-def bench_remote_read(spark, store: str, endpoints: str, work: str, runs: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+def bench_remote_read(
+    spark, store: str, endpoints: str, work: str, runs: int
+) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """Streaming read of the same messages through the broker only (``endpoints``, files out of
     reach: ``readPath=auto`` reads the broker's bulk Arrow stream) and from the files (``path``)."""
 
     def read(option: str, value: str, name: str):  # type: ignore[no-untyped-def]
         df = (
-            spark.readStream.format("rmq").option(option, value).option("topics", "Bench")
-            .option("startingOffsets", "earliest").option("maxRecordsPerPartition", "650000").load()
+            spark.readStream.format("rmq")
+            .option(option, value)
+            .option("topics", "Bench")
+            .option("startingOffsets", "earliest")
+            .option("maxRecordsPerPartition", "650000")
+            .load()
         )
         return timed_query(df.writeStream.format("noop"), os.path.join(work, "ck-" + name))
 
@@ -263,8 +291,13 @@ def sink_input(directory: str, rows: int, with_properties: bool = False) -> None
         cols = {"body": pa.array([distinct[j % 64] for j in range(k)], pa.binary())}
         if with_properties:
             cols["tags"] = pa.array([f"tag{j % 8}" for j in range(k)])
-            cols["keys"] = pa.array([[f"order-{i + j}", f"customer-{j % 1000}"] for j in range(k)], pa.list_(pa.string()))
-            cols["properties"] = pa.array([[("region", f"r{j % 16}")] for j in range(k)], pa.map_(pa.string(), pa.string()))
+            cols["keys"] = pa.array(
+                [[f"order-{i + j}", f"customer-{j % 1000}"] for j in range(k)],
+                pa.list_(pa.string()),
+            )
+            cols["properties"] = pa.array(
+                [[("region", f"r{j % 16}")] for j in range(k)], pa.map_(pa.string(), pa.string())
+            )
         pq.write_table(pa.table(cols), os.path.join(directory, f"in-{i // per_file:04d}.parquet"))
 
 
@@ -317,7 +350,11 @@ def bench_sink(spark, store: str, work: str, rows: int, runs: int) -> dict[str, 
                                .option("transactional", str(transactional).lower()))  # fmt: skip
 
     def parquet(d, tag):  # type: ignore[no-untyped-def]
-        return stream(d).writeStream.format("parquet").option("path", os.path.join(work, f"sink-out-{tag}"))
+        return (
+            stream(d)
+            .writeStream.format("parquet")
+            .option("path", os.path.join(work, f"sink-out-{tag}"))
+        )
 
     cases = [
         ("rmq exactly-once", "", rmq("", True)),
@@ -355,9 +392,17 @@ def kafka_session(package: str, ivy: str):  # type: ignore[no-untyped-def]
 def fill_kafka(spark, parquet: str, bootstrap: str) -> int:  # type: ignore[no-untyped-def]
     """The Parquet peer's rows into the Kafka topic with Spark's batch Kafka sink: body as the value,
     keys as the key, each row in the partition numbered like its rmq queue."""
-    df = spark.read.parquet(parquet).selectExpr("CAST(keys AS BINARY) AS key", "body AS value", "queueId AS partition")
-    (df.write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", KAFKA_TOPIC)
-     .option("kafka.linger.ms", "20").option("kafka.batch.size", "1048576").save())
+    df = spark.read.parquet(parquet).selectExpr(
+        "CAST(keys AS BINARY) AS key", "body AS value", "queueId AS partition"
+    )
+    (
+        df.write.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", KAFKA_TOPIC)
+        .option("kafka.linger.ms", "20")
+        .option("kafka.batch.size", "1048576")
+        .save()
+    )
     return int(df.count())
 
 
@@ -368,20 +413,35 @@ def kafka_partitions(messages: int) -> int:
     return QUEUES * max(1, -(-per_queue // 650_000))
 
 
-def bench_kafka_read(spark, store: str, bootstrap: str, work: str, runs: int, splits: int) -> dict[str, tuple[float, float]]:  # type: ignore[no-untyped-def]
+def bench_kafka_read(
+    spark, store: str, bootstrap: str, work: str, runs: int, splits: int
+) -> dict[str, tuple[float, float]]:  # type: ignore[no-untyped-def]
     """Streaming and batch reads of the same rows from rmq and from Kafka, interleaved; best of R
     runs after a warm-up.  Returns {"streaming read": (rmq, kafka), "batch read": (rmq, kafka)} in rows/s."""
 
     def kafka(reader):  # type: ignore[no-untyped-def]
-        return (reader.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", KAFKA_TOPIC)
-                .option("startingOffsets", "earliest").option("minPartitions", str(splits)))
+        return (
+            reader.format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", KAFKA_TOPIC)
+            .option("startingOffsets", "earliest")
+            .option("minPartitions", str(splits))
+        )
 
     def rmq(reader):  # type: ignore[no-untyped-def]
-        return (reader.format("rmq").option("path", store).option("topics", "Bench")
-                .option("startingOffsets", "earliest").option("maxRecordsPerPartition", "650000"))
+        return (
+            reader.format("rmq")
+            .option("path", store)
+            .option("topics", "Bench")
+            .option("startingOffsets", "earliest")
+            .option("maxRecordsPerPartition", "650000")
+        )
 
     def stream(make, name: str) -> tuple[float, int]:
-        return timed_query(make(spark.readStream).load().writeStream.format("noop"), os.path.join(work, f"ck-{name}"))
+        return timed_query(
+            make(spark.readStream).load().writeStream.format("noop"),
+            os.path.join(work, f"ck-{name}"),
+        )
 
     def batch(df) -> tuple[float, int]:  # type: ignore[no-untyped-def]
         with Timer() as t:
@@ -400,10 +460,15 @@ def bench_kafka_read(spark, store: str, bootstrap: str, work: str, runs: int, sp
         s4, _ = batch(kafka(spark.read).option("endingOffsets", "latest").load())
         if run == 0:
             continue
-        for key, rates in (("streaming read", (n1 / s1, n2 / s2)), ("batch read", (rows / s3, rows / s4))):
-            best[key] = [max(b, r) for b, r in zip(best[key], rates)]
-        print(f"  run {run}: stream rmq {n1:,} rows in {s1:.2f}s, kafka {n2:,} in {s2:.2f}s; "
-              f"batch rmq {rows:,} in {s3:.2f}s, kafka in {s4:.2f}s")
+        for key, rates in (
+            ("streaming read", (n1 / s1, n2 / s2)),
+            ("batch read", (rows / s3, rows / s4)),
+        ):
+            best[key] = [max(b, r) for b, r in zip(best[key], rates, strict=True)]
+        print(
+            f"  run {run}: stream rmq {n1:,} rows in {s1:.2f}s, kafka {n2:,} in {s2:.2f}s; "
+            f"batch rmq {rows:,} in {s3:.2f}s, kafka in {s4:.2f}s"
+        )
     return {k: (v[0], v[1]) for k, v in best.items()}
 
 
@@ -417,8 +482,12 @@ def bench_kafka_sink(spark, kafka, work: str) -> tuple[float, int]:  # type: ign
 
     def make(directory: str, topic: str):  # type: ignore[no-untyped-def]
         df = spark.readStream.schema(schema).option("maxFilesPerTrigger", "2").parquet(directory)
-        return (df.selectExpr("body AS value").writeStream.format("kafka")
-                .option("kafka.bootstrap.servers", kafka.bootstrap).option("topic", topic))
+        return (
+            df.selectExpr("body AS value")
+            .writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap)
+            .option("topic", topic)
+        )
 
     timed_query(make(warm, "SinkWarm"), os.path.join(work, "ck-kafka-sink-warm"))
     seconds, n = timed_query(make(src, "Sink"), os.path.join(work, "ck-kafka-sink"))
@@ -429,9 +498,13 @@ def bench_kafka_sink(spark, kafka, work: str) -> tuple[float, int]:  # type: ign
 def print_summary(rows: list[tuple[str, str, float, str, float, str]]) -> None:
     """One table: figure, rmq's line and rate, the peer's line and rate, the ratio and its goal."""
     print("summary (rows/s; ratio = rmq / peer):")
-    print(f"  {'figure':<16} {'rmq':<20} {'rows/s':>11}   {'peer':<18} {'rows/s':>11} {'ratio':>7}  goal")
+    print(
+        f"  {'figure':<16} {'rmq':<20} {'rows/s':>11}   {'peer':<18} {'rows/s':>11} {'ratio':>7}  goal"
+    )
     for figure, ours, ours_rate, peer, peer_rate, goal in rows:
-        print(f"  {figure:<16} {ours:<20} {ours_rate:>11,.0f}   {peer:<18} {peer_rate:>11,.0f} {ours_rate / peer_rate:>6.2f}x  {goal}")
+        print(
+            f"  {figure:<16} {ours:<20} {ours_rate:>11,.0f}   {peer:<18} {peer_rate:>11,.0f} {ours_rate / peer_rate:>6.2f}x  {goal}"
+        )
 
 
 def main() -> None:
@@ -440,12 +513,17 @@ def main() -> None:
     ap.add_argument("--sink-rows", type=int, default=1_000_000)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--only", choices=["read", "remote", "sink"], help="run one section")
-    ap.add_argument("--peers", default="parquet,kafka",
-                    help="comma-separated peers of the read sections: parquet, kafka (default both)")
+    ap.add_argument(
+        "--peers",
+        default="parquet,kafka",
+        help="comma-separated peers of the read sections: parquet, kafka (default both)",
+    )
     args = ap.parse_args()
     peers = {p.strip() for p in args.peers.split(",") if p.strip()}
     if not peers <= {"parquet", "kafka"}:
-        ap.error(f"--peers: unknown peer(s) {sorted(peers - {'parquet', 'kafka'})}; known: parquet, kafka")
+        ap.error(
+            f"--peers: unknown peer(s) {sorted(peers - {'parquet', 'kafka'})}; known: parquet, kafka"
+        )
     from rmq_spark.datasource.embedded import stop_broker
 
     summary: list[tuple[str, str, float, str, float, str]] = []
@@ -456,7 +534,9 @@ def main() -> None:
         if reads:
             with Timer() as t:
                 fill_store(store, args.messages)
-            print(f"store: {args.messages:,} messages of {BODY_BYTES} B written in {t.seconds:.1f}s")
+            print(
+                f"store: {args.messages:,} messages of {BODY_BYTES} B written in {t.seconds:.1f}s"
+            )
             with Timer() as t:
                 n = store_to_parquet(store, parquet)
             print(f"parquet peer: the same {n:,} rows (14 columns) written in {t.seconds:.1f}s")
@@ -475,15 +555,21 @@ def main() -> None:
             )
 
             _, cached = broker_classpath()
-            print(f"kafka peer: kafka_2.13:{KAFKA_VERSION} classpath {'from the cache' if cached else 'resolved with mvn'} "
-                  f"in {cache_dir()} (jars in {maven_repo()})")
+            print(
+                f"kafka peer: kafka_2.13:{KAFKA_VERSION} classpath {'from the cache' if cached else 'resolved with mvn'} "
+                f"in {cache_dir()} (jars in {maven_repo()})"
+            )
             kafka = stack.enter_context(KafkaBroker.start(os.path.join(work, "kafka")))
-            print(f"kafka peer: single-node KRaft broker on {kafka.bootstrap}, serving {kafka.startup_s:.1f}s after launch")
+            print(
+                f"kafka peer: single-node KRaft broker on {kafka.bootstrap}, serving {kafka.startup_s:.1f}s after launch"
+            )
             kafka.create_topic(KAFKA_TOPIC, QUEUES)
             package, note = spark_kafka_package(pyspark_version())
             if note:
                 print(f"kafka peer: {note}")
-            print(f"kafka peer: spark.jars.packages={package} (Ivy downloads it once into {ivy_dir()})")
+            print(
+                f"kafka peer: spark.jars.packages={package} (Ivy downloads it once into {ivy_dir()})"
+            )
             spark = kafka_session(package, ivy_dir())
         else:
             spark = session()
@@ -491,61 +577,127 @@ def main() -> None:
             if kafka is not None and args.only in (None, "read"):
                 with Timer() as t:
                     n = fill_kafka(spark, parquet, kafka.bootstrap)
-                print(f"kafka peer: the same {n:,} messages (key, value = body) in topic {KAFKA_TOPIC}, "
-                      f"{QUEUES} partitions, written by Spark's Kafka sink in {t.seconds:.1f}s")
+                print(
+                    f"kafka peer: the same {n:,} messages (key, value = body) in topic {KAFKA_TOPIC}, "
+                    f"{QUEUES} partitions, written by Spark's Kafka sink in {t.seconds:.1f}s"
+                )
             if args.only in (None, "read") and "parquet" in peers:
                 print("streaming read to the noop sink (rows/s, best run):")
                 ours, peer, ceiling = bench_read(spark, store, parquet, work, args.runs)
                 print(f"  rmq source              {ours:>12,.0f} rows/s")
                 print(f"  parquet source          {peer:>12,.0f} rows/s")
-                print(f"  ready batches (ceiling) {ceiling:>12,.0f} rows/s  ({ceiling / peer:.2f}x parquet)")
-                print(f"  ratio rmq / parquet = {ours / peer:.2f}x (goal >= 1.0x); rmq / ceiling = {ours / ceiling:.2f}x")
-                summary.append(("streaming read", "rmq source", ours, "parquet source", peer, ">= 1.0x"))
-                summary.append(("streaming read", "rmq source", ours, "ready batches", ceiling, "(ceiling)"))
+                print(
+                    f"  ready batches (ceiling) {ceiling:>12,.0f} rows/s  ({ceiling / peer:.2f}x parquet)"
+                )
+                print(
+                    f"  ratio rmq / parquet = {ours / peer:.2f}x (goal >= 1.0x); rmq / ceiling = {ours / ceiling:.2f}x"
+                )
+                summary.append(
+                    ("streaming read", "rmq source", ours, "parquet source", peer, ">= 1.0x")
+                )
+                summary.append(
+                    ("streaming read", "rmq source", ours, "ready batches", ceiling, "(ceiling)")
+                )
             if args.only in (None, "read", "remote"):
-                remote = stack.enter_context(contextlib.closing(_Stopping(remote_broker(store, work))))
-                print(f"remote read (a broker whose store Spark cannot open, at {remote.broker.endpoints}) "
-                      "vs the files, streaming to the noop sink (rows/s, best run):")
-                far, near = bench_remote_read(spark, store, remote.broker.endpoints, work, args.runs)
+                remote = stack.enter_context(
+                    contextlib.closing(_Stopping(remote_broker(store, work)))
+                )
+                print(
+                    f"remote read (a broker whose store Spark cannot open, at {remote.broker.endpoints}) "
+                    "vs the files, streaming to the noop sink (rows/s, best run):"
+                )
+                far, near = bench_remote_read(
+                    spark, store, remote.broker.endpoints, work, args.runs
+                )
                 print(f"  endpoints only (readPath=auto -> arrow) {far:>12,.0f} rows/s")
                 print(f"  store files (path)                      {near:>12,.0f} rows/s")
                 print(f"  ratio remote / files = {far / near:.2f}x (goal >= 0.8x)")
-                summary.append(("remote read", "rmq endpoints only", far, "rmq store files", near, ">= 0.8x"))
+                summary.append(
+                    ("remote read", "rmq endpoints only", far, "rmq store files", near, ">= 0.8x")
+                )
             if args.only in (None, "read") and kafka is not None:
                 splits = kafka_partitions(args.messages)
-                print(f"reads, rmq vs kafka (minPartitions={splits}), to the noop sink (rows/s, best run):")
+                print(
+                    f"reads, rmq vs kafka (minPartitions={splits}), to the noop sink (rows/s, best run):"
+                )
                 rates = bench_kafka_read(spark, store, kafka.bootstrap, work, args.runs, splits)
                 for figure, (ours, peer) in rates.items():
-                    print(f"  {figure:<15} rmq {ours:>12,.0f}  kafka {peer:>12,.0f}  ratio {ours / peer:.2f}x (goal >= 1.0x)")
+                    print(
+                        f"  {figure:<15} rmq {ours:>12,.0f}  kafka {peer:>12,.0f}  ratio {ours / peer:.2f}x (goal >= 1.0x)"
+                    )
                     summary.append((figure, "rmq source", ours, "kafka source", peer, ">= 1.0x"))
             if args.only in (None, "sink"):
-                print(f"streaming sink, {args.sink_rows:,} rows of {BODY_BYTES} B, 200,000 a micro-batch "
-                      f"(rows/s, best of {args.runs}):")
+                print(
+                    f"streaming sink, {args.sink_rows:,} rows of {BODY_BYTES} B, 200,000 a micro-batch "
+                    f"(rows/s, best of {args.runs}):"
+                )
                 sink = bench_sink(spark, store, work, args.sink_rows, args.runs)
                 if kafka is not None:
                     sink["kafka sink"], _ = bench_kafka_sink(spark, kafka, work)
                 base = sink["parquet file sink"]
                 for name, rate in sink.items():
                     peer = sink["parquet +props"] if name.endswith("+props") else base
-                    vs_kafka = f"  {rate / sink['kafka sink']:.2f}x kafka" if "kafka sink" in sink and "props" not in name else ""
-                    print(f"  {name:<26} {rate:>12,.0f} rows/s  {rate / peer:.2f}x parquet{vs_kafka}")
+                    vs_kafka = (
+                        f"  {rate / sink['kafka sink']:.2f}x kafka"
+                        if "kafka sink" in sink and "props" not in name
+                        else ""
+                    )
+                    print(
+                        f"  {name:<26} {rate:>12,.0f} rows/s  {rate / peer:.2f}x parquet{vs_kafka}"
+                    )
                 eos, alos = sink["rmq exactly-once"], sink["rmq at-least-once"]
                 ceiling = sink["python null sink"]
-                print(f"  ratio exactly-once / at-least-once = {eos / alos:.2f}x (goal >= 0.5x); "
-                      f"at-least-once / parquet = {alos / base:.2f}x (goal >= 1.0x); "
-                      f"python null sink / parquet = {ceiling / base:.2f}x (the ceiling of a Python sink)")
-                summary.append(("sink", "rmq exactly-once", eos, "rmq at-least-once", alos, ">= 0.5x"))
-                goals = {("rmq at-least-once", "kafka sink"): ">= 1.0x", ("rmq at-least-once", "parquet file sink"): ">= 1.0x"}
+                print(
+                    f"  ratio exactly-once / at-least-once = {eos / alos:.2f}x (goal >= 0.5x); "
+                    f"at-least-once / parquet = {alos / base:.2f}x (goal >= 1.0x); "
+                    f"python null sink / parquet = {ceiling / base:.2f}x (the ceiling of a Python sink)"
+                )
+                summary.append(
+                    ("sink", "rmq exactly-once", eos, "rmq at-least-once", alos, ">= 0.5x")
+                )
+                goals = {
+                    ("rmq at-least-once", "kafka sink"): ">= 1.0x",
+                    ("rmq at-least-once", "parquet file sink"): ">= 1.0x",
+                }
                 for name in ("rmq at-least-once", "rmq exactly-once"):
                     for peer in ("parquet file sink", "kafka sink"):
                         if peer in sink:
-                            summary.append(("sink", name, sink[name], peer, sink[peer], goals.get((name, peer), "(beside)")))
-                summary.append(("sink", "python null sink", ceiling, "parquet file sink", base, "(ceiling)"))
-                summary.append(("sink", "rmq at-least-once", alos, "python null sink", ceiling, "(beside)"))
-                summary.append(("sink +props", "rmq exactly-once", sink["rmq exactly-once +props"], "rmq at-least-once",
-                                sink["rmq at-least-once +props"], ">= 0.5x"))
-                summary.append(("sink +props", "rmq at-least-once", sink["rmq at-least-once +props"], "parquet file sink",
-                                sink["parquet +props"], ">= 1.0x"))
+                            summary.append(
+                                (
+                                    "sink",
+                                    name,
+                                    sink[name],
+                                    peer,
+                                    sink[peer],
+                                    goals.get((name, peer), "(beside)"),
+                                )
+                            )
+                summary.append(
+                    ("sink", "python null sink", ceiling, "parquet file sink", base, "(ceiling)")
+                )
+                summary.append(
+                    ("sink", "rmq at-least-once", alos, "python null sink", ceiling, "(beside)")
+                )
+                summary.append(
+                    (
+                        "sink +props",
+                        "rmq exactly-once",
+                        sink["rmq exactly-once +props"],
+                        "rmq at-least-once",
+                        sink["rmq at-least-once +props"],
+                        ">= 0.5x",
+                    )
+                )
+                summary.append(
+                    (
+                        "sink +props",
+                        "rmq at-least-once",
+                        sink["rmq at-least-once +props"],
+                        "parquet file sink",
+                        sink["parquet +props"],
+                        ">= 1.0x",
+                    )
+                )
         finally:
             spark.stop()
             stop_broker(store)

@@ -20,12 +20,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from bench._util import Timer, scratch_dir  # noqa: E402
-from rmq_spark.store.message import Message  # noqa: E402
-from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
+from bench._util import Timer, scratch_dir
+from rmq_spark.store.message import Message
+from rmq_spark.store.store import MessageStore, StoreConfig
 
 SEGMENT = 256 * 1024 * 1024
 
@@ -70,7 +70,7 @@ def bench_persist_queue(d: str, bodies: list[bytes]) -> float:
     with Timer() as t:
         for b in bodies:
             q.put(b)
-        q._saveinfo()  # noqa: SLF001 - persist the queue head, as a close would
+        q._saveinfo()
         os.sync()
     return t.seconds
 
@@ -108,8 +108,14 @@ def put_section(quick: bool) -> None:
         q.close()
     print(f"{'case':34} {'ours us/put':>12} {'litequeue us/put':>17} {'vs peer':>8}")
     for per_put in (1, 4):
-        with scratch_dir("put") as d, MessageStore(d, StoreConfig(commitlog_segment_bytes=SEGMENT)) as s:
-            batches = [[Message("Put", body, dict(props), queue_id=k % 4) for k in range(per_put)] for _ in range(n + 200)]
+        with (
+            scratch_dir("put") as d,
+            MessageStore(d, StoreConfig(commitlog_segment_bytes=SEGMENT)) as s,
+        ):
+            batches = [
+                [Message("Put", body, dict(props), queue_id=k % 4) for k in range(per_put)]
+                for _ in range(n + 200)
+            ]
             for msgs in batches[:200]:
                 s.put_messages(msgs)
             t0 = time.thread_time()
@@ -117,14 +123,21 @@ def put_section(quick: bool) -> None:
                 s.put_messages(msgs)
             ours_us = (time.thread_time() - t0) / n * 1e6
         label = f"put of {per_put} x 500 B (TAGS, KEYS)"
-        print(f"{label:34} {ours_us:12.1f} {peer_us * per_put:17.1f} {peer_us * per_put / ours_us:7.2f}x")
+        print(
+            f"{label:34} {ours_us:12.1f} {peer_us * per_put:17.1f} {peer_us * per_put / ours_us:7.2f}x"
+        )
 
 
 def append_section(quick: bool) -> None:
     print("\n== Appends (async flush, flushed at the end) ==")
-    print(f"{'case':34} {'ours msgs/s':>14} {'ours MB/s':>10} {'raw MB/s':>10} {'vs raw':>7} "
-          f"{'persist-q/s':>12} {'litequeue/s':>12} {'vs best py':>10}")
-    for size, count in ((100, 200_000 if quick else 1_000_000), (4096, 20_000 if quick else 100_000)):
+    print(
+        f"{'case':34} {'ours msgs/s':>14} {'ours MB/s':>10} {'raw MB/s':>10} {'vs raw':>7} "
+        f"{'persist-q/s':>12} {'litequeue/s':>12} {'vs best py':>10}"
+    )
+    for size, count in (
+        (100, 200_000 if quick else 1_000_000),
+        (4096, 20_000 if quick else 100_000),
+    ):
         peer_count = min(count, 20_000)
         peer_bodies = bodies_of(size, peer_count)
         with scratch_dir("pq") as d:
@@ -158,18 +171,28 @@ def sync_section(quick: bool) -> None:
         os.close(fd)
         per_msg_fsync = n / t.seconds
     print(f"peer: one write+fdatasync per message: {per_msg_fsync:,.0f} msgs/s")
-    print(f"{'producers':>10} {'msgs/s':>12} {'vs peer':>8} {'p50 ms':>8} {'p99 ms':>8} {'puts/fsync':>10}")
+    print(
+        f"{'producers':>10} {'msgs/s':>12} {'vs peer':>8} {'p50 ms':>8} {'p99 ms':>8} {'puts/fsync':>10}"
+    )
     seconds = 1.5 if quick else 3.0
     for producers in (1, 8, 64):
-        with scratch_dir("sync") as d, MessageStore(
-            d, StoreConfig(commitlog_segment_bytes=SEGMENT, flush="sync")
-        ) as s:
+        with (
+            scratch_dir("sync") as d,
+            MessageStore(d, StoreConfig(commitlog_segment_bytes=SEGMENT, flush="sync")) as s,
+        ):
             stop = time.monotonic() + seconds
             lat: list[float] = []
             lock = threading.Lock()
             count = [0]
 
-            def producer(k: int) -> None:
+            # this round's state bound now (the threads are joined before the next round)
+            def producer(
+                k: int,
+                stop: float = stop,
+                lock: threading.Lock = lock,
+                lat: list[float] = lat,
+                count: list[int] = count,
+            ) -> None:
                 mine = []
                 body = os.urandom(100)
                 while time.monotonic() < stop:
@@ -235,7 +258,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     ap.add_argument("--only", choices=["put", "append", "sync", "read"], help="run one section")
     args = ap.parse_args()
-    sections = {"put": put_section, "append": append_section, "sync": sync_section, "read": read_section}
+    sections = {
+        "put": put_section,
+        "append": append_section,
+        "sync": sync_section,
+        "read": read_section,
+    }
     for name, fn in sections.items():
         if args.only in (None, name):
             fn(args.quick)

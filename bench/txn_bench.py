@@ -25,11 +25,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._util import scratch_dir  # noqa: E402
-from rmq_spark.services.config import BrokerConfig  # noqa: E402
-from rmq_spark.store.message import Message  # noqa: E402
-from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
-from rmq_spark.services.transaction.service import TransactionAction, TransactionService  # noqa: E402
+from bench._util import scratch_dir
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.transaction.service import TransactionAction, TransactionService
+from rmq_spark.store.message import Message
+from rmq_spark.store.store import MessageStore, StoreConfig
 
 SEGMENT = 256 * 1024 * 1024
 BODIES = [os.urandom(256) for _ in range(64)]

@@ -37,10 +37,15 @@ def main() -> None:
     own = len(sys.argv) < 2
     store = sys.argv[1] if not own else tempfile.mkdtemp(prefix="rmq-avro-")
     spark = (
-        SparkSession.builder.master("local[2]").appName("avro-bodies")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1").getOrCreate()
+        SparkSession.builder.master("local[2]")
+        .appName("avro-bodies")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     rmq = {"path": store, "avroSchema": SCHEMA}
@@ -50,20 +55,33 @@ def main() -> None:
                 F.concat(F.lit("s"), (F.col("id") % 3).cast("string")).alias("sensor"),
                 (F.lit(20.0) + F.col("id") % 7).alias("celsius"),
                 F.timestamp_millis(F.lit(1_700_000_000_000) + F.col("id") * 1000).alias("at"),
-                F.when(F.col("id") % 10 == 0, F.array(F.lit("calibrated"))).otherwise(F.array()).alias("flags"),
+                F.when(F.col("id") % 10 == 0, F.array(F.lit("calibrated")))
+                .otherwise(F.array())
+                .alias("flags"),
                 F.when(F.col("id") == 0, F.lit("first")).alias("note"),
             ).alias("value"),
             (F.col("id") % 3).cast("string").alias("messageGroup"),
         )
-        readings.write.format("rmq").options(**rmq).option("topic", "Readings").mode("append").save()
+        readings.write.format("rmq").options(**rmq).option("topic", "Readings").mode(
+            "append"
+        ).save()
 
         averages = (
-            spark.readStream.format("rmq").options(**rmq).option("topics", "Readings")
-            .option("startingOffsets", "earliest").load()
-            .groupBy("value.sensor").agg(F.count("*").alias("n"), F.round(F.avg("value.celsius"), 2).alias("avg_celsius"))
+            spark.readStream.format("rmq")
+            .options(**rmq)
+            .option("topics", "Readings")
+            .option("startingOffsets", "earliest")
+            .load()
+            .groupBy("value.sensor")
+            .agg(F.count("*").alias("n"), F.round(F.avg("value.celsius"), 2).alias("avg_celsius"))
         )
-        q = averages.writeStream.format("memory").queryName("averages").outputMode("complete") \
-            .trigger(availableNow=True).start()
+        q = (
+            averages.writeStream.format("memory")
+            .queryName("averages")
+            .outputMode("complete")
+            .trigger(availableNow=True)
+            .start()
+        )
         q.awaitTermination()
         spark.sql("select * from averages order by sensor").show()
 
@@ -71,7 +89,9 @@ def main() -> None:
         first = raw.orderBy("queueId", "queueOffset").select("body").first()
         print("a raw body (what any consumer receives):", bytes(first.body)[:40], "...")
         decoded = spark.read.format("rmq").options(**rmq).option("topics", "Readings").load()
-        decoded.where("value.note is not null or size(value.flags) > 0").select("value.*").orderBy("at").show(truncate=False)
+        decoded.where("value.note is not null or size(value.flags) > 0").select("value.*").orderBy(
+            "at"
+        ).show(truncate=False)
     finally:
         spark.stop()
         if own:

@@ -35,40 +35,61 @@ def main() -> None:
     store = sys.argv[1] if not own else tempfile.mkdtemp(prefix="rmq-eo-")
     work = tempfile.mkdtemp(prefix="rmq-eo-ck-")
     spark = (
-        SparkSession.builder.master("local[2]").appName("exactly-once-pipeline")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        SparkSession.builder.master("local[2]")
+        .appName("exactly-once-pipeline")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1").getOrCreate()
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     rmq = {"path": store}
     try:
         rng = random.Random(7)
         clicks = [
-            json.dumps({"user": f"u{rng.randint(1, 20)}", "page": rng.choice(["home", "cart", "item"]),
-                        "bot": rng.random() < 0.1, "n": i})
+            json.dumps(
+                {
+                    "user": f"u{rng.randint(1, 20)}",
+                    "page": rng.choice(["home", "cart", "item"]),
+                    "bot": rng.random() < 0.1,
+                    "n": i,
+                }
+            )
             for i in range(3000)
         ]
-        spark.createDataFrame([(c,) for c in clicks], "body string").write.format("rmq").options(**rmq) \
-            .option("topic", "RawClicks").option("transactional", "false").mode("append").save()
+        spark.createDataFrame([(c,) for c in clicks], "body string").write.format("rmq").options(
+            **rmq
+        ).option("topic", "RawClicks").option("transactional", "false").mode("append").save()
         want = sum(1 for c in clicks if not json.loads(c)["bot"])
         schema = "user string, page string, bot boolean, n long"
 
         def run(target: str, checkpoint: str, transactional: bool) -> None:
             clean = (
-                spark.readStream.format("rmq").options(**rmq).option("topics", "RawClicks")
-                .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "1000").load()
+                spark.readStream.format("rmq")
+                .options(**rmq)
+                .option("topics", "RawClicks")
+                .option("startingOffsets", "earliest")
+                .option("maxOffsetsPerTrigger", "1000")
+                .load()
                 .select(F.from_json(F.col("body").cast("string"), schema).alias("c"))
                 .where("not c.bot")
                 .select(
-                    F.to_json("c").alias("body"), F.col("c.user").alias("messageGroup"),
-                    F.col("c.user").alias("keys"), F.col("c.page").alias("tags"),
+                    F.to_json("c").alias("body"),
+                    F.col("c.user").alias("messageGroup"),
+                    F.col("c.user").alias("keys"),
+                    F.col("c.page").alias("tags"),
                 )
             )
             q = (
-                clean.writeStream.format("rmq").options(**rmq).option("topic", target)
+                clean.writeStream.format("rmq")
+                .options(**rmq)
+                .option("topic", target)
                 .option("transactional", str(transactional).lower())
-                .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
             )
             q.awaitTermination()
 
@@ -80,17 +101,28 @@ def main() -> None:
             ck = os.path.join(work, target)
             run(target, ck, tx)
             first = count(target)
-            last = max(int(os.path.basename(f)) for f in glob.glob(os.path.join(ck, "commits", "[0-9]*")))
-            for f in (os.path.join(ck, "commits", str(last)), os.path.join(ck, "commits", f".{last}.crc")):
+            last = max(
+                int(os.path.basename(f)) for f in glob.glob(os.path.join(ck, "commits", "[0-9]*"))
+            )
+            for f in (
+                os.path.join(ck, "commits", str(last)),
+                os.path.join(ck, "commits", f".{last}.crc"),
+            ):
                 if os.path.exists(f):
                     os.remove(f)  # the driver "died" before Spark recorded batch `last`
             run(target, ck, tx)  # the restart replays it
             total, distinct = count(target)
-            print(f"{target:<24} transactional={str(tx).lower():<5} expected {want}: after the first run {first[0]}, "
-                  f"after the replay of batch {last}: {total} messages ({total - distinct} duplicates)")
+            print(
+                f"{target:<24} transactional={str(tx).lower():<5} expected {want}: after the first run {first[0]}, "
+                f"after the replay of batch {last}: {total} messages ({total - distinct} duplicates)"
+            )
         per_user = (
-            spark.read.format("rmq").options(**rmq).option("topics", "CleanClicks").load()
-            .groupBy("keys").agg(F.countDistinct("queueId").alias("queues"))
+            spark.read.format("rmq")
+            .options(**rmq)
+            .option("topics", "CleanClicks")
+            .load()
+            .groupBy("keys")
+            .agg(F.countDistinct("queueId").alias("queues"))
         )
         print("users whose clicks span more than one queue:", per_user.where("queues > 1").count())
     finally:

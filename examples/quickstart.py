@@ -29,9 +29,20 @@ TOPIC = "Orders"
 
 def start_broker(store: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rmq_spark.broker", "--store", store, "--listen", "127.0.0.1:0",
-         "--transaction-check-interval", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "rmq_spark.broker",
+            "--store",
+            store,
+            "--listen",
+            "127.0.0.1:0",
+            "--transaction-check-interval",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     line = proc.stdout.readline()  # type: ignore[union-attr]
     m = READY.search(line)
@@ -42,7 +53,14 @@ def start_broker(store: str) -> tuple[subprocess.Popen, str]:
 
 
 def produce(endpoint: str) -> None:
-    from rocketmq import ClientConfiguration, Credentials, Message, Producer, TransactionChecker, TransactionResolution
+    from rocketmq import (
+        ClientConfiguration,
+        Credentials,
+        Message,
+        Producer,
+        TransactionChecker,
+        TransactionResolution,
+    )
 
     class Checker(TransactionChecker):
         def check(self, message: Message) -> TransactionResolution:  # asked about orphans only
@@ -53,7 +71,11 @@ def produce(endpoint: str) -> None:
     try:
         for i in (1, 2, 3):
             m = Message()
-            m.topic, m.body, m.tag = TOPIC, f'{{"order": {i}, "state": "created"}}'.encode(), "created"
+            m.topic, m.body, m.tag = (
+                TOPIC,
+                f'{{"order": {i}, "state": "created"}}'.encode(),
+                "created",
+            )
             m.keys = f"order-{i}"
             print("sent normal      ", producer.send(m).message_id)
         m = Message()
@@ -66,7 +88,10 @@ def produce(endpoint: str) -> None:
             m.topic, m.body, m.tag = TOPIC, f'{{"order": 2, "state": "{state}"}}'.encode(), state
             receipt = producer.send(m, tx)
             (tx.commit if commit else tx.rollback)()
-            print(f"sent transactional ({'committed' if commit else 'rolled back'})", receipt.message_id)
+            print(
+                f"sent transactional ({'committed' if commit else 'rolled back'})",
+                receipt.message_id,
+            )
     finally:
         producer.shutdown()
 
@@ -76,28 +101,51 @@ def stream(endpoint: str, checkpoint: str) -> None:
 
     print("starting Spark ...")
     spark = (
-        SparkSession.builder.master("local[2]").appName("rmq-quickstart")
-        .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.session.timeZone", "UTC").config("spark.ui.showConsoleProgress", "false").getOrCreate()
+        SparkSession.builder.master("local[2]")
+        .appName("rmq-quickstart")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     seen: list[str] = []
 
     def show(df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
-        rows = df.selectExpr("queueId", "queueOffset", "tags", "cast(body as string) as body",
-                             "storeTimestamp", "deliverTimestamp", "transactionId is not null as tx").collect()
+        rows = df.selectExpr(
+            "queueId",
+            "queueOffset",
+            "tags",
+            "cast(body as string) as body",
+            "storeTimestamp",
+            "deliverTimestamp",
+            "transactionId is not null as tx",
+        ).collect()
         print(f"--- micro-batch {batch_id}: {len(rows)} message(s)")
         for r in rows:
-            print(f"  q{r.queueId}@{r.queueOffset} tags={r.tags:<10} tx={str(r.tx):<5} {r.body}"
-                  + (f"  (delivered at {r.deliverTimestamp:%H:%M:%S.%f})" if r.deliverTimestamp else ""))
+            print(
+                f"  q{r.queueId}@{r.queueOffset} tags={r.tags:<10} tx={r.tx!s:<5} {r.body}"
+                + (
+                    f"  (delivered at {r.deliverTimestamp:%H:%M:%S.%f})"
+                    if r.deliverTimestamp
+                    else ""
+                )
+            )
             seen.append(r.body)
 
     q = (
-        spark.readStream.format("rmq").option("endpoints", endpoint).option("topics", TOPIC)
-        .option("startingOffsets", "earliest").load()
-        .writeStream.foreachBatch(show).option("checkpointLocation", checkpoint)
-        .trigger(processingTime="1 second").start()
+        spark.readStream.format("rmq")
+        .option("endpoints", endpoint)
+        .option("topics", TOPIC)
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.foreachBatch(show)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime="1 second")
+        .start()
     )
     while not q.recentProgress:  # the query runs: now the producer
         time.sleep(0.2)
@@ -108,8 +156,10 @@ def stream(endpoint: str, checkpoint: str) -> None:
     time.sleep(1.5)  # one more trigger: nothing else (the rolled-back message) shows up
     q.stop()
     spark.stop()
-    print(f"read {len(seen)} messages: 3 orders, the delayed check, the committed payment; "
-          f"the cancelled (rolled-back) one: {'never seen' if not any('cancelled' in s for s in seen) else 'SEEN?!'}")
+    print(
+        f"read {len(seen)} messages: 3 orders, the delayed check, the committed payment; "
+        f"the cancelled (rolled-back) one: {'never seen' if not any('cancelled' in s for s in seen) else 'SEEN?!'}"
+    )
 
 
 def main() -> None:

@@ -39,9 +39,22 @@ def main() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     work = tempfile.mkdtemp(prefix="rmq-outbox-")
     broker = subprocess.Popen(
-        [sys.executable, "-m", "rmq_spark.broker", "--store", os.path.join(work, "store"), "--listen", "127.0.0.1:0",
-         "--transaction-timeout", "2", "--transaction-check-interval", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "rmq_spark.broker",
+            "--store",
+            os.path.join(work, "store"),
+            "--listen",
+            "127.0.0.1:0",
+            "--transaction-timeout",
+            "2",
+            "--transaction-check-interval",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         m = READY.search(broker.stdout.readline())  # type: ignore[union-attr]
@@ -59,7 +72,14 @@ def main() -> None:
 
 
 def run_order_service(endpoint: str, db_path: str) -> None:
-    from rocketmq import ClientConfiguration, Credentials, Message, Producer, TransactionChecker, TransactionResolution
+    from rocketmq import (
+        ClientConfiguration,
+        Credentials,
+        Message,
+        Producer,
+        TransactionChecker,
+        TransactionResolution,
+    )
 
     db = sqlite3.connect(db_path, check_same_thread=False)
     db.execute("create table orders (id text primary key, amount real)")
@@ -71,7 +91,9 @@ def run_order_service(endpoint: str, db_path: str) -> None:
         def check(self, message: Message) -> TransactionResolution:
             order = json.loads(message.body)["id"]
             found = db.execute("select 1 from orders where id = ?", (order,)).fetchone() is not None
-            print(f"  check-back for order {order}: {'in the database -> COMMIT' if found else 'not there -> ROLLBACK'}")
+            print(
+                f"  check-back for order {order}: {'in the database -> COMMIT' if found else 'not there -> ROLLBACK'}"
+            )
             return TransactionResolution.COMMIT if found else TransactionResolution.ROLLBACK
 
     producer = Producer(ClientConfiguration(endpoint, Credentials()), (TOPIC,), FromDatabase())
@@ -117,15 +139,26 @@ def show_with_spark(endpoint: str, db_path: str) -> None:
     from pyspark.sql import SparkSession
 
     spark = (
-        SparkSession.builder.master("local[2]").appName("outbox")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1").getOrCreate()
+        SparkSession.builder.master("local[2]")
+        .appName("outbox")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
         events = (
-            spark.read.format("rmq").option("endpoints", endpoint).option("topics", TOPIC).load()
-            .selectExpr("keys as order", "cast(body as string) as event", "transactionId is not null as transactional")
+            spark.read.format("rmq")
+            .option("endpoints", endpoint)
+            .option("topics", TOPIC)
+            .load()
+            .selectExpr(
+                "keys as order",
+                "cast(body as string) as event",
+                "transactionId is not null as transactional",
+            )
             .orderBy("order")
         )
         events.show(truncate=False)
@@ -133,8 +166,10 @@ def show_with_spark(endpoint: str, db_path: str) -> None:
         in_db = sorted(r[0] for r in db.execute("select id from orders"))
         db.close()
         published = [r.order for r in events.collect()]
-        print(f"orders in the database: {in_db}; events published: {published}; "
-              f"{'consistent' if in_db == published else 'INCONSISTENT'}")
+        print(
+            f"orders in the database: {in_db}; events published: {published}; "
+            f"{'consistent' if in_db == published else 'INCONSISTENT'}"
+        )
     finally:
         spark.stop()
 

@@ -38,10 +38,14 @@ def main() -> None:
     store = sys.argv[1] if not own else tempfile.mkdtemp(prefix="rmq-unpaid-")
     checkpoint = tempfile.mkdtemp(prefix="rmq-unpaid-ck-")
     spark = (
-        SparkSession.builder.master("local[2]").appName("unpaid-orders")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+        SparkSession.builder.master("local[2]")
+        .appName("unpaid-orders")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -50,49 +54,75 @@ def main() -> None:
     handled: list[str] = []
 
     def close_unpaid(checks, batch_id: int) -> None:  # type: ignore[no-untyped-def]
-        due = checks.select(F.col("keys").alias("order"), F.coalesce("deliverTimestamp", "storeTimestamp").alias("due"))
+        due = checks.select(
+            F.col("keys").alias("order"),
+            F.coalesce("deliverTimestamp", "storeTimestamp").alias("due"),
+        )
         if due.isEmpty():
             return
         paid = (
-            spark.read.format("rmq").options(**rmq).option("topics", "Payments").load()
+            spark.read.format("rmq")
+            .options(**rmq)
+            .option("topics", "Payments")
+            .load()
             .select(F.col("keys").alias("order"))
         )
         unpaid = due.join(paid, "order", "left_anti")
         events = unpaid.select(
-            F.lit("OrderEvents").alias("topic"), F.col("order").alias("keys"), F.lit("closed").alias("tags"),
-            F.to_json(F.struct("order", F.lit("closed: not paid in time").alias("reason"))).alias("body"),
+            F.lit("OrderEvents").alias("topic"),
+            F.col("order").alias("keys"),
+            F.lit("closed").alias("tags"),
+            F.to_json(F.struct("order", F.lit("closed: not paid in time").alias("reason"))).alias(
+                "body"
+            ),
         )
         events.write.format("rmq").options(**rmq).mode("append").save()
         for r in due.join(paid, "order", "left_semi").collect():
             print(f"  [{time.strftime('%H:%M:%S')}] {r.order}: paid in time, nothing to do")
         gone = [r.order for r in unpaid.collect()]
         for r in unpaid.collect():
-            print(f"  [{time.strftime('%H:%M:%S')}] {r.order}: payment window over at {r.due:%H:%M:%S}, "
-                  "no payment -> closed")
-        handled.extend(r.order for r in due.collect())  # last: the main thread may stop the query now
+            print(
+                f"  [{time.strftime('%H:%M:%S')}] {r.order}: payment window over at {r.due:%H:%M:%S}, "
+                "no payment -> closed"
+            )
+        handled.extend(
+            r.order for r in due.collect()
+        )  # last: the main thread may stop the query now
         closed.extend(gone)
 
     try:
         # start watching first: checks appear only when due
         q = (
-            spark.readStream.format("rmq").options(**rmq).option("topics", "OrderTimeouts")
-            .option("startingOffsets", "earliest").load()
-            .writeStream.foreachBatch(close_unpaid).option("checkpointLocation", checkpoint)
-            .trigger(processingTime="1 second").start()
+            spark.readStream.format("rmq")
+            .options(**rmq)
+            .option("topics", "OrderTimeouts")
+            .option("startingOffsets", "earliest")
+            .load()
+            .writeStream.foreachBatch(close_unpaid)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime="1 second")
+            .start()
         )
         orders = spark.createDataFrame([(o,) for o in ORDERS], "order string")
         orders.select(
-            F.col("order").alias("keys"), F.lit("created").alias("tags"),
+            F.col("order").alias("keys"),
+            F.lit("created").alias("tags"),
             F.to_json(F.struct("order")).alias("body"),
         ).write.format("rmq").options(**rmq).option("topic", "Orders").mode("append").save()
         orders.select(
-            F.col("order").alias("keys"), F.lit("timeout-check").alias("tags"),
+            F.col("order").alias("keys"),
+            F.lit("timeout-check").alias("tags"),
             F.col("order").alias("body"),
-            (F.current_timestamp() + F.expr(f"INTERVAL {PAY_WITHIN_S} SECONDS")).alias("deliverTimestamp"),
+            (F.current_timestamp() + F.expr(f"INTERVAL {PAY_WITHIN_S} SECONDS")).alias(
+                "deliverTimestamp"
+            ),
         ).write.format("rmq").options(**rmq).option("topic", "OrderTimeouts").mode("append").save()
-        print(f"[{time.strftime('%H:%M:%S')}] created {len(ORDERS)} orders; each must be paid within {PAY_WITHIN_S}s")
-        spark.createDataFrame([(o, "paid") for o in sorted(PAID)], "keys string, body string") \
-            .write.format("rmq").options(**rmq).option("topic", "Payments").mode("append").save()
+        print(
+            f"[{time.strftime('%H:%M:%S')}] created {len(ORDERS)} orders; each must be paid within {PAY_WITHIN_S}s"
+        )
+        spark.createDataFrame(
+            [(o, "paid") for o in sorted(PAID)], "keys string, body string"
+        ).write.format("rmq").options(**rmq).option("topic", "Payments").mode("append").save()
         print(f"[{time.strftime('%H:%M:%S')}] paid: {', '.join(sorted(PAID))}")
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and len(handled) < len(ORDERS):

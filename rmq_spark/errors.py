@@ -8,19 +8,19 @@ see ``rmq_spark.store.status``.
 from __future__ import annotations
 
 __all__ = [
-    "RmqError",
-    "ConfigError",
-    "MessageIllegalError",
-    "StoreError",
-    "CorruptStoreError",
-    "DiskFullError",
-    "StoreLockedError",
-    "FilterExpressionError",
-    "IllegalTopicError",
-    "IllegalGroupError",
     "AccessDeniedError",
     "AuthenticationError",
+    "ConfigError",
+    "CorruptStoreError",
+    "DiskFullError",
+    "FilterExpressionError",
+    "IllegalGroupError",
+    "IllegalTopicError",
+    "MessageIllegalError",
     "PermissionDeniedError",
+    "RmqError",
+    "StoreError",
+    "StoreLockedError",
 ]
 
 

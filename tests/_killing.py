@@ -8,7 +8,9 @@ import subprocess
 import time
 
 
-def lines_until_killed(proc: subprocess.Popen, window_s: float, start_timeout_s: float = 60.0) -> list[str]:
+def lines_until_killed(
+    proc: subprocess.Popen, window_s: float, start_timeout_s: float = 60.0
+) -> list[str]:
     """The lines ``proc`` (text stdout) printed until it was SIGKILLed ``window_s`` after its first
     line: the kill falls while it works however long its start took (its imports, on a loaded
     machine, can outlast a window counted from the launch).  The last line may be cut."""

@@ -70,18 +70,25 @@ def remoting_signature(ext_fields: Mapping[str, str], body: bytes, secret_key: s
     ``Signature``, in the order of their sorted names, as UTF-8, then the body
     (``AclUtils.combineRequestContent``)."""
     content = "".join(v for k, v in sorted(ext_fields.items()) if k != SIGNATURE and v is not None)
-    digest = hmac.new(secret_key.encode(), content.encode("utf-8", "surrogatepass") + (body or b""), hashlib.sha1)
+    digest = hmac.new(
+        secret_key.encode(), content.encode("utf-8", "surrogatepass") + (body or b""), hashlib.sha1
+    )
     return base64.b64encode(digest.digest()).decode()
 
 
-def signed_headers(access_key: str, secret_key: str, now_s: float | None = None) -> list[tuple[str, str]]:
+def signed_headers(
+    access_key: str, secret_key: str, now_s: float | None = None
+) -> list[tuple[str, str]]:
     """``x-mq-date-time`` and ``authorization`` as the official Python client signs them (its
     local time with a ``Z``), for rmq_spark's own clients (the data source, tests)."""
     date = time.strftime(DATE_FORMAT, time.localtime(time.time() if now_s is None else now_s))
     sig = hmac.new(secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
     return [
         (DATE_TIME, date),
-        (AUTHORIZATION, f"{ALGORITHM} Credential={access_key}, SignedHeaders={DATE_TIME}, Signature={sig}"),
+        (
+            AUTHORIZATION,
+            f"{ALGORITHM} Credential={access_key}, SignedHeaders={DATE_TIME}, Signature={sig}",
+        ),
     ]
 
 
@@ -137,13 +144,17 @@ class AccessControl:
     """The accounts of an ACL file; ``clock`` is the broker's (injectable) clock that signed dates
     are held to, within ``window_ms``."""
 
-    def __init__(self, accounts: list[Account], clock: Clock = SYSTEM_CLOCK, window_ms: int = DATE_WINDOW_MS) -> None:
+    def __init__(
+        self, accounts: list[Account], clock: Clock = SYSTEM_CLOCK, window_ms: int = DATE_WINDOW_MS
+    ) -> None:
         self.accounts = {a.access_key: a for a in accounts}
         self.clock = clock
         self.window_ms = window_ms
 
     @classmethod
-    def load(cls, path: str, clock: Clock = SYSTEM_CLOCK, window_ms: int = DATE_WINDOW_MS) -> AccessControl:
+    def load(
+        cls, path: str, clock: Clock = SYSTEM_CLOCK, window_ms: int = DATE_WINDOW_MS
+    ) -> AccessControl:
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
@@ -155,7 +166,11 @@ class AccessControl:
 
     @classmethod
     def from_dict(
-        cls, data: Any, source: str = "ACL", clock: Clock = SYSTEM_CLOCK, window_ms: int = DATE_WINDOW_MS
+        cls,
+        data: Any,
+        source: str = "ACL",
+        clock: Clock = SYSTEM_CLOCK,
+        window_ms: int = DATE_WINDOW_MS,
     ) -> AccessControl:
         if not isinstance(data, Mapping) or not isinstance(data.get("accounts"), list):
             raise ConfigError(f"{source}: expected an object with a list 'accounts'")
@@ -170,8 +185,12 @@ class AccessControl:
                     admin=bool(a.get("admin", False)),
                     default_topic_perm=Perm.parse(a.get("defaultTopicPerm", "DENY")),
                     default_group_perm=Perm.parse(a.get("defaultGroupPerm", "SUB")),
-                    topic_perms=_perm_table(a.get("topicPerms"), f"{source}: account {i} topicPerms"),
-                    group_perms=_perm_table(a.get("groupPerms"), f"{source}: account {i} groupPerms"),
+                    topic_perms=_perm_table(
+                        a.get("topicPerms"), f"{source}: account {i} topicPerms"
+                    ),
+                    group_perms=_perm_table(
+                        a.get("groupPerms"), f"{source}: account {i} groupPerms"
+                    ),
                 )
             )
         if len({a.access_key for a in accounts}) != len(accounts):
@@ -219,9 +238,13 @@ class AccessControl:
         try:
             signed_ms = calendar.timegm(time.strptime(date, DATE_FORMAT)) * 1000
         except ValueError:
-            raise AuthenticationError(f"x-mq-date-time {date[:32]!r} of access key {ak!r} is not yyyyMMddTHHmmssZ") from None
+            raise AuthenticationError(
+                f"x-mq-date-time {date[:32]!r} of access key {ak!r} is not yyyyMMddTHHmmssZ"
+            ) from None
         now_ms = self.clock.now_ms()
-        local_ms = now_ms + time.localtime(now_ms // 1000).tm_gmtoff * 1000  # the clients sign local time
+        local_ms = (
+            now_ms + time.localtime(now_ms // 1000).tm_gmtoff * 1000
+        )  # the clients sign local time
         if min(abs(signed_ms - now_ms), abs(signed_ms - local_ms)) > self.window_ms:
             raise AuthenticationError(
                 f"x-mq-date-time {date!r} of access key {ak!r} is more than {self.window_ms // 60000} minutes "
@@ -229,7 +252,12 @@ class AccessControl:
             )
 
     def authorize(
-        self, account: Account, *, topic: str | None = None, need: Perm = Perm.DENY, group: str | None = None
+        self,
+        account: Account,
+        *,
+        topic: str | None = None,
+        need: Perm = Perm.DENY,
+        group: str | None = None,
     ) -> None:
         """Raise PermissionDeniedError (FORBIDDEN) unless ``account`` has ``need`` on ``topic``
         (DENY = any permission) and SUB on ``group``.  System topics are for admin accounts only,
@@ -238,11 +266,17 @@ class AccessControl:
             return
         if topic is not None:
             if L.is_system_topic(topic):
-                raise PermissionDeniedError(f"access key {account.access_key!r} may not use system topic {topic!r}")
+                raise PermissionDeniedError(
+                    f"access key {account.access_key!r} may not use system topic {topic!r}"
+                )
             if not self.topic_allows(account, topic, need):
-                raise PermissionDeniedError(f"access key {account.access_key!r} may not {_verb(need)} topic {topic!r}")
+                raise PermissionDeniedError(
+                    f"access key {account.access_key!r} may not {_verb(need)} topic {topic!r}"
+                )
         if group is not None and not account.group_perm(group) & Perm.SUB:
-            raise PermissionDeniedError(f"access key {account.access_key!r} may not use group {group!r}")
+            raise PermissionDeniedError(
+                f"access key {account.access_key!r} may not use group {group!r}"
+            )
 
     @staticmethod
     def topic_allows(account: Account, topic: str, need: Perm = Perm.DENY) -> bool:
@@ -252,7 +286,10 @@ class AccessControl:
         if L.is_system_topic(topic):
             return False
         have = account.topic_perm(topic)
-        if topic.startswith((L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX)) and topic not in account.topic_perms:
+        if (
+            topic.startswith((L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX))
+            and topic not in account.topic_perms
+        ):
             # a group's own retry / DLQ topic follows the group's permission
             have = account.group_perm(topic.split("%", 2)[2])
         return bool((have & need) == need if need else have)

@@ -61,7 +61,9 @@ def topic_name(name: Any, use: Use, *, system_reads: bool = False) -> str:
         raise IllegalTopicError(f"topic {name!r} is a system topic; clients cannot {use.value} it")
     if use is Use.WRITE and name.startswith(_RETRY_DLQ):
         kind = "retry" if name.startswith(L.RETRY_GROUP_TOPIC_PREFIX) else "dead-letter"
-        raise IllegalTopicError(f"topic {name!r} is a {kind} topic: only the broker writes it, producers cannot send to it")
+        raise IllegalTopicError(
+            f"topic {name!r} is a {kind} topic: only the broker writes it, producers cannot send to it"
+        )
     return name
 
 

@@ -38,7 +38,12 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.validation import check_topic_cached
 
 
-def check_batch(topics: list[str], properties: list[dict[str, str]], body_lens: list[int], body_max_bytes: int = L.BODY_MAX_BYTES) -> None:
+def check_batch(
+    topics: list[str],
+    properties: list[dict[str, str]],
+    body_lens: list[int],
+    body_max_bytes: int = L.BODY_MAX_BYTES,
+) -> None:
     """RocketMQ's rules for a producer batch (``MessageBatch.generateFromList``): one topic, no
     delayed messages, no retry topic, and the bodies together within the size limit."""
     if not topics:
@@ -48,7 +53,12 @@ def check_batch(topics: list[str], properties: list[dict[str, str]], body_lens: 
     if topics[0].startswith(L.RETRY_GROUP_TOPIC_PREFIX):
         raise MessageIllegalError("a batch cannot be sent to a retry topic")
     for p in properties:
-        if L.P_DELAY in p or L.P_TIMER_DELIVER_MS in p or L.P_TIMER_DELAY_MS in p or L.P_TIMER_DELAY_SEC in p:
+        if (
+            L.P_DELAY in p
+            or L.P_TIMER_DELIVER_MS in p
+            or L.P_TIMER_DELAY_MS in p
+            or L.P_TIMER_DELAY_SEC in p
+        ):
             raise MessageIllegalError("a batch cannot hold delayed messages")
     if sum(body_lens) > body_max_bytes:
         raise MessageIllegalError(
@@ -66,18 +76,63 @@ P_SINK_KEY = "__RMQ_SPARK_SINK"
 # clients as user properties, never accepted from them (SendMessage or the Spark sink)
 RESERVED_PROPERTIES = frozenset(
     {
-        L.P_TAGS, L.P_KEYS, L.P_WAIT, L.P_DELAY, L.P_RETRY_TOPIC, L.P_REAL_TOPIC, L.P_REAL_QID,
-        L.P_TRAN_MSG, L.P_PGROUP, L.P_UNIQ_KEY, L.P_RECONSUME_TIME, L.P_MAX_RECONSUME_TIMES,
-        L.P_ORIGIN_MESSAGE_ID, L.P_TRANSACTION_CHECK_TIMES, L.P_CHECK_IMMUNITY_TIME_IN_SECONDS,
-        L.P_TRAN_PREPARED_QUEUE_OFFSET, L.P_TIMER_DELAY_SEC, L.P_TIMER_DELAY_MS,
-        L.P_TIMER_DELIVER_MS, L.P_TIMER_OUT_MS, L.P_TIMER_ENQUEUE_MS, L.P_TIMER_DEQUEUE_MS,
-        L.P_TIMER_DEL_UNIQKEY, L.P_DLQ_ORIGIN_TOPIC, L.P_DLQ_ORIGIN_MESSAGE_ID,
-        "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG",
-        "CONSUME_START_TIME", "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME", "DUP_INFO",
-        "EXTEND_UNIQ_INFO", "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL",
-        "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER", "MSG_TYPE", "INNER_MULTI_QUEUE_OFFSET",
-        "INNER_MULTI_DISPATCH", "INNER_NUM", "INNER_BASE", "TIMER_ROLL_TIMES", "TIMER_DELAY_LEVEL",
-        "__BORNHOST", "BORN_TIMESTAMP", "TRACE_ON", "MSG_REGION", "__CRC32#", L.P_TRAN_CHECK_SOURCE,
+        L.P_TAGS,
+        L.P_KEYS,
+        L.P_WAIT,
+        L.P_DELAY,
+        L.P_RETRY_TOPIC,
+        L.P_REAL_TOPIC,
+        L.P_REAL_QID,
+        L.P_TRAN_MSG,
+        L.P_PGROUP,
+        L.P_UNIQ_KEY,
+        L.P_RECONSUME_TIME,
+        L.P_MAX_RECONSUME_TIMES,
+        L.P_ORIGIN_MESSAGE_ID,
+        L.P_TRANSACTION_CHECK_TIMES,
+        L.P_CHECK_IMMUNITY_TIME_IN_SECONDS,
+        L.P_TRAN_PREPARED_QUEUE_OFFSET,
+        L.P_TIMER_DELAY_SEC,
+        L.P_TIMER_DELAY_MS,
+        L.P_TIMER_DELIVER_MS,
+        L.P_TIMER_OUT_MS,
+        L.P_TIMER_ENQUEUE_MS,
+        L.P_TIMER_DEQUEUE_MS,
+        L.P_TIMER_DEL_UNIQKEY,
+        L.P_DLQ_ORIGIN_TOPIC,
+        L.P_DLQ_ORIGIN_MESSAGE_ID,
+        "MIN_OFFSET",
+        "MAX_OFFSET",
+        "BUYER_ID",
+        "TRANSFER_FLAG",
+        "CORRECTION_FLAG",
+        "MQ2_FLAG",
+        "CONSUME_START_TIME",
+        "POP_CK",
+        "POP_CK_OFFSET",
+        "1ST_POP_TIME",
+        "DUP_INFO",
+        "EXTEND_UNIQ_INFO",
+        "INSTANCE_ID",
+        "CORRELATION_ID",
+        "REPLY_TO_CLIENT",
+        "TTL",
+        "ARRIVE_TIME",
+        "PUSH_REPLY_TIME",
+        "CLUSTER",
+        "MSG_TYPE",
+        "INNER_MULTI_QUEUE_OFFSET",
+        "INNER_MULTI_DISPATCH",
+        "INNER_NUM",
+        "INNER_BASE",
+        "TIMER_ROLL_TIMES",
+        "TIMER_DELAY_LEVEL",
+        "__BORNHOST",
+        "BORN_TIMESTAMP",
+        "TRACE_ON",
+        "MSG_REGION",
+        "__CRC32#",
+        L.P_TRAN_CHECK_SOURCE,
         P_SINK_KEY,
     }
 )
@@ -135,7 +190,11 @@ def key_problem(key: str) -> str | None:
 
 
 def group_problem(group: str) -> str | None:
-    if not group.strip() or len(group) > MAX_MESSAGE_GROUP_CHARS or _CONTROL.search(group) is not None:
+    if (
+        not group.strip()
+        or len(group) > MAX_MESSAGE_GROUP_CHARS
+        or _CONTROL.search(group) is not None
+    ):
         return (
             f"message group {group[:40]!r} is blank, longer than {MAX_MESSAGE_GROUP_CHARS} characters "
             "or holds control characters"
@@ -148,7 +207,10 @@ def body_problem(size_bytes: int, body_max_bytes: int) -> tuple[str, str] | None
     if size_bytes == 0:
         return "MESSAGE_BODY_EMPTY", "message body is empty"
     if size_bytes > body_max_bytes:
-        return "MESSAGE_BODY_TOO_LARGE", f"message body is {size_bytes} bytes; the limit is {body_max_bytes}"
+        return (
+            "MESSAGE_BODY_TOO_LARGE",
+            f"message body is {size_bytes} bytes; the limit is {body_max_bytes}",
+        )
     return None
 
 
@@ -170,7 +232,11 @@ def _iso_ms(ms: int) -> str:
     import datetime as dt
 
     try:
-        return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return (
+            dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z")
+        )
     except (OverflowError, OSError, ValueError):
         return f"{ms} ms since the epoch"
 
@@ -184,15 +250,23 @@ class SendLimits:
     now_ms: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"body_max_bytes": self.body_max_bytes, "max_delay_ms": self.max_delay_ms, "now_ms": self.now_ms}
+        return {
+            "body_max_bytes": self.body_max_bytes,
+            "max_delay_ms": self.max_delay_ms,
+            "now_ms": self.now_ms,
+        }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> SendLimits:
         delay = doc.get("max_delay_ms")
-        return cls(int(doc["body_max_bytes"]), None if delay is None else int(delay), int(doc["now_ms"]))
+        return cls(
+            int(doc["body_max_bytes"]), None if delay is None else int(delay), int(doc["now_ms"])
+        )
 
 
-def rule_error(code: str, column: str, row: int, problem: str, where: str = "") -> MessageIllegalError:
+def rule_error(
+    code: str, column: str, row: int, problem: str, where: str = ""
+) -> MessageIllegalError:
     """The error of one failed rule: ``CODE: column 'c', row N<where>: problem``; the code,
     column and row are also attributes."""
     err = MessageIllegalError(f"{code}: column {column!r}, row {row}{where}: {problem}")
@@ -204,8 +278,15 @@ def rule_error(code: str, column: str, row: int, problem: str, where: str = "") 
 ROW_COLUMN_NAMES = {"deliverTimeMs": "deliverTimestamp"}
 
 
-def check_rows(table: Any, limits: SendLimits, *, first_row: int = 0, where: str = "",
-               names: dict[str, str] | None = None, distinct_topics: Any = None) -> None:
+def check_rows(
+    table: Any,
+    limits: SendLimits,
+    *,
+    first_row: int = 0,
+    where: str = "",
+    names: dict[str, str] | None = None,
+    distinct_topics: Any = None,
+) -> None:
     """Every rule above over a table of message rows (``topic``, ``body``, and optionally
     ``tags``, ``keys``, ``properties`` map<string,string>, ``messageGroup``, ``deliverTimeMs``),
     column-wise: the first failing row raises :func:`rule_error` (row numbers start at
@@ -219,7 +300,9 @@ def check_rows(table: Any, limits: SendLimits, *, first_row: int = 0, where: str
     if n == 0:
         return
     cols = set(table.column_names)
-    failures: list[tuple[int, str, str, str]] = []  # (row, code, column, problem): the first row wins
+    failures: list[
+        tuple[int, str, str, str]
+    ] = []  # (row, code, column, problem): the first row wins
 
     def first(mask: Any) -> int:
         """Index of the first true of a boolean array (nulls false), or -1."""
@@ -232,7 +315,12 @@ def check_rows(table: Any, limits: SendLimits, *, first_row: int = 0, where: str
         topics = table.column("topic")
         i = first(pc.is_null(topics))
         if i >= 0:
-            fail(i, "ILLEGAL_TOPIC", "topic", "the row has no topic: set option 'topic' or the 'topic' column")
+            fail(
+                i,
+                "ILLEGAL_TOPIC",
+                "topic",
+                "the row has no topic: set option 'topic' or the 'topic' column",
+            )
         distinct = pc.unique(topics) if distinct_topics is None else distinct_topics
         for t in pc.drop_null(distinct).to_pylist():
             try:
@@ -265,7 +353,12 @@ def check_rows(table: Any, limits: SendLimits, *, first_row: int = 0, where: str
         keys = table.column("keys")  # keys joined by spaces; an empty string is no key
         i = first(pc.match_substring_regex(keys, CONTROL_CHARS))
         if i >= 0:
-            fail(i, "ILLEGAL_MESSAGE_KEY", "keys", f"keys {keys[i].as_py()[:40]!r} hold control characters")
+            fail(
+                i,
+                "ILLEGAL_MESSAGE_KEY",
+                "keys",
+                f"keys {keys[i].as_py()[:40]!r} hold control characters",
+            )
     if "messageGroup" in cols:
         groups = table.column("messageGroup")
         bad = pc.or_(
@@ -284,7 +377,10 @@ def check_rows(table: Any, limits: SendLimits, *, first_row: int = 0, where: str
             else:
                 i = first(pc.greater(pc.subtract(deliver, limits.now_ms), limits.max_delay_ms))
             if i >= 0:
-                problem = delivery_problem(int(deliver[i].as_py()), limits.now_ms, limits.max_delay_ms) or ""
+                problem = (
+                    delivery_problem(int(deliver[i].as_py()), limits.now_ms, limits.max_delay_ms)
+                    or ""
+                )
                 fail(i, "ILLEGAL_DELIVERY_TIME", "deliverTimeMs", problem)
     if "properties" in cols:
         props = table.column("properties")
@@ -314,15 +410,24 @@ def _check_properties(props: Any, n: int, first: Any, fail: Any) -> None:
     )  # fmt: skip
     i = first(bad_key)
     if i >= 0:
-        fail(int(parent[i]), "ILLEGAL_MESSAGE_PROPERTY_KEY", "properties", property_key_problem(keys[i].as_py()) or "")
+        fail(
+            int(parent[i]),
+            "ILLEGAL_MESSAGE_PROPERTY_KEY",
+            "properties",
+            property_key_problem(keys[i].as_py()) or "",
+        )
     i = first(pc.match_substring_regex(values, PROPERTY_SEPARATORS))
     if i >= 0:
         fail(int(parent[i]), "BAD_REQUEST", "properties",
              property_value_problem(keys[i].as_py(), values[i].as_py()) or "")  # fmt: skip
     given = pc.is_valid(values)  # a null value is no property
-    counts = np.bincount(parent, weights=pc.cast(given, pa.int64()).to_numpy(zero_copy_only=False), minlength=n)
+    counts = np.bincount(
+        parent, weights=pc.cast(given, pa.int64()).to_numpy(zero_copy_only=False), minlength=n
+    )
     size = pc.fill_null(pc.add(pc.binary_length(keys), pc.binary_length(values)), 0)
-    sizes = np.bincount(parent, weights=pc.cast(size, pa.int64()).to_numpy(zero_copy_only=False), minlength=n)
+    sizes = np.bincount(
+        parent, weights=pc.cast(size, pa.int64()).to_numpy(zero_copy_only=False), minlength=n
+    )
     over = (counts > MAX_USER_PROPERTIES) | (sizes > MAX_USER_PROPERTIES_BYTES)
     if over.any():
         row = int(np.flatnonzero(over)[0])

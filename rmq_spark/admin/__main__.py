@@ -281,8 +281,10 @@ def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
 
     cells = [[cell(r.get(c, "")) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip()]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
     return "\n".join(lines)
 
 

@@ -138,7 +138,7 @@ def delete_topic(
     return out
 
 
-def _offset_rows(pairs: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def _offset_rows(pairs: Any) -> list[tuple[dict[str, Any], Any]]:
     """A fastjson map keyed by MessageQueue objects, as (queue, value) pairs."""
     if isinstance(pairs, dict):
         return []  # {}: nothing
@@ -284,7 +284,7 @@ def _records(body: bytes) -> list[MessageExt]:
 
 
 def describe(m: MessageExt, broker: str = "") -> dict[str, Any]:
-    props = {k: v for k, v in m.properties.items()}
+    props = dict(m.properties.items())
     return {
         "msg_id": props.get(L.P_UNIQ_KEY) or m.msg_id, "offset_msg_id": m.msg_id, "topic": m.topic,
         "broker": broker, "queue": m.queue_id, "queue_offset": m.queue_offset, "commitlog_offset": m.commitlog_offset,

@@ -68,7 +68,7 @@ def _value(s: str, i: int, depth: int) -> tuple[Any, int]:
 
 def _string(s: str, i: int) -> tuple[str, int]:
     try:
-        return _scanstring(s, i)  # type: ignore[no-any-return]
+        return _scanstring(s, i)
     except ValueError as e:
         raise FastjsonError(
             f"bad string at position {i - 1}: {getattr(e, 'msg', 'does not parse')}"

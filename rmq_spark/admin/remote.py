@@ -54,7 +54,7 @@ def _master(addrs: Any) -> str | None:
         parse_addr(addr)
     except (ValueError, AttributeError):
         return None
-    return addr  # type: ignore[no-any-return]
+    return addr
 
 
 class Remote:

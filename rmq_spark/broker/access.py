@@ -42,15 +42,15 @@ from rmq_spark.access.names import AUTHENTICATED, Need, Use, group_name, topic_n
 from rmq_spark.errors import PermissionDeniedError
 
 __all__ = [
-    "Use",
-    "Need",
-    "Caller",
-    "caller",
-    "topic_name",
-    "group_name",
-    "ServiceAccess",
-    "AccessInterceptor",
     "AUTHENTICATED",
+    "AccessInterceptor",
+    "Caller",
+    "Need",
+    "ServiceAccess",
+    "Use",
+    "caller",
+    "group_name",
+    "topic_name",
 ]
 
 
@@ -69,7 +69,9 @@ class Caller:
 
 
 _NOBODY_CHECKED = Caller()
-_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("rmq_caller", default=_NOBODY_CHECKED)
+_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar(
+    "rmq_caller", default=_NOBODY_CHECKED
+)
 
 
 def caller() -> Caller:
@@ -89,7 +91,7 @@ class ServiceAccess:
     service: str
     rules: Mapping[str, Rule | None]
     refuse: Callable[[str, BaseException, grpc.ServicerContext], list[Any]]
-    decode: Callable[[str, Any], Any] = staticmethod(lambda _m, request: request)  # type: ignore[assignment]
+    decode: Callable[[str, Any], Any] = staticmethod(lambda _m, request: request)  # noqa: RUF009 - one shared function, not a per-instance default
 
 
 class AccessInterceptor(grpc.ServerInterceptor):
@@ -105,7 +107,9 @@ class AccessInterceptor(grpc.ServerInterceptor):
         # (``--metrics-listen``: rocketmq_rpc_latency with protocol_type="grpc")
         self.observe: Callable[[str, str, float], None] | None = None
 
-    def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
+    def intercept_service(
+        self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails
+    ) -> Any:
         return self.guard(continuation(details), details)
 
     def guard(self, handler: Any, details: grpc.HandlerCallDetails) -> Any:
@@ -118,7 +122,14 @@ class AccessInterceptor(grpc.ServerInterceptor):
             return _no_rule(handler, details.method)
         return _timed(_guarded(handler, self, svc, method, svc.rules[method]), self, method)
 
-    def admit(self, svc: ServiceAccess, method: str, rule: Rule | None, request: Any, context: grpc.ServicerContext) -> None:
+    def admit(
+        self,
+        svc: ServiceAccess,
+        method: str,
+        rule: Rule | None,
+        request: Any,
+        context: grpc.ServicerContext,
+    ) -> None:
         """Authenticate, read the need, authorize; set the caller.  Raises the refusal."""
         account = None
         if self.acl is not None:
@@ -126,7 +137,9 @@ class AccessInterceptor(grpc.ServerInterceptor):
         need = AUTHENTICATED if rule is None else rule(svc.decode(method, request))
         if account is not None:
             if need.admin and not account.admin:
-                raise PermissionDeniedError(f"access key {account.access_key!r} is not an admin account; {method} needs one")
+                raise PermissionDeniedError(
+                    f"access key {account.access_key!r} is not an admin account; {method} needs one"
+                )
             for group in need.groups:
                 self.acl.authorize(account, group=group)  # type: ignore[union-attr]
             for topic, perm in need.topics:
@@ -163,6 +176,7 @@ def _timed(handler: Any, seam: AccessInterceptor, method: str) -> Any:
     if handler.unary_unary is not None:
         inner_uu = handler.unary_unary
         if _is_async(inner_uu):
+
             async def async_unary_unary(request: Any, context: Any) -> Any:
                 observe = seam.observe
                 if observe is None:
@@ -195,6 +209,7 @@ def _timed(handler: Any, seam: AccessInterceptor, method: str) -> Any:
     if handler.unary_stream is not None:
         inner_us = handler.unary_stream
         if _is_async(inner_us):
+
             async def async_unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 observe = seam.observe
                 t0 = time.perf_counter()
@@ -240,17 +255,20 @@ def _first(responses: list[Any]) -> Any:
     return responses[0] if responses else None
 
 
-def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: str, rule: Rule | None) -> Any:
+def _guarded(
+    handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: str, rule: Rule | None
+) -> Any:
     # a threaded handler is checked on its thread, one served on the event loop on the loop (the
     # check reads names and headers, it does not block); a request stream (Telemetry) has nothing
     # to read before it opens, so its rule is None
     if handler.unary_unary is not None:
         inner_uu = handler.unary_unary
         if _is_async(inner_uu):
+
             async def async_unary_unary(request: Any, context: Any) -> Any:
                 try:
                     seam.admit(svc, method, rule, request, context)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - refused with the fault's status (svc.refuse)
                     return _first(svc.refuse(method, exc, context))
                 return await inner_uu(request, context)
 
@@ -259,7 +277,7 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
         def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
             try:
                 seam.admit(svc, method, rule, request, context)
-            except Exception as exc:  # a refusal, answered as the service answers faults
+            except Exception as exc:  # noqa: BLE001 - a refusal, answered as the service answers faults
                 return _first(svc.refuse(method, exc, context))
             return inner_uu(request, context)
 
@@ -267,10 +285,11 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
     if handler.unary_stream is not None:
         inner_us = handler.unary_stream
         if _is_async(inner_us):
+
             async def async_unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 try:
                     seam.admit(svc, method, rule, request, context)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - refused with the fault's status (svc.refuse)
                     for response in svc.refuse(method, exc, context):
                         yield response
                     return
@@ -282,7 +301,7 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
         def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             try:
                 seam.admit(svc, method, rule, request, context)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - refused with the fault's status (svc.refuse)
                 yield from svc.refuse(method, exc, context)
                 return
             yield from inner_us(request, context)
@@ -291,10 +310,13 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
     if handler.stream_stream is not None:
         inner_ss = handler.stream_stream
         if _is_async(inner_ss):
-            async def async_stream_stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+
+            async def async_stream_stream(
+                requests: AsyncIterator[Any], context: Any
+            ) -> AsyncIterator[Any]:
                 try:
                     seam.admit(svc, method, None, None, context)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - refused with the fault's status (svc.refuse)
                     for response in svc.refuse(method, exc, context):
                         yield response
                     return
@@ -306,7 +328,7 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
         def stream_stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
             try:
                 seam.admit(svc, method, None, None, context)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - refused with the fault's status (svc.refuse)
                 yield from svc.refuse(method, exc, context)
                 return
             yield from inner_ss(requests, context)
@@ -314,10 +336,11 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
         return handler._replace(stream_stream=stream_stream)
     inner_su = handler.stream_unary
     if _is_async(inner_su):
+
         async def async_stream_unary(requests: AsyncIterator[Any], context: Any) -> Any:
             try:
                 seam.admit(svc, method, None, None, context)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - refused with the fault's status (svc.refuse)
                 return _first(svc.refuse(method, exc, context))
             return await inner_su(requests, context)
 
@@ -326,7 +349,7 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
     def stream_unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
         try:
             seam.admit(svc, method, None, None, context)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - refused with the fault's status (svc.refuse)
             return _first(svc.refuse(method, exc, context))
         return inner_su(requests, context)
 
@@ -336,13 +359,19 @@ def _guarded(handler: Any, seam: AccessInterceptor, svc: ServiceAccess, method: 
 def _no_rule(handler: Any, path: str) -> Any:
     """A method no service declared a rule for: refused, whatever it is."""
     details = f"{path} has no access rule; the broker refuses it"
-    kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k) is not None)
+    kind = next(
+        k
+        for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        if getattr(handler, k) is not None
+    )
     if _is_async(getattr(handler, kind)):
+
         async def refuse_async(_request: Any, context: Any) -> None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, details)
 
         return handler._replace(**{kind: refuse_async})
     if kind in ("unary_stream", "stream_stream"):
+
         def refuse_stream(_request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, details)
             yield from ()

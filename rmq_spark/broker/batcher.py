@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rmq_spark.store.commitlog import AppendResult
-from rmq_spark.store.message import Message
 from rmq_spark.store.encode import Row
+from rmq_spark.store.message import Message
 from rmq_spark.store.status import PutStatus
 from rmq_spark.store.store import PutResult
 
@@ -104,9 +104,15 @@ class SendBatcher:
 
     def _lead(self) -> None:
         with self._lock:
-            batch, n, nbytes = [], 0, 0
-            while self._pending and (not batch or (n + len(self._pending[0].messages) <= MAX_BATCH_MESSAGES
-                                                   and nbytes + self._pending[0].nbytes <= MAX_BATCH_BYTES)):
+            batch: list[_Call] = []
+            n = nbytes = 0
+            while self._pending and (
+                not batch
+                or (
+                    n + len(self._pending[0].messages) <= MAX_BATCH_MESSAGES
+                    and nbytes + self._pending[0].nbytes <= MAX_BATCH_BYTES
+                )
+            ):
                 c = self._pending.pop(0)
                 batch.append(c)
                 n += len(c.messages)
@@ -136,7 +142,7 @@ class SendBatcher:
         msgs = [m for c in batch for m in c.messages]
         try:
             result = self._write(msgs)
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting callers
             if len(batch) == 1:
                 batch[0].error = e
                 return
@@ -151,7 +157,8 @@ class SendBatcher:
 
 def _body_bytes(items: Sequence[Message | Row]) -> int:
     """Body bytes of messages given as Message objects or store rows (body third)."""
-    return sum(len(m[2]) if m.__class__ is tuple else len(m.body) for m in items)  # type: ignore[index, union-attr]
+    # a Row is a plain tuple, a Message a dataclass
+    return sum(len(m[2]) if isinstance(m, tuple) else len(m.body) for m in items)
 
 
 def _hand_out(batch: list[_Call], result: PutResult) -> None:

@@ -55,25 +55,25 @@ from rmq_spark.errors import (
     RmqError,
     StoreError,
 )
-from rmq_spark.store.status import GetStatus, PutStatus
 from rmq_spark.services.timer.recall import RecallFailure
 from rmq_spark.services.transaction.service import EndTxStatus
+from rmq_spark.store.status import GetStatus, PutStatus
 
 __all__ = [
+    "FAULT_CODES",
+    "AckOutcome",
     "Code",
     "RpcStatusError",
-    "AckOutcome",
-    "status",
-    "ok",
-    "status_of",
-    "FAULT_CODES",
-    "connector_fault",
-    "put_code",
-    "get_code",
     "ack_code",
     "combined_code",
-    "transaction_code",
+    "connector_fault",
+    "get_code",
+    "ok",
+    "put_code",
     "recall_code",
+    "status",
+    "status_of",
+    "transaction_code",
 ]
 
 log = logging.getLogger("rmq_spark.broker")
@@ -81,20 +81,71 @@ log = logging.getLogger("rmq_spark.broker")
 
 class Code:
     """``apache.rocketmq.v2.Code`` as plain int attributes (protobuf's enum wrapper is slow on a
-    hot path), plus ``Code.Name(value)``."""
+    hot path), plus ``Code.Name(value)``: every value of the enum, spelled out so that a type
+    checker knows each name (tests/broker/test_broker_codes.py holds the list to the enum)."""
 
     Name = staticmethod(D.Code.Name)
 
-
-for _name, _value in D.Code.items():
-    setattr(Code, _name, int(_value))
+    CODE_UNSPECIFIED = D.Code.CODE_UNSPECIFIED
+    OK = D.Code.OK
+    MULTIPLE_RESULTS = D.Code.MULTIPLE_RESULTS
+    BAD_REQUEST = D.Code.BAD_REQUEST
+    ILLEGAL_ACCESS_POINT = D.Code.ILLEGAL_ACCESS_POINT
+    ILLEGAL_TOPIC = D.Code.ILLEGAL_TOPIC
+    ILLEGAL_CONSUMER_GROUP = D.Code.ILLEGAL_CONSUMER_GROUP
+    ILLEGAL_MESSAGE_TAG = D.Code.ILLEGAL_MESSAGE_TAG
+    ILLEGAL_MESSAGE_KEY = D.Code.ILLEGAL_MESSAGE_KEY
+    ILLEGAL_MESSAGE_GROUP = D.Code.ILLEGAL_MESSAGE_GROUP
+    ILLEGAL_MESSAGE_PROPERTY_KEY = D.Code.ILLEGAL_MESSAGE_PROPERTY_KEY
+    INVALID_TRANSACTION_ID = D.Code.INVALID_TRANSACTION_ID
+    ILLEGAL_MESSAGE_ID = D.Code.ILLEGAL_MESSAGE_ID
+    ILLEGAL_FILTER_EXPRESSION = D.Code.ILLEGAL_FILTER_EXPRESSION
+    ILLEGAL_INVISIBLE_TIME = D.Code.ILLEGAL_INVISIBLE_TIME
+    ILLEGAL_DELIVERY_TIME = D.Code.ILLEGAL_DELIVERY_TIME
+    INVALID_RECEIPT_HANDLE = D.Code.INVALID_RECEIPT_HANDLE
+    MESSAGE_PROPERTY_CONFLICT_WITH_TYPE = D.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+    UNRECOGNIZED_CLIENT_TYPE = D.Code.UNRECOGNIZED_CLIENT_TYPE
+    MESSAGE_CORRUPTED = D.Code.MESSAGE_CORRUPTED
+    CLIENT_ID_REQUIRED = D.Code.CLIENT_ID_REQUIRED
+    ILLEGAL_POLLING_TIME = D.Code.ILLEGAL_POLLING_TIME
+    ILLEGAL_OFFSET = D.Code.ILLEGAL_OFFSET
+    ILLEGAL_LITE_TOPIC = D.Code.ILLEGAL_LITE_TOPIC
+    UNAUTHORIZED = D.Code.UNAUTHORIZED
+    PAYMENT_REQUIRED = D.Code.PAYMENT_REQUIRED
+    FORBIDDEN = D.Code.FORBIDDEN
+    NOT_FOUND = D.Code.NOT_FOUND
+    MESSAGE_NOT_FOUND = D.Code.MESSAGE_NOT_FOUND
+    TOPIC_NOT_FOUND = D.Code.TOPIC_NOT_FOUND
+    CONSUMER_GROUP_NOT_FOUND = D.Code.CONSUMER_GROUP_NOT_FOUND
+    OFFSET_NOT_FOUND = D.Code.OFFSET_NOT_FOUND
+    REQUEST_TIMEOUT = D.Code.REQUEST_TIMEOUT
+    PAYLOAD_TOO_LARGE = D.Code.PAYLOAD_TOO_LARGE
+    MESSAGE_BODY_TOO_LARGE = D.Code.MESSAGE_BODY_TOO_LARGE
+    MESSAGE_BODY_EMPTY = D.Code.MESSAGE_BODY_EMPTY
+    PRECONDITION_FAILED = D.Code.PRECONDITION_FAILED
+    TOO_MANY_REQUESTS = D.Code.TOO_MANY_REQUESTS
+    LITE_TOPIC_QUOTA_EXCEEDED = D.Code.LITE_TOPIC_QUOTA_EXCEEDED
+    LITE_SUBSCRIPTION_QUOTA_EXCEEDED = D.Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED
+    REQUEST_HEADER_FIELDS_TOO_LARGE = D.Code.REQUEST_HEADER_FIELDS_TOO_LARGE
+    MESSAGE_PROPERTIES_TOO_LARGE = D.Code.MESSAGE_PROPERTIES_TOO_LARGE
+    INTERNAL_ERROR = D.Code.INTERNAL_ERROR
+    INTERNAL_SERVER_ERROR = D.Code.INTERNAL_SERVER_ERROR
+    HA_NOT_AVAILABLE = D.Code.HA_NOT_AVAILABLE
+    NOT_IMPLEMENTED = D.Code.NOT_IMPLEMENTED
+    PROXY_TIMEOUT = D.Code.PROXY_TIMEOUT
+    MASTER_PERSISTENCE_TIMEOUT = D.Code.MASTER_PERSISTENCE_TIMEOUT
+    SLAVE_PERSISTENCE_TIMEOUT = D.Code.SLAVE_PERSISTENCE_TIMEOUT
+    UNSUPPORTED = D.Code.UNSUPPORTED
+    VERSION_UNSUPPORTED = D.Code.VERSION_UNSUPPORTED
+    VERIFY_FIFO_MESSAGE_UNSUPPORTED = D.Code.VERIFY_FIFO_MESSAGE_UNSUPPORTED
+    FAILED_TO_CONSUME_MESSAGE = D.Code.FAILED_TO_CONSUME_MESSAGE
 
 
 class RpcStatusError(RmqError):
     """A request that must be answered with a specific RocketMQ status code (raised inside the
     broker's handlers and turned into the status of the response at the seam)."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: D.Code.ValueType, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -134,9 +185,10 @@ _GET_CODES = {
     GetStatus.OFFSET_OVERFLOW_BADLY: Code.ILLEGAL_OFFSET,
 }
 
+
 class FaultCode(NamedTuple):
     fault: type[BaseException]
-    code: int  # RocketMQ's Code, answered by the MessagingService
+    code: D.Code.ValueType  # RocketMQ's Code, answered by the MessagingService
     grpc_status: grpc.StatusCode  # what the connector service aborts with
 
 
@@ -171,7 +223,7 @@ def _fault_code(exc: BaseException) -> FaultCode | None:
     return None
 
 
-def status(code: int = Code.OK, message: str = "OK") -> D.Status:
+def status(code: D.Code.ValueType = Code.OK, message: str = "OK") -> D.Status:
     """A Status; the message is never empty (clients log it)."""
     return D.Status(code=code, message=message or Code.Name(code))
 
@@ -212,19 +264,19 @@ def connector_fault(exc: BaseException) -> tuple[grpc.StatusCode, str | None, st
     return code, name, detail
 
 
-def put_code(put_status: PutStatus) -> int:
+def put_code(put_status: PutStatus) -> D.Code.ValueType:
     return _PUT_CODES.get(put_status, Code.INTERNAL_SERVER_ERROR)
 
 
-def get_code(get_status: GetStatus) -> int:
+def get_code(get_status: GetStatus) -> D.Code.ValueType:
     return _GET_CODES.get(get_status, Code.INTERNAL_SERVER_ERROR)
 
 
-def ack_code(outcome: AckOutcome) -> tuple[int, str]:
+def ack_code(outcome: AckOutcome) -> tuple[D.Code.ValueType, str]:
     return _ACK_CODES[outcome]
 
 
-def combined_code(codes: list[int]) -> int:
+def combined_code(codes: list[D.Code.ValueType]) -> D.Code.ValueType:
     """The top-level code of a multi-entry answer: the common code, or MULTIPLE_RESULTS."""
     if not codes:
         return Code.OK
@@ -232,29 +284,57 @@ def combined_code(codes: list[int]) -> int:
     return first if all(c == first for c in codes) else Code.MULTIPLE_RESULTS
 
 
-def transaction_code(outcome: EndTxStatus, commit: bool) -> tuple[int, str]:
+def transaction_code(outcome: EndTxStatus, commit: bool) -> tuple[D.Code.ValueType, str]:
     """The code for what ``TransactionService.end_transaction`` answered.  Ending a transaction
     the same way twice is OK (a client retry, or the check-back and the client both answering)."""
     if outcome is EndTxStatus.SUCCESS or outcome is EndTxStatus.NOT_HANDLED:
         # UNKNOWN is a valid answer (as in RocketMQ): the half stays for the check-back
         return Code.OK, "OK"
     if outcome is EndTxStatus.ALREADY_COMMITTED:
-        return (Code.OK, "OK") if commit else (Code.BAD_REQUEST, "the transaction was already committed")
+        return (
+            (Code.OK, "OK")
+            if commit
+            else (Code.BAD_REQUEST, "the transaction was already committed")
+        )
     if outcome is EndTxStatus.ALREADY_ROLLED_BACK:
-        return (Code.OK, "OK") if not commit else (Code.BAD_REQUEST, "the transaction was already rolled back")
-    return _TXN_CODES.get(outcome, (Code.INTERNAL_SERVER_ERROR, f"ending the transaction failed: {outcome.value}"))
+        return (
+            (Code.OK, "OK")
+            if not commit
+            else (Code.BAD_REQUEST, "the transaction was already rolled back")
+        )
+    return _TXN_CODES.get(
+        outcome, (Code.INTERNAL_SERVER_ERROR, f"ending the transaction failed: {outcome.value}")
+    )
 
 
 _TXN_CODES = {
     EndTxStatus.NOT_FOUND: (Code.INVALID_TRANSACTION_ID, "no half message for this transaction"),
-    EndTxStatus.PRODUCER_GROUP_MISMATCH: (Code.INVALID_TRANSACTION_ID, "the half message belongs to another producer group"),
-    EndTxStatus.QUEUE_OFFSET_MISMATCH: (Code.INVALID_TRANSACTION_ID, "the half message is not at that queue offset"),
-    EndTxStatus.TRANSACTION_ID_MISMATCH: (Code.INVALID_TRANSACTION_ID, "the half message has another transaction id"),
-    EndTxStatus.ILLEGAL_OPERATION: (Code.BAD_REQUEST, "too late: past its check immunity time, the check-back decides"),
-    EndTxStatus.EXPIRED: (Code.INVALID_TRANSACTION_ID, "the half message is older than the store keeps transactions"),
+    EndTxStatus.PRODUCER_GROUP_MISMATCH: (
+        Code.INVALID_TRANSACTION_ID,
+        "the half message belongs to another producer group",
+    ),
+    EndTxStatus.QUEUE_OFFSET_MISMATCH: (
+        Code.INVALID_TRANSACTION_ID,
+        "the half message is not at that queue offset",
+    ),
+    EndTxStatus.TRANSACTION_ID_MISMATCH: (
+        Code.INVALID_TRANSACTION_ID,
+        "the half message has another transaction id",
+    ),
+    EndTxStatus.ILLEGAL_OPERATION: (
+        Code.BAD_REQUEST,
+        "too late: past its check immunity time, the check-back decides",
+    ),
+    EndTxStatus.EXPIRED: (
+        Code.INVALID_TRANSACTION_ID,
+        "the half message is older than the store keeps transactions",
+    ),
     EndTxStatus.ALREADY_RESOLVED: (Code.BAD_REQUEST, "the transaction was already ended"),
     EndTxStatus.CONFLICT: (Code.BAD_REQUEST, "the transaction conflicts with one already ended"),
-    EndTxStatus.IN_PROGRESS: (Code.TOO_MANY_REQUESTS, "another end of this transaction is being written; retry"),
+    EndTxStatus.IN_PROGRESS: (
+        Code.TOO_MANY_REQUESTS,
+        "another end of this transaction is being written; retry",
+    ),
     EndTxStatus.FLUSH_DISK_TIMEOUT: (Code.MASTER_PERSISTENCE_TIMEOUT, "ended, but not yet durable"),
 }
 
@@ -268,5 +348,5 @@ _RECALL_CODES = {
 }
 
 
-def recall_code(reason: RecallFailure) -> int:
+def recall_code(reason: RecallFailure) -> D.Code.ValueType:
     return _RECALL_CODES.get(reason, Code.INTERNAL_SERVER_ERROR)

@@ -19,7 +19,7 @@ from rocketmq.grpc_protocol import service_pb2 as S
 
 from rmq_spark.broker import codes
 
-__all__ = ["Activity", "unary", "astreaming", "now_response"]
+__all__ = ["Activity", "astreaming", "now_response", "unary"]
 
 
 class Activity:
@@ -90,7 +90,7 @@ def unary(response_cls: type) -> Callable:  # type: ignore[type-arg]
             self.activity.begin()
             try:
                 return fn(self, request, context)
-            except Exception as exc:  # every fault is a status at this seam
+            except Exception as exc:  # noqa: BLE001 - every fault is a status at this seam
                 return response_cls(status=codes.status_of(exc))
             finally:
                 self.activity.end()
@@ -112,7 +112,7 @@ def astreaming(response_cls: type, with_timestamp: bool) -> Callable:  # type: i
             try:
                 async for response in fn(self, request, context):
                     yield response
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - answered as a status at this seam
                 yield response_cls(status=codes.status_of(exc))
                 if with_timestamp:
                     yield now_response(self)

@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from google.protobuf import timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as D
 
+from rmq_spark.access import rules as V
 from rmq_spark.broker.codes import Code, RpcStatusError
+from rmq_spark.services.core import DEFAULT_CLUSTER, stamp_send
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.store.message import Message, MessageExt, tags_code
-from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.encode import Row
 from rmq_spark.store.inflate import CodecUnavailableError, InflateError, inflate_body, inflate_gzip
-from rmq_spark.access import rules as V
-from rmq_spark.services.core import DEFAULT_CLUSTER, stamp_send
+from rmq_spark.store.message import Message, MessageExt, tags_code
+from rmq_spark.store.properties import encode_properties
 
 log = logging.getLogger("rmq_spark.broker")
 
@@ -36,24 +36,35 @@ __all__ = [
     "SYSTEM_PROPERTIES",
     "MessageType",
     "Outgoing",
-    "parse_send",
-    "to_proto",
-    "message_type_of",
-    "timestamp_ms",
-    "checked_topic",
     "checked_group",
+    "checked_topic",
+    "message_type_of",
+    "parse_send",
+    "timestamp_ms",
+    "to_proto",
 ]
 
 
-
 class MessageType:
-    """``apache.rocketmq.v2.MessageType`` as plain ints (protobuf's enum wrapper is slow)."""
+    """``apache.rocketmq.v2.MessageType`` as plain ints (protobuf's enum wrapper is slow): every
+    value, spelled out for a type checker (tests/broker/test_broker_codes.py holds the list to the
+    enum)."""
+
+    MESSAGE_TYPE_UNSPECIFIED = D.MessageType.MESSAGE_TYPE_UNSPECIFIED
+    NORMAL = D.MessageType.NORMAL
+    FIFO = D.MessageType.FIFO
+    DELAY = D.MessageType.DELAY
+    TRANSACTION = D.MessageType.TRANSACTION
+    LITE = D.MessageType.LITE
+    PRIORITY = D.MessageType.PRIORITY
 
 
-for _name, _value in D.MessageType.items():
-    setattr(MessageType, _name, int(_value))
-_IDENTITY, _GZIP, _UNSPECIFIED = int(D.Encoding.IDENTITY), int(D.Encoding.GZIP), int(D.Encoding.ENCODING_UNSPECIFIED)
-_MD5 = int(D.DigestType.MD5)
+_IDENTITY, _GZIP, _UNSPECIFIED = (
+    D.Encoding.IDENTITY,
+    D.Encoding.GZIP,
+    D.Encoding.ENCODING_UNSPECIFIED,
+)
+_MD5 = D.DigestType.MD5
 
 # never shown to clients as user properties, never accepted from them: one definition, with the
 # sink's (rmq_spark.store.validation)
@@ -139,7 +150,9 @@ def _decoded_body(body: bytes, enc: int, body_max_bytes: int) -> bytes:
             return inflate_gzip(body, body_max_bytes, "the gzip message body")
         except InflateError as e:
             over = "more than" in str(e)
-            raise RpcStatusError(Code.MESSAGE_BODY_TOO_LARGE if over else Code.MESSAGE_CORRUPTED, str(e)) from None
+            raise RpcStatusError(
+                Code.MESSAGE_BODY_TOO_LARGE if over else Code.MESSAGE_CORRUPTED, str(e)
+            ) from None
     raise RpcStatusError(Code.BAD_REQUEST, f"unsupported body encoding {enc}")
 
 
@@ -175,7 +188,9 @@ def parse_send(
         raise RpcStatusError(getattr(Code, code), problem)
     mid = sp.message_id
     if not mid or len(mid) > MAX_MESSAGE_ID_CHARS or _CONTROL_OR_SPACE.search(mid) is not None:
-        raise RpcStatusError(Code.ILLEGAL_MESSAGE_ID, f"message id {mid[:40]!r} is empty or malformed")
+        raise RpcStatusError(
+            Code.ILLEGAL_MESSAGE_ID, f"message id {mid[:40]!r} is empty or malformed"
+        )
     user = pm.user_properties
     props = _user_properties(user) if user else {}
     if sp.HasField("tag"):
@@ -216,7 +231,9 @@ def parse_send(
     sys_flag = 0
     if mtype == MessageType.TRANSACTION:
         props[L.P_TRAN_MSG] = "true"
-        props[L.P_PGROUP] = topic.topic_name  # gRPC producers have no group: the proxy uses the topic
+        props[L.P_PGROUP] = (
+            topic.topic_name
+        )  # gRPC producers have no group: the proxy uses the topic
         props[L.P_TRANSACTION_ID] = mid
         sys_flag = L.TRANSACTION_PREPARED_TYPE
     born = sp.born_timestamp  # unset: zero
@@ -245,7 +262,9 @@ def _user_properties(user: Mapping[str, str]) -> dict[str, str]:
     return props
 
 
-def _checked_type(mtype: int, group: str | None, deliver_ms: int) -> int:
+def _checked_type(
+    mtype: D.MessageType.ValueType, group: str | None, deliver_ms: int
+) -> D.MessageType.ValueType:
     """The message type (inferred when unset), checked against the group and delivery time."""
     if group is not None:
         problem = V.group_problem(group)
@@ -258,16 +277,21 @@ def _checked_type(mtype: int, group: str | None, deliver_ms: int) -> int:
         raise RpcStatusError(Code.BAD_REQUEST, f"unknown message type {mtype}")
     if mtype == MessageType.TRANSACTION and (group is not None or deliver_ms):
         raise RpcStatusError(
-            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a transactional message cannot have a message group or delivery time"
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            "a transactional message cannot have a message group or delivery time",
         )
     if mtype == MessageType.FIFO and group is None:
-        raise RpcStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message needs a message group")
+        raise RpcStatusError(
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message needs a message group"
+        )
     if mtype == MessageType.DELAY and not deliver_ms:
-        raise RpcStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message needs a delivery timestamp")
+        raise RpcStatusError(
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message needs a delivery timestamp"
+        )
     return mtype
 
 
-def _infer_type(group: str | None, deliver_ms: int) -> int:
+def _infer_type(group: str | None, deliver_ms: int) -> D.MessageType.ValueType:
     if group is not None:
         return MessageType.FIFO
     if deliver_ms:
@@ -275,7 +299,7 @@ def _infer_type(group: str | None, deliver_ms: int) -> int:
     return MessageType.NORMAL
 
 
-def message_type_of(ext: MessageExt) -> int:
+def message_type_of(ext: MessageExt) -> D.MessageType.ValueType:
     p = ext.properties
     if ext.sys_flag & L.TRANSACTION_MASK == L.TRANSACTION_COMMIT_TYPE or L.P_TRAN_MSG in p:
         return MessageType.TRANSACTION
@@ -356,7 +380,9 @@ def to_proto(
         sp.message_group = group
     sp.queue_id = ext.queue_id
     sp.queue_offset = ext.queue_offset
-    sp.delivery_attempt = delivery_attempt if delivery_attempt is not None else ext.reconsume_times + 1
+    sp.delivery_attempt = (
+        delivery_attempt if delivery_attempt is not None else ext.reconsume_times + 1
+    )
     if receipt_handle is not None:
         sp.receipt_handle = receipt_handle
     if invisible_ms is not None:

@@ -162,7 +162,7 @@ def _bounds(buckets: tuple[float, ...]) -> list[str]:
 def _histogram(family: HistogramMetricFamily, labels: list[str], buckets: tuple[float, ...],
                counts: list[int], total: float) -> None:  # fmt: skip
     cumulative, running = [], 0
-    for bound, c in zip(_bounds(buckets), counts):
+    for bound, c in zip(_bounds(buckets), counts, strict=True):
         running += c
         cumulative.append((bound, running))
     family.add_metric(labels, cumulative, total)

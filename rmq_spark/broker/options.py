@@ -1,12 +1,12 @@
 """Broker settings: the command line, the ``--config`` file, and what they become
 (:class:`rmq_spark.services.core.BrokerConfig` with its :class:`StoreConfig`, plus :class:`BrokerOptions`
-for the gRPC side).
+for what it serves: gRPC, remoting, the NameServer).
 
 =================================  =======================================  ====================
 flag (config-file key)             meaning                                  default
 =================================  =======================================  ====================
 --store DIR                        the store directory (required)
---listen HOST:PORT                 where to serve; port 0 picks a free one  127.0.0.1:8081
+--listen HOST:PORT                 the gRPC port; 0 picks a free one        127.0.0.1:8081
 --config FILE                      JSON object or ``key=value`` lines with
                                    the keys below; flags win
 --flush sync|async                 CommitLog flush mode                     async
@@ -50,15 +50,30 @@ flag (config-file key)             meaning                                  defa
 --no-remoting                      serve gRPC only (and no NameServer)      (remoting on)
 --namesrv "ADDR;ADDR"              also register (REGISTER_BROKER every     (none)
                                    30 s) with these NameServers
+--namesrv-access-key KEY           sign what this broker sends to those     (unsigned)
+--namesrv-secret-key SECRET        NameServers (AclClientRPCHook): a
+                                   NameServer with --acl needs an admin
+                                   account's; or RMQ_NAMESRV_ACCESS_KEY /
+                                   RMQ_NAMESRV_SECRET_KEY, or the config
+                                   key innerClientAuthenticationCredentials
+                                   (Apache RocketMQ 5.3+'s broker.conf:
+                                   {"accessKey":"..","secretKey":".."})
 --cluster-name NAME                cluster name in routes                   DefaultCluster
 --metrics-listen HOST:PORT         Prometheus metrics at /metrics, under    (none)
                                    RocketMQ's names (broker.metrics)
 --log-level LEVEL                  DEBUG, INFO, WARNING or ERROR            INFO
 =================================  =======================================  ====================
 
+The NameServer credentials: flags win, then the environment, then the config file (the
+environment keeps the secret out of the process list).  The secret is never printed.
+
 [*] When ``--listen``'s port is 0 (a test's free port), the remoting and NameServer ports not
 given default to 0 too, so brokers started side by side never fight over 10911 and 9876.
 The Python API (:class:`BrokerOptions`) serves remoting only when ``remoting_listen`` is set.
+
+Why this module is long: it is the broker's one table of flags and config-file keys (the table
+above is its --help) with their one validation; Apache's broker.conf keys it accepts are read here
+too.
 """
 
 from __future__ import annotations
@@ -69,8 +84,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rmq_spark.services.config import BrokerConfig
+from rmq_spark.cluster.acl import Credentials
 from rmq_spark.errors import ConfigError
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.store.store import StoreConfig
 
 __all__ = ["BrokerOptions", "ParsedArgs", "build_parser", "parse_args"]
@@ -79,6 +95,12 @@ DEFAULT_LISTEN = "127.0.0.1:8081"
 DEFAULT_REMOTING_LISTEN = "127.0.0.1:10911"
 DEFAULT_NAMESRV_LISTEN = "127.0.0.1:9876"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# what this broker signs its requests to NameServers with (rmq-admin reads RMQ_ACCESS_KEY likewise)
+ACCESS_KEY_ENV, SECRET_KEY_ENV = "RMQ_NAMESRV_ACCESS_KEY", "RMQ_NAMESRV_SECRET_KEY"
+# Apache RocketMQ 5.3+'s broker.conf key for the same: {"accessKey": "..", "secretKey": ".."}
+INNER_CREDENTIALS_KEY = "innerClientAuthenticationCredentials"
+_INNER_CREDENTIALS = "inner-client-authentication-credentials"
+_SECRETS = ("namesrv-secret-key", _INNER_CREDENTIALS)  # never echoed in an error
 
 
 @dataclass
@@ -95,7 +117,9 @@ class BrokerOptions:
     acl_path: str | None = None
     acl_window_ms: int = 15 * 60 * 1000  # rmq_spark.access.auth.DATE_WINDOW_MS
     workers: int = 128  # threads for calls' store work (rmq_spark.broker.server)
-    read_workers: int = -1  # processes decoding ReadArrow (rmq_spark.broker.connector.readers); -1: one per CPU
+    read_workers: int = (
+        -1
+    )  # processes decoding ReadArrow (rmq_spark.broker.connector.readers); -1: one per CPU
     max_receive_batch: int = 1024
     max_pull_batch: int = 10_000
     # remoting protocol and NameServer (rmq_spark.remoting): off unless an address is given
@@ -103,6 +127,7 @@ class BrokerOptions:
     namesrv_listen: str | None = None
     namesrv_addrs: tuple[str, ...] = ()
     namesrv_accept_brokers: bool = True  # REGISTER_BROKER from other brokers (rmq_spark.namesrv)
+    namesrv_credentials: Credentials | None = None  # signs REGISTER_BROKER / UNREGISTER_BROKER
     cluster_name: str = "DefaultCluster"
     metrics_listen: str | None = None  # Prometheus /metrics (rmq_spark.broker.metrics)
     log_level: str = "INFO"
@@ -127,42 +152,110 @@ class ParsedArgs:
 
 # (flag = config key, type, help with the default); bool flags take no value
 _FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("listen", str, f"HOST:PORT to serve on; port 0 picks a free port (default {DEFAULT_LISTEN})"),
+    (
+        "listen",
+        str,
+        f"HOST:PORT of the gRPC service (RocketMQ 5 clients, the Spark data source); port 0 "
+        f"picks a free port (default {DEFAULT_LISTEN})",
+    ),
     ("flush", str, "CommitLog flush: sync or async (default async)"),
-    ("delay-levels", str, 'delay levels, e.g. "1s 5s 10s" (default: RocketMQ\'s 18 levels, 1s ... 2h)'),
+    (
+        "delay-levels",
+        str,
+        'delay levels, e.g. "1s 5s 10s" (default: RocketMQ\'s 18 levels, 1s ... 2h)',
+    ),
     ("transaction-timeout", float, "seconds before a half message is checked back (default 6)"),
     ("transaction-check-interval", float, "seconds between transaction check rounds (default 30)"),
     ("transaction-check-max", int, "check-backs before a half message is discarded (default 15)"),
     ("commitlog-segment-bytes", int, "CommitLog segment size in bytes (default 1 GiB)"),
     ("default-queue-nums", int, "queues of an auto-created topic (default 4)"),
-    ("idle-exit-s", float, "exit after this many seconds with no RPC and no open stream (default 0: never)"),
+    (
+        "idle-exit-s",
+        float,
+        "exit after this many seconds with no RPC and no open stream (default 0: never)",
+    ),
     ("acl", str, "JSON file of access keys, secrets and permissions (default: no access control)"),
-    ("acl-window-s", float, "seconds a signed request date may be away from the broker's clock (default 900)"),
-    ("max-delivery-attempts", int, "deliveries of a message before it goes to the DLQ (default 17)"),
+    (
+        "acl-window-s",
+        float,
+        "seconds a signed request date may be away from the broker's clock (default 900)",
+    ),
+    (
+        "max-delivery-attempts",
+        int,
+        "deliveries of a message before it goes to the DLQ (default 17)",
+    ),
     ("min-invisible-s", float, "least invisible time a receive may ask for (default 10)"),
     ("long-polling-max-s", float, "longest long-polling time of a receive (default 20)"),
     ("auto-renew-invisible-s", float, "invisible time of push-consumer deliveries (default 60)"),
     ("timer-precision-ms", int, "precision of timer (delivery-time) messages (default 100)"),
-    ("timer-max-delay-s", int, "furthest delivery time accepted, in seconds (default 259200: 3 days)"),
+    (
+        "timer-max-delay-s",
+        int,
+        "furthest delivery time accepted, in seconds (default 259200: 3 days)",
+    ),
     ("broker-name", str, "broker name shown in routes (default rmq-spark-broker)"),
-    ("workers", int, "threads for the store work of calls; open streams and long polls hold none (default 128)"),
-    ("read-workers", int, "processes decoding Spark's bulk reads (ReadArrow), one per CPU (at least 2) unless "
-                          "given; 0: in the broker's process"),
-    ("remoting-listen", str, f"HOST:PORT of the remoting protocol (default {DEFAULT_REMOTING_LISTEN}; port 0 when "
-                             "--listen's port is 0)"),
-    ("namesrv-listen", str, f"HOST:PORT of this broker's NameServer (default {DEFAULT_NAMESRV_LISTEN}; port 0 when "
-                            "--listen's port is 0)"),
-    ("namesrv", str, 'also register with these NameServers, "ADDR;ADDR" (REGISTER_BROKER every 30 s)'),
+    (
+        "workers",
+        int,
+        "threads for the store work of calls; open streams and long polls hold none (default 128)",
+    ),
+    (
+        "read-workers",
+        int,
+        "processes decoding Spark's bulk reads (ReadArrow), one per CPU (at least 2) unless "
+        "given; 0: in the broker's process",
+    ),
+    (
+        "remoting-listen",
+        str,
+        f"HOST:PORT of the remoting protocol (default {DEFAULT_REMOTING_LISTEN}; port 0 when "
+        "--listen's port is 0)",
+    ),
+    (
+        "namesrv-listen",
+        str,
+        f"HOST:PORT of this broker's NameServer (default {DEFAULT_NAMESRV_LISTEN}; port 0 when "
+        "--listen's port is 0)",
+    ),
+    (
+        "namesrv",
+        str,
+        'also register with these NameServers, "ADDR;ADDR" (REGISTER_BROKER every 30 s)',
+    ),
+    (
+        "namesrv-access-key",
+        str,
+        "access key this broker signs its requests to --namesrv NameServers with, as "
+        "AclClientRPCHook signs (a NameServer with --acl needs an admin account's; default "
+        f"${ACCESS_KEY_ENV}, or the config key {INNER_CREDENTIALS_KEY}, Apache RocketMQ 5.3+'s)",
+    ),
+    (
+        "namesrv-secret-key",
+        str,
+        f"its secret key (default ${SECRET_KEY_ENV}, which keeps it out of the process list; "
+        "never printed)",
+    ),
     ("cluster-name", str, "cluster name in routes (default DefaultCluster)"),
-    ("metrics-listen", str, "HOST:PORT to serve Prometheus metrics on, at /metrics (none unless given)"),
+    (
+        "metrics-listen",
+        str,
+        "HOST:PORT to serve Prometheus metrics on, at /metrics (none unless given)",
+    ),
     ("log-level", str, "DEBUG, INFO, WARNING or ERROR (default INFO)"),
 )
 _BOOL_FLAGS: tuple[tuple[str, str], ...] = (
     ("no-auto-create-topics", "answer TOPIC_NOT_FOUND for unknown topics instead of creating them"),
-    ("truncate-corrupt", "on recovery, truncate a corrupt CommitLog tail instead of refusing to start"),
+    (
+        "truncate-corrupt",
+        "on recovery, truncate a corrupt CommitLog tail instead of refusing to start",
+    ),
     ("no-namesrv", "run no NameServer in this process"),
-    ("no-namesrv-registrations", "the NameServer refuses other brokers' REGISTER_BROKER and serves this broker's "
-                                 "routes only"),
+    (
+        "no-namesrv-registrations",
+        "the NameServer refuses other brokers' REGISTER_BROKER and serves this broker's "
+        "routes only",
+    ),
     ("no-remoting", "serve no remoting protocol (and no NameServer): gRPC only"),
 )
 _BOOL_NAMES = tuple(name for name, _h in _BOOL_FLAGS)
@@ -174,7 +267,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="rmq-broker", description="A RocketMQ-compatible broker over an rmq_spark store: gRPC (RocketMQ 5 clients), remoting (Java, Go, C++ clients, mqadmin) and a NameServer.")
+    p = _Parser(
+        prog="rmq-broker",
+        description="A RocketMQ-compatible broker over an rmq_spark store: gRPC (RocketMQ 5 clients), remoting (Java, Go, C++ clients, mqadmin) and a NameServer.",
+    )
     p.add_argument("--store", help="store directory (required, here or in the config file)")
     p.add_argument("--config", help="JSON object or key=value lines; flags win")
     for name, typ, help_ in _FLAGS:
@@ -194,9 +290,9 @@ def _read_config(path: str) -> tuple[dict[str, Any], dict[str, str]]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
+        line_no = raw[: e.start].count(b"\n") + 1
         raise ConfigError(
-            f"config file {path} is not UTF-8 text: byte {e.start} (line {line}) is {raw[e.start:e.start + 1]!r}"
+            f"config file {path} is not UTF-8 text: byte {e.start} (line {line_no}) is {raw[e.start : e.start + 1]!r}"
         ) from None
     if text.lstrip().startswith("{"):
         try:
@@ -213,16 +309,28 @@ def _read_config(path: str) -> tuple[dict[str, Any], dict[str, str]]:
             if not sep:
                 raise ConfigError(f"config file {path} line {n}: expected key=value")
             data[key.strip()] = value.strip()
-    known = {name for name, _t, _h in _FLAGS} | set(_BOOL_NAMES) | {"store"}
+    known = {name for name, _t, _h in _FLAGS} | set(_BOOL_NAMES) | {"store", _INNER_CREDENTIALS}
     out: dict[str, Any] = {}
     where: dict[str, str] = {}
     for key, value in data.items():
         name = str(key).strip().replace("_", "-").lower()
+        if name == INNER_CREDENTIALS_KEY.lower():
+            name = _INNER_CREDENTIALS
         if name not in known:
             raise ConfigError(f"config file {path}: unknown key {key!r}")
+        if name == _INNER_CREDENTIALS and isinstance(value, dict):
+            value = json.dumps(value)  # a JSON config file may give the object itself
         if isinstance(value, (dict, list)) or value is None:
-            kind = "an object" if isinstance(value, dict) else "an array" if isinstance(value, list) else "null"
-            raise ConfigError(f"config file {path}: key {key!r}: {kind} is not a setting; give a string or a number")
+            kind = (
+                "an object"
+                if isinstance(value, dict)
+                else "an array"
+                if isinstance(value, list)
+                else "null"
+            )
+            raise ConfigError(
+                f"config file {path}: key {key!r}: {kind} is not a setting; give a string or a number"
+            )
         out[name] = value
         where[name] = f"config file {path}: key {key!r}"
     return out, where
@@ -239,7 +347,9 @@ def _coerce(name: str, value: Any, where: str) -> Any:
             return False
         raise ConfigError(f"{where}: {value!r} is not a boolean")
     typ = next((t for n, t, _h in _FLAGS if n == name), str)
-    if typ is str and not isinstance(value, str) or typ is not str and isinstance(value, bool):
+    if name in _SECRETS and not isinstance(value, str):
+        raise ConfigError(f"{where}: not a string")  # the value is a secret: not echoed
+    if (typ is str and not isinstance(value, str)) or (typ is not str and isinstance(value, bool)):
         raise ConfigError(f"{where}: {value!r} is not a valid {typ.__name__}")
     if typ is int and isinstance(value, float) and not value.is_integer():
         raise ConfigError(f"{where}: {value!r} is not a whole number")
@@ -287,9 +397,13 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
             raise ConfigError(f"{at('flush')} must be 'sync' or 'async', not {v['flush']!r}")
         store_kw["flush"] = v["flush"]
     if "commitlog-segment-bytes" in v:
-        store_kw["commitlog_segment_bytes"] = at_least("commitlog-segment-bytes", v["commitlog-segment-bytes"], 4096)
+        store_kw["commitlog_segment_bytes"] = at_least(
+            "commitlog-segment-bytes", v["commitlog-segment-bytes"], 4096
+        )
     if "default-queue-nums" in v:
-        store_kw["default_queue_nums"] = at_least("default-queue-nums", v["default-queue-nums"], 1, 1024)
+        store_kw["default_queue_nums"] = at_least(
+            "default-queue-nums", v["default-queue-nums"], 1, 1024
+        )
     if v.get("truncate-corrupt"):
         store_kw["truncate_corrupt"] = True
     cfg = BrokerConfig(store=StoreConfig(**store_kw))
@@ -301,7 +415,9 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     if "transaction-timeout" in v:
         cfg.transaction_timeout_s = pos("transaction-timeout", v["transaction-timeout"])
     if "transaction-check-interval" in v:
-        cfg.transaction_check_interval_s = pos("transaction-check-interval", v["transaction-check-interval"])
+        cfg.transaction_check_interval_s = pos(
+            "transaction-check-interval", v["transaction-check-interval"]
+        )
     if "transaction-check-max" in v:
         cfg.transaction_check_max = int(pos("transaction-check-max", v["transaction-check-max"]))
     if "timer-precision-ms" in v:
@@ -327,13 +443,21 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     if "acl-window-s" in v:
         opt_kw["acl_window_ms"] = int(pos("acl-window-s", v["acl-window-s"]) * 1000)
     if "max-delivery-attempts" in v:
-        opt_kw["max_delivery_attempts"] = at_least("max-delivery-attempts", v["max-delivery-attempts"], 1)
+        opt_kw["max_delivery_attempts"] = at_least(
+            "max-delivery-attempts", v["max-delivery-attempts"], 1
+        )
     if "min-invisible-s" in v:
-        opt_kw["min_invisible_ms"] = int(at_least("min-invisible-s", v["min-invisible-s"], 0) * 1000)
+        opt_kw["min_invisible_ms"] = int(
+            at_least("min-invisible-s", v["min-invisible-s"], 0) * 1000
+        )
     if "long-polling-max-s" in v:
-        opt_kw["long_polling_max_ms"] = int(at_least("long-polling-max-s", v["long-polling-max-s"], 0) * 1000)
+        opt_kw["long_polling_max_ms"] = int(
+            at_least("long-polling-max-s", v["long-polling-max-s"], 0) * 1000
+        )
     if "auto-renew-invisible-s" in v:
-        opt_kw["auto_renew_invisible_ms"] = int(pos("auto-renew-invisible-s", v["auto-renew-invisible-s"]) * 1000)
+        opt_kw["auto_renew_invisible_ms"] = int(
+            pos("auto-renew-invisible-s", v["auto-renew-invisible-s"]) * 1000
+        )
     if "workers" in v:
         opt_kw["workers"] = at_least("workers", v["workers"], 4)
     if "read-workers" in v:
@@ -344,12 +468,17 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     if "log-level" in v:
         level = str(v["log-level"]).strip().upper()
         if level not in LOG_LEVELS:
-            raise ConfigError(f"{at('log-level')} must be one of {', '.join(LOG_LEVELS)}, not {v['log-level']!r}")
+            raise ConfigError(
+                f"{at('log-level')} must be one of {', '.join(LOG_LEVELS)}, not {v['log-level']!r}"
+            )
         opt_kw["log_level"] = level
     _remoting_options(v, opt_kw)
     options = BrokerOptions(**opt_kw)
     split_listen(options.listen)
-    for flag, addr in (("remoting-listen", options.remoting_listen), ("namesrv-listen", options.namesrv_listen)):
+    for flag, addr in (
+        ("remoting-listen", options.remoting_listen),
+        ("namesrv-listen", options.namesrv_listen),
+    ):
         if addr is not None:
             split_listen(addr, flag)
     store = ns.store or values.get("store")
@@ -361,7 +490,9 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
     while not os.path.exists(here) and os.path.dirname(here) != here:
         here = os.path.dirname(here)
     if os.path.exists(here) and not os.path.isdir(here):
-        what = "is a file" if here == os.path.abspath(store) else f"lies under {here}, which is a file"
+        what = (
+            "is a file" if here == os.path.abspath(store) else f"lies under {here}, which is a file"
+        )
         raise ConfigError(f"{where.get('store', '--store')} {store} {what}, not a store directory")
     return ParsedArgs(os.path.abspath(str(store)), cfg, options)
 
@@ -372,21 +503,55 @@ def _remoting_options(v: dict[str, Any], opt_kw: dict[str, Any]) -> None:
         return
     free = str(v.get("listen", DEFAULT_LISTEN)).endswith(":0")
     host = str(v.get("listen", DEFAULT_LISTEN)).rpartition(":")[0] or "127.0.0.1"
-    opt_kw["remoting_listen"] = v.get("remoting-listen") or (f"{host}:0" if free else DEFAULT_REMOTING_LISTEN)
+    opt_kw["remoting_listen"] = v.get("remoting-listen") or (
+        f"{host}:0" if free else DEFAULT_REMOTING_LISTEN
+    )
     if not v.get("no-namesrv"):
-        opt_kw["namesrv_listen"] = v.get("namesrv-listen") or (f"{host}:0" if free else DEFAULT_NAMESRV_LISTEN)
+        opt_kw["namesrv_listen"] = v.get("namesrv-listen") or (
+            f"{host}:0" if free else DEFAULT_NAMESRV_LISTEN
+        )
     if v.get("no-namesrv-registrations"):
         opt_kw["namesrv_accept_brokers"] = False
     if v.get("namesrv"):
-        addrs = tuple(a.strip() for a in str(v["namesrv"]).replace(",", ";").split(";") if a.strip())
+        addrs = tuple(
+            a.strip() for a in str(v["namesrv"]).replace(",", ";").split(";") if a.strip()
+        )
         for a in addrs:
             split_listen(a, "namesrv")
         opt_kw["namesrv_addrs"] = addrs
+    opt_kw["namesrv_credentials"] = namesrv_credentials(v, os.environ)
     if v.get("cluster-name"):
         name = str(v["cluster-name"]).strip()
         if not name or " " in name:
             raise ConfigError("--cluster-name must be a non-empty word")
         opt_kw["cluster_name"] = name
+
+
+def namesrv_credentials(v: dict[str, Any], env: Any) -> Credentials | None:
+    """What this broker signs its requests to NameServers with: ``--namesrv-access-key`` /
+    ``--namesrv-secret-key``, else the environment, else the config file's
+    ``innerClientAuthenticationCredentials``; None when none is given.  Errors never hold the
+    secret."""
+    ak = v.get("namesrv-access-key") or env.get(ACCESS_KEY_ENV)
+    sk = v.get("namesrv-secret-key") or env.get(SECRET_KEY_ENV)
+    if not ak and not sk and v.get(_INNER_CREDENTIALS):
+        where = f"the config key {INNER_CREDENTIALS_KEY}"
+        try:
+            doc = json.loads(v[_INNER_CREDENTIALS])
+        except ValueError:
+            doc = None
+        keys = ("accessKey", "secretKey")
+        if not isinstance(doc, dict) or not all(isinstance(doc.get(k), str) for k in keys):
+            shape = '{"accessKey": "...", "secretKey": "..."}'
+            raise ConfigError(f"{where} must be a JSON object {shape}")
+        ak, sk = doc["accessKey"], doc["secretKey"]
+    if not ak and not sk:
+        return None
+    if not ak or not sk:
+        raise ConfigError("an access key and its secret key go together: give both "
+                          "--namesrv-access-key and --namesrv-secret-key (or "
+                          f"{ACCESS_KEY_ENV} and {SECRET_KEY_ENV})")  # fmt: skip
+    return Credentials(str(ak), str(sk))
 
 
 def split_listen(listen: str, flag: str = "listen") -> tuple[str, int]:

@@ -24,13 +24,15 @@ from rmq_spark.broker.messages import to_proto
 from rmq_spark.broker.pop import retry_topic
 from rmq_spark.store.status import GetStatus
 
-__all__ = ["receive", "pull", "PULL_MAX_BYTES"]
+__all__ = ["PULL_MAX_BYTES", "pull", "receive"]
 
 CLIENT_ID = "x-mq-client-id"
 PULL_MAX_BYTES = 16 * 1024 * 1024
 
 
-async def receive(service: Any, request: S.ReceiveMessageRequest, context: Any) -> AsyncIterator[S.ReceiveMessageResponse]:
+async def receive(
+    service: Any, request: S.ReceiveMessageRequest, context: Any
+) -> AsyncIterator[S.ReceiveMessageResponse]:
     """ReceiveMessage's answers (a fault escaping is answered by the service's wrapper)."""
     meta = service._meta(context)
     group = group_name(request.group.name)
@@ -40,30 +42,47 @@ async def receive(service: Any, request: S.ReceiveMessageRequest, context: Any) 
         raise RpcStatusError(Code.FORBIDDEN, f"topic {name!r} is not readable")
     flt = service._filter(request.filter_expression)
     if request.batch_size <= 0:
-        raise RpcStatusError(Code.BAD_REQUEST, f"batch size must be positive, not {request.batch_size}")
+        raise RpcStatusError(
+            Code.BAD_REQUEST, f"batch size must be positive, not {request.batch_size}"
+        )
     batch = min(request.batch_size, service.options.max_receive_batch)
     if request.auto_renew:
         invisible_ms = service.options.auto_renew_invisible_ms
     elif not request.HasField("invisible_duration"):
-        raise RpcStatusError(Code.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required unless auto_renew is set")
+        raise RpcStatusError(
+            Code.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required unless auto_renew is set"
+        )
     else:
         invisible_ms = request.invisible_duration.ToMilliseconds()
         service._check_invisible(invisible_ms, service.options.min_invisible_ms)
-    wait_ms = service._wait_ms(request.long_polling_timeout, request.HasField("long_polling_timeout"), context)
+    wait_ms = service._wait_ms(
+        request.long_polling_timeout, request.HasField("long_polling_timeout"), context
+    )
     cid = meta[CLIENT_ID]
     service.clients.touch(cid, group=group)
     ns = request.message_queue.topic.resource_namespace
     pop = service.pop
 
     def take() -> list[S.ReceiveMessageResponse]:
-        got = pop.pop(group, name, flt, batch, invisible_ms, client_id=cid, auto_renew=request.auto_renew)
+        got = pop.pop(
+            group, name, flt, batch, invisible_ms, client_id=cid, auto_renew=request.auto_renew
+        )
         if not got:
             return []
         out = [S.ReceiveMessageResponse(status=codes.ok())]
         for d in got:
-            out.append(S.ReceiveMessageResponse(message=to_proto(
-                d.message, topic=d.topic, namespace=ns, receipt_handle=d.handle,
-                delivery_attempt=d.attempt, invisible_ms=d.invisible_ms)))
+            out.append(
+                S.ReceiveMessageResponse(
+                    message=to_proto(
+                        d.message,
+                        topic=d.topic,
+                        namespace=ns,
+                        receipt_handle=d.handle,
+                        delivery_attempt=d.attempt,
+                        invisible_ms=d.invisible_ms,
+                    )
+                )
+            )
         return out
 
     # a long poll: the store work runs on the worker threads, the wait on the event loop
@@ -77,18 +96,22 @@ async def receive(service: Any, request: S.ReceiveMessageRequest, context: Any) 
         left = give_up - time.monotonic()
         if left <= 0:
             break
-        await pop.wakeups.wait(topics, left, lambda: pop.version == version and not pop.closing)
+        await pop.wakeups.wait(topics, left, lambda v=version: pop.version == v and not pop.closing)
         if pop.closing:
             break
     if answer:
         for r in answer:
             yield r
     else:
-        yield S.ReceiveMessageResponse(status=codes.status(Code.MESSAGE_NOT_FOUND, "no new message"))
+        yield S.ReceiveMessageResponse(
+            status=codes.status(Code.MESSAGE_NOT_FOUND, "no new message")
+        )
     yield now_response(service)
 
 
-async def pull(service: Any, request: S.PullMessageRequest, context: Any) -> AsyncIterator[S.PullMessageResponse]:
+async def pull(
+    service: Any, request: S.PullMessageRequest, context: Any
+) -> AsyncIterator[S.PullMessageResponse]:
     """PullMessage's answers: status, the messages from ``offset``, the next offset."""
     service._meta(context)
     if request.group.name:
@@ -98,38 +121,60 @@ async def pull(service: Any, request: S.PullMessageRequest, context: Any) -> Asy
     if offset < 0:
         raise RpcStatusError(Code.ILLEGAL_OFFSET, f"offset {offset} is negative")
     if request.batch_size <= 0:
-        raise RpcStatusError(Code.BAD_REQUEST, f"batch size must be positive, not {request.batch_size}")
+        raise RpcStatusError(
+            Code.BAD_REQUEST, f"batch size must be positive, not {request.batch_size}"
+        )
     batch = min(request.batch_size, service.options.max_pull_batch)
     flt = service._filter(request.filter_expression)
-    wait_ms = service._wait_ms(request.long_polling_timeout, request.HasField("long_polling_timeout"), context)
+    wait_ms = service._wait_ms(
+        request.long_polling_timeout, request.HasField("long_polling_timeout"), context
+    )
     give_up = time.monotonic() + wait_ms / 1000
     topic = cfg.topic_name
     ns = request.message_queue.topic.resource_namespace
     pop = service.pop
 
     def read() -> Any:
-        return service.store.get_messages(topic, qid, offset, max_msgs=batch, max_bytes=PULL_MAX_BYTES, message_filter=flt)
+        return service.store.get_messages(
+            topic, qid, offset, max_msgs=batch, max_bytes=PULL_MAX_BYTES, message_filter=flt
+        )
 
     while True:
         version = pop.version
         res = await service.run(read)
-        at_end = res.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE,
-                                GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset == res.max_offset
+        at_end = (
+            res.status
+            in (
+                GetStatus.OFFSET_OVERFLOW_ONE,
+                GetStatus.NO_MESSAGE_IN_QUEUE,
+                GetStatus.NO_MATCHED_LOGIC_QUEUE,
+            )
+            and offset == res.max_offset
+        )
         left = give_up - time.monotonic()
         if not at_end or left <= 0 or pop.closing:
             break
-        await pop.wakeups.wait((topic,), left, lambda: pop.version == version and not pop.closing)
+        await pop.wakeups.wait(
+            (topic,), left, lambda v=version: pop.version == v and not pop.closing
+        )
     traffic = pop.traffic
     if traffic is not None and res.messages:
-        traffic.delivered(topic, request.group.name, len(res.messages), sum(m.store_size for m in res.messages))
+        traffic.delivered(
+            topic, request.group.name, len(res.messages), sum(m.store_size for m in res.messages)
+        )
     for r in await service.run(_pull_answer, res, offset, topic, qid, ns):
         yield r
 
 
-def _pull_answer(res: Any, offset: int, topic: str, qid: int, ns: str) -> list[S.PullMessageResponse]:
+def _pull_answer(
+    res: Any, offset: int, topic: str, qid: int, ns: str
+) -> list[S.PullMessageResponse]:
     """A pull's answer: its status, the messages, the next offset."""
     code = codes.get_code(res.status)
-    if res.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE) and offset > res.max_offset:
+    if (
+        res.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE)
+        and offset > res.max_offset
+    ):
         code = Code.ILLEGAL_OFFSET
     if code == Code.ILLEGAL_OFFSET:
         text = f"offset {offset} is outside [{res.min_offset}, {res.max_offset}] of {topic}/{qid}"
@@ -139,7 +184,9 @@ def _pull_answer(res: Any, offset: int, topic: str, qid: int, ns: str) -> list[S
         text = "OK"
     out = [S.PullMessageResponse(status=codes.status(code, text))]
     out.extend(S.PullMessageResponse(message=to_proto(m, namespace=ns)) for m in res.messages)
-    next_offset = res.next_begin_offset if res.status is not GetStatus.NO_MATCHED_LOGIC_QUEUE else offset
+    next_offset = (
+        res.next_begin_offset if res.status is not GetStatus.NO_MATCHED_LOGIC_QUEUE else offset
+    )
     if code == Code.ILLEGAL_OFFSET:
         next_offset = res.min_offset if offset < res.min_offset else res.max_offset
     out.append(S.PullMessageResponse(next_offset=next_offset))

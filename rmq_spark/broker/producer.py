@@ -31,19 +31,19 @@ from rmq_spark.broker.batcher import SendBatcher, Written
 from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.broker.messages import MessageType, Outgoing, parse_send
 from rmq_spark.broker.telemetry import ClientRegistry, StreamTransactionChecker
-from rmq_spark.services.core import DEFAULT_CLUSTER, HOOK_KEYS
 from rmq_spark.errors import MessageIllegalError
+from rmq_spark.services.core import DEFAULT_CLUSTER, HOOK_KEYS
+from rmq_spark.services.timer.recall import RecallError
+from rmq_spark.services.transaction.check import CHECK_GROUP
+from rmq_spark.services.transaction.states import HalfRef, TransactionAction
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
+from rmq_spark.store.encode import Row
 from rmq_spark.store.hashing import java_string_hash
 from rmq_spark.store.message import Message, MessageExt
-from rmq_spark.store.encode import Row
 from rmq_spark.store.status import PutStatus
-from rmq_spark.services.timer.recall import RecallError
-from rmq_spark.services.transaction.states import HalfRef, TransactionAction
-from rmq_spark.services.transaction.check import CHECK_GROUP
 
-__all__ = ["ProducerPath", "HalfRef"]
+__all__ = ["HalfRef", "ProducerPath"]
 
 log = logging.getLogger("rmq_spark.broker.producer")
 
@@ -55,7 +55,9 @@ _ONE_SENT = S.SendMessageResponse(status=codes.ok(), entries=[S.SendResultEntry(
 
 def _put_failed(status: PutStatus) -> S.SendMessageResponse:
     """The answer to a send whose write the store refused (or did not make durable in time)."""
-    return S.SendMessageResponse(status=codes.status(codes.put_code(status), f"put failed: {status.value}"))
+    return S.SendMessageResponse(
+        status=codes.status(codes.put_code(status), f"put failed: {status.value}")
+    )
 
 
 class ProducerPath:
@@ -97,44 +99,65 @@ class ProducerPath:
             rr = self._rr.setdefault(topic, itertools.count())
         return rr
 
-    def send(self, messages: Sequence[D.Message], topics: Sequence[TopicConfig], client_id: str,
-             peer_host: Callable[[], str]) -> S.SendMessageResponse:
+    def send(
+        self,
+        messages: Sequence[D.Message],
+        topics: Sequence[TopicConfig],
+        client_id: str,
+        peer_host: Callable[[], str],
+    ) -> S.SendMessageResponse:
         """The messages of one SendMessage request (``topics``: each one's checked topic)."""
         now = self.clock.now_ms()
         parsed = [
             parse_send(pm, cfg, now_ms=now, body_max_bytes=self._body_max_bytes, max_delay_ms=self._max_delay_ms,
                        peer_host=peer_host, cluster=self.cluster)
-            for pm, cfg in zip(messages, topics)
+            for pm, cfg in zip(messages, topics, strict=True)
         ]  # fmt: skip
         return self._send_parsed(parsed, topics, client_id)
 
-    def send_one(self, pm: D.Message, cfg: TopicConfig, client_id: str, peer_host: Callable[[], str]) -> S.SendMessageResponse:
+    def send_one(
+        self, pm: D.Message, cfg: TopicConfig, client_id: str, peer_host: Callable[[], str]
+    ) -> S.SendMessageResponse:
         """:meth:`send` of a request of one message (the usual request)."""
         out = parse_send(pm, cfg, now_ms=self.clock.now_ms(), body_max_bytes=self._body_max_bytes,
                          max_delay_ms=self._max_delay_ms, peer_host=peer_host, cluster=self.cluster)  # fmt: skip
         props = out.properties
-        if (out.type == MessageType.NORMAL and self._batcher is None and L.P_SHARDING_KEY not in props
-                and HOOK_KEYS.isdisjoint(props)):
+        if (
+            out.type == MessageType.NORMAL
+            and self._batcher is None
+            and L.P_SHARDING_KEY not in props
+            and HOOK_KEYS.isdisjoint(props)
+        ):
             return self._send_plain(out, client_id)
         return self._send_parsed([out], (cfg,), client_id)
 
-    def _send_parsed(self, parsed: list[Outgoing], topics: Sequence[TopicConfig], client_id: str) -> S.SendMessageResponse:
+    def _send_parsed(
+        self, parsed: list[Outgoing], topics: Sequence[TopicConfig], client_id: str
+    ) -> S.SendMessageResponse:
         core = self.core
         outs = []
         items: list[Message | Row] = []  # a row for a message no put hook acts on
         plain = True  # every message NORMAL: the answer needs no per-type handling
-        for out, cfg in zip(parsed, topics):
+        for out, cfg in zip(parsed, topics, strict=True):
             if out.type != MessageType.NORMAL:
                 plain = False
                 if out.deliver_ms and core.timer is None:
-                    raise RpcStatusError(Code.UNSUPPORTED, "delayed delivery needs the timer service, which is not installed")
+                    raise RpcStatusError(
+                        Code.UNSUPPORTED,
+                        "delayed delivery needs the timer service, which is not installed",
+                    )
                 if out.type == MessageType.TRANSACTION and core.transactions is None:
-                    raise RpcStatusError(Code.UNSUPPORTED, "transactions need the transaction service, which is not installed")
+                    raise RpcStatusError(
+                        Code.UNSUPPORTED,
+                        "transactions need the transaction service, which is not installed",
+                    )
                 out.queue_id = self._queue_for(out)
             elif L.P_SHARDING_KEY in out.properties:
                 out.queue_id = self._queue_for(out)
             else:
-                out.queue_id = next(self._round_robin(cfg.topic_name)) % max(1, cfg.write_queue_nums)
+                out.queue_id = next(self._round_robin(cfg.topic_name)) % max(
+                    1, cfg.write_queue_nums
+                )
             outs.append(out)
             items.append(out.row() if HOOK_KEYS.isdisjoint(out.properties) else out.message)
         try:
@@ -151,8 +174,10 @@ class ProducerPath:
         response = S.SendMessageResponse(status=ok)
         entries = response.entries
         if plain:
-            for o, qoff in zip(outs, written.queue_offsets()):
-                entries.add(status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff)
+            for o, qoff in zip(outs, written.queue_offsets(), strict=True):
+                entries.add(
+                    status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff
+                )
         else:
             self._typed_entries(entries, outs, written)
         noted = None
@@ -196,16 +221,28 @@ class ProducerPath:
         """The answer's entries for a request holding delayed or transactional messages."""
         ok = codes.ok()
         phys: list[int] | None = None
-        for i, (o, qoff) in enumerate(zip(outs, written.queue_offsets())):
+        for i, (o, qoff) in enumerate(zip(outs, written.queue_offsets(), strict=True)):
             if o.deliver_ms:
-                entries.add(status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff,
-                            recall_handle=self._recall_handle(o) or "")
+                entries.add(
+                    status=ok,
+                    message_id=o.message_id,
+                    transaction_id=o.message_id,
+                    offset=qoff,
+                    recall_handle=self._recall_handle(o) or "",
+                )
                 continue
             if o.type == MessageType.TRANSACTION:
                 if phys is None:
                     phys = written.phys_offsets()
-                self._remember(o.message_id, HalfRef(phys[i], qoff, producer_group=o.topic.topic_name, topic=o.topic.topic_name))
-            entries.add(status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff)
+                self._remember(
+                    o.message_id,
+                    HalfRef(
+                        phys[i], qoff, producer_group=o.topic.topic_name, topic=o.topic.topic_name
+                    ),
+                )
+            entries.add(
+                status=ok, message_id=o.message_id, transaction_id=o.message_id, offset=qoff
+            )
 
     # --- transactions -----------------------------------------------------------------------------
     def _remember(self, transaction_id: str, ref: HalfRef) -> None:
@@ -216,9 +253,16 @@ class ProducerPath:
                 self._halves.popitem(last=False)
 
     def _remember_checked(self, transaction_id: str, half: MessageExt) -> None:
-        topic = half.topic if half.topic != L.TRANS_HALF_TOPIC else half.properties.get(L.P_REAL_TOPIC, "")
+        topic = (
+            half.topic
+            if half.topic != L.TRANS_HALF_TOPIC
+            else half.properties.get(L.P_REAL_TOPIC, "")
+        )
         group = half.properties.get(L.P_PGROUP, topic)
-        self._remember(transaction_id, HalfRef(half.commitlog_offset, half.queue_offset, producer_group=group, topic=topic))
+        self._remember(
+            transaction_id,
+            HalfRef(half.commitlog_offset, half.queue_offset, producer_group=group, topic=topic),
+        )
 
     def _find_half(self, transaction_id: str, message_id: str) -> HalfRef | None:
         with self._lock:
@@ -234,38 +278,66 @@ class ProducerPath:
         cq = store.consume_queue(L.TRANS_HALF_TOPIC, 0)
         if cq is None:
             return None
-        lo = max(store.min_offset(L.TRANS_HALF_TOPIC, 0), store.offsets.query(CHECK_GROUP, L.TRANS_HALF_TOPIC, 0))
+        lo = max(
+            store.min_offset(L.TRANS_HALF_TOPIC, 0),
+            store.offsets.query(CHECK_GROUP, L.TRANS_HALF_TOPIC, 0),
+        )
         hi = cq.max_offset
         found = None
         for start in range(lo, hi, SCAN_CHUNK):
-            b = store.read_arrow(L.TRANS_HALF_TOPIC, 0, start, min(hi, start + SCAN_CHUNK),
-                                 columns=["queueOffset", "msgId", "commitLogOffset", "properties"])
+            b = store.read_arrow(
+                L.TRANS_HALF_TOPIC,
+                0,
+                start,
+                min(hi, start + SCAN_CHUNK),
+                columns=["queueOffset", "msgId", "commitLogOffset", "properties"],
+            )
             hits = pc.indices_nonzero(pc.equal(b.column("msgId"), transaction_id)).to_pylist()
             if hits:
                 i = hits[-1]
                 props = dict(b.column("properties")[i].as_py() or [])
-                found = HalfRef(b.column("commitLogOffset")[i].as_py(), b.column("queueOffset")[i].as_py(),
-                                producer_group=props.get(L.P_PGROUP, ""), topic=props.get(L.P_REAL_TOPIC, ""))
+                found = HalfRef(
+                    b.column("commitLogOffset")[i].as_py(),
+                    b.column("queueOffset")[i].as_py(),
+                    producer_group=props.get(L.P_PGROUP, ""),
+                    topic=props.get(L.P_REAL_TOPIC, ""),
+                )
         return found
 
     def end_transaction(self, request: S.EndTransactionRequest) -> D.Status:
         svc = self.core.transactions
         if svc is None:
-            raise RpcStatusError(Code.UNSUPPORTED, "transactions need the transaction service, which is not installed")
+            raise RpcStatusError(
+                Code.UNSUPPORTED,
+                "transactions need the transaction service, which is not installed",
+            )
         tid = request.transaction_id
         if not tid or len(tid) > 256:
             raise RpcStatusError(Code.INVALID_TRANSACTION_ID, "transaction id is empty or too long")
-        if request.resolution not in (D.TransactionResolution.COMMIT, D.TransactionResolution.ROLLBACK):
-            raise RpcStatusError(Code.BAD_REQUEST, f"resolution must be COMMIT or ROLLBACK, not {request.resolution}")
+        if request.resolution not in (
+            D.TransactionResolution.COMMIT,
+            D.TransactionResolution.ROLLBACK,
+        ):
+            raise RpcStatusError(
+                Code.BAD_REQUEST, f"resolution must be COMMIT or ROLLBACK, not {request.resolution}"
+            )
         ref = self._find_half(tid, request.message_id)
         if ref is None:
             raise RpcStatusError(Code.INVALID_TRANSACTION_ID, f"no pending transaction {tid!r}")
         if ref.topic and ref.topic != request.topic.name:
-            raise RpcStatusError(Code.INVALID_TRANSACTION_ID, f"transaction {tid!r} belongs to topic {ref.topic!r}")
+            raise RpcStatusError(
+                Code.INVALID_TRANSACTION_ID, f"transaction {tid!r} belongs to topic {ref.topic!r}"
+            )
         commit = request.resolution == D.TransactionResolution.COMMIT
         from_check = request.source == D.TransactionSource.SOURCE_SERVER_CHECK
-        outcome = svc.end_transaction(ref.commitlog_offset, ref.queue_offset, ref.producer_group or None, tid,
-                                      TransactionAction.COMMIT if commit else TransactionAction.ROLLBACK, from_check)
+        outcome = svc.end_transaction(
+            ref.commitlog_offset,
+            ref.queue_offset,
+            ref.producer_group or None,
+            tid,
+            TransactionAction.COMMIT if commit else TransactionAction.ROLLBACK,
+            from_check,
+        )
         code, text = codes.transaction_code(outcome, commit)
         if code == Code.OK:
             with self._lock:
@@ -282,10 +354,14 @@ class ProducerPath:
     def recall(self, topic: TopicConfig, handle: str) -> S.RecallMessageResponse:
         timer = self.core.timer
         if timer is None:
-            raise RpcStatusError(Code.UNSUPPORTED, "recall needs the timer service, which is not installed")
+            raise RpcStatusError(
+                Code.UNSUPPORTED, "recall needs the timer service, which is not installed"
+            )
         if not topic.accepts("DELAY"):
-            raise RpcStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                                 f"topic {topic.topic_name!r} holds {topic.message_type} messages, not DELAY")
+            raise RpcStatusError(
+                Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                f"topic {topic.topic_name!r} holds {topic.message_type} messages, not DELAY",
+            )
         if len(handle) > 4096:
             raise RpcStatusError(Code.BAD_REQUEST, "recall handle is too long")
         try:

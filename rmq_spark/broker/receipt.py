@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from rmq_spark.broker.popstate import MAIN, RETRY
 
-__all__ = ["MAX_HANDLE_CHARS", "receipt_handle", "parse_receipt_handle"]
+__all__ = ["MAX_HANDLE_CHARS", "parse_receipt_handle", "receipt_handle"]
 
 MAX_HANDLE_CHARS = 256
 
 
-def receipt_handle(offset: int, pop_ms: int, invisible_ms: int, kind: int, queue_id: int, phys: int, unique: str) -> str:
+def receipt_handle(
+    offset: int, pop_ms: int, invisible_ms: int, kind: int, queue_id: int, phys: int, unique: str
+) -> str:
     """A new handle (``unique``: ``<epoch>.<seq>``)."""
     return f"{offset} {pop_ms} {invisible_ms} {kind} {queue_id} {phys} {unique}"
 

@@ -11,7 +11,9 @@
 - One event loop thread serves both ports; sends run on it (or on a small pool with sync flush).
 - The NameServer answers for this broker (its live topic table) and for brokers that register.
 - With ``namesrv_addrs`` the broker registers itself (REGISTER_BROKER, every 30 s, and
-  UNREGISTER_BROKER when it stops) with NameServers it does not run.
+  UNREGISTER_BROKER when it stops) with NameServers it does not run, signed with
+  ``namesrv_credentials`` when given (as Apache RocketMQ's broker signs with its
+  ``innerClientAuthenticationCredentials``): a NameServer with ``--acl`` needs an admin's.
 - Every 10 s clients silent for 120 s are dropped, and their groups told to rebalance.
 """
 
@@ -25,13 +27,15 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from rmq_spark.namesrv.acl import NamesrvAcl
+from rmq_spark.cluster.acl import Credentials
+from rmq_spark.errors import MessageIllegalError
 from rmq_spark.namesrv.processor import namesrv_processor
 from rmq_spark.namesrv.routes import LocalBroker, QueueData, RouteInfoManager
 from rmq_spark.remoting import jsonbody
 from rmq_spark.remoting.admin import BROKER_VERSION, AdminProcessor
 from rmq_spark.remoting.clients import ClientManager
 from rmq_spark.remoting.codes import RequestCode as R
+from rmq_spark.remoting.codes import ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.consumer import ConsumerProcessor
 from rmq_spark.remoting.lookup import LookupProcessor
@@ -39,10 +43,14 @@ from rmq_spark.remoting.pull import PullProcessor
 from rmq_spark.remoting.requests import BROKER_REQUESTS, RequestGate
 from rmq_spark.remoting.send import SendProcessor
 from rmq_spark.remoting.server import EventLoopThread, Processor, RemotingServer, bind
-from rmq_spark.remoting.transaction import CompositeChecker, RemotingTransactionChecker, end_transaction_handler
+from rmq_spark.remoting.transaction import (
+    CompositeChecker,
+    RemotingTransactionChecker,
+    end_transaction_handler,
+)
 from rmq_spark.store.validation import check_topic_cached
 
-__all__ = ["RemotingService", "RemotingSockets", "DEFAULT_CLUSTER"]
+__all__ = ["DEFAULT_CLUSTER", "RemotingService", "RemotingSockets"]
 
 log = logging.getLogger("rmq_spark.remoting")
 
@@ -92,7 +100,8 @@ def advertised(host: str, port: int) -> str:
 class RemotingService:
     def __init__(self, core: Any, sockets: RemotingSockets, *, broker_name: str, cluster: str = DEFAULT_CLUSTER,
                  namesrv_addrs: list[str] | None = None, activity: Any = None,
-                 access_control: Any = None, namesrv_accept_brokers: bool = True) -> None:  # fmt: skip
+                 access_control: Any = None, namesrv_accept_brokers: bool = True,
+                 namesrv_credentials: Credentials | None = None) -> None:  # fmt: skip
         self.core = core
         self.store = core.store
         self.broker_name = broker_name
@@ -112,14 +121,18 @@ class RemotingService:
             gate = RequestGate(BROKER_REQUESTS, access_control, self.store.config.body_max_bytes)
             gate.check_covers(processor.handlers)
             processor.before = gate
+            # the bodies of codes run on the pool are parsed there (gate.finish), not on the loop
+            parsed = {c for c in processor.blocking if BROKER_REQUESTS[c].body is not None}
+            gate.deferred = frozenset(parsed)
+            processor.before_blocking = gate.finish
             self.broker_server = RemotingServer(sockets.broker, processor, self.loop_thread,
                                                 activity=activity)  # fmt: skip
             self.routes = RouteInfoManager(LocalBroker(cluster, broker_name, self.broker_addr, self._local_topics,
                                                        self._route_for_new, self._local_topic))  # fmt: skip
             if sockets.namesrv is not None:
-                # --acl: the NameServer's writes (REGISTER_BROKER, ...) need an admin signature
-                ns_access = NamesrvAcl(access_control) if access_control is not None else None
-                ns_processor = namesrv_processor(self.routes, access=ns_access, accept_brokers=namesrv_accept_brokers)
+                # the request table's gate; --acl: its writes (REGISTER_BROKER, ...) need an admin
+                ns_processor = namesrv_processor(self.routes, access_control=access_control,
+                                                 accept_brokers=namesrv_accept_brokers)  # fmt: skip
                 self.namesrv_server = RemotingServer(sockets.namesrv, ns_processor, self.loop_thread,
                                                      activity=activity)  # fmt: skip
             if core.transactions is not None:
@@ -130,11 +143,15 @@ class RemotingService:
             raise
         self.loop_thread.loop.call_soon_threadsafe(self._schedule_housekeeping)
         self.namesrv_addrs = [a for a in (namesrv_addrs or []) if a]
+        self.namesrv_credentials = namesrv_credentials
+        self._refused: dict[str, tuple[int, str]] = {}  # NameServer -> its last refusal, logged
         self._registrar: threading.Thread | None = None
         self._register_lock = threading.Lock()
         self._ns_clients: dict[str, Any] = {}
         if self.namesrv_addrs:
-            self._registrar = threading.Thread(target=self._register_loop, name="rmq-namesrv-register", daemon=True)
+            self._registrar = threading.Thread(
+                target=self._register_loop, name="rmq-namesrv-register", daemon=True
+            )
             self._registrar.start()
 
     # --- endpoints ------------------------------------------------------------------------------
@@ -153,7 +170,9 @@ class RemotingService:
         send = SendProcessor(core, self.broker_name, self.cluster)
         consumer = ConsumerProcessor(store, self.clients)
         lookup = LookupProcessor(store)
-        admin = self.admin = AdminProcessor(core, self.clients, self.broker_name, int(time.time() * 1000))
+        admin = self.admin = AdminProcessor(
+            core, self.clients, self.broker_name, int(time.time() * 1000)
+        )
         blocking_send = store.config.flush == "sync"
         p = Processor()
         for code in (R.SEND_MESSAGE, R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE):
@@ -163,7 +182,9 @@ class RemotingService:
         # a heartbeat may create its groups' retry topics (one durable write): off the loop
         p.register(R.HEART_BEAT, consumer.heartbeat, blocking=True)
         p.register(R.UNREGISTER_CLIENT, consumer.unregister)
-        p.register(R.CHECK_CLIENT_CONFIG, consumer.check_client_config, blocking=True)  # parses SQL92
+        p.register(
+            R.CHECK_CLIENT_CONFIG, consumer.check_client_config, blocking=True
+        )  # parses SQL92
         p.register(R.GET_CONSUMER_LIST_BY_GROUP, consumer.consumer_list)
         p.register(R.QUERY_CONSUMER_OFFSET, consumer.query_offset)
         p.register(R.UPDATE_CONSUMER_OFFSET, consumer.update_offset)
@@ -201,7 +222,10 @@ class RemotingService:
         topic = req.ext_fields.get("topic", "")
         route = self.routes.topic_route(topic)
         if route is None:
-            return req.response(ResponseCode.TOPIC_NOT_EXIST, f"No topic route info in name server for the topic: {topic}")
+            return req.response(
+                ResponseCode.TOPIC_NOT_EXIST,
+                f"No topic route info in name server for the topic: {topic}",
+            )
         return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps(route))
 
     # --- the NameServer's view of this broker ---------------------------------------------------
@@ -217,7 +241,7 @@ class RemotingService:
         topics = self.store.topics
         try:
             check_topic_cached(topic, allow_system=topic.startswith(("%RETRY%", "%DLQ%")))
-        except Exception:
+        except MessageIllegalError:  # what check_topic raises for a name it refuses
             return None
         if topic.startswith(("%RETRY%", "%DLQ%")):
             return QueueData(1, 1, 6)
@@ -264,7 +288,8 @@ class RemotingService:
         ok = []
         with self._register_lock:
             for addr in self.namesrv_addrs:
-                cmd = RemotingCommand(R.REGISTER_BROKER, self._register_header(body), body, version=BROKER_VERSION)
+                header = self._signed(self._register_header(body), body)
+                cmd = RemotingCommand(R.REGISTER_BROKER, header, body, version=BROKER_VERSION)
                 try:
                     client = self._ns_clients.get(addr)
                     if client is None:
@@ -278,9 +303,38 @@ class RemotingService:
                     continue
                 if answer.code == 0:
                     ok.append(addr)
+                    if self._refused.pop(addr, None) is not None:
+                        log.info("registered with the NameServer %s", addr)
                 else:
-                    log.warning("the NameServer %s refused the registration: %s %s", addr, answer.code, answer.remark)
+                    self._log_refusal(addr, answer)
         return ok
+
+    def _signed(self, ext: dict[str, str], body: bytes = b"") -> dict[str, str]:
+        """``ext`` signed as the Java clients' AclClientRPCHook signs (--namesrv-access-key)."""
+        if self.namesrv_credentials is None:
+            return ext
+        return self.namesrv_credentials.sign_fields(ext, body)
+
+    def _log_refusal(self, addr: str, answer: RemotingCommand) -> None:
+        """One WARNING per NameServer and refusal (the registration is retried every 30 s)."""
+        refusal = (answer.code, answer.remark or "")
+        if self._refused.get(addr) == refusal:
+            return
+        self._refused[addr] = refusal
+        hint, remark = "", answer.remark or ""
+        # refused for its credentials (not for its name, nor by a NameServer taking no brokers)
+        if answer.code == ResponseCode.NO_PERMISSION and not (
+            "own broker" in remark or "registrations" in remark
+        ):
+            if self.namesrv_credentials is not None:
+                hint = (f"; this broker signs as {self.namesrv_credentials}, which needs to be an "
+                        "admin account of that NameServer's ACL")  # fmt: skip
+            else:
+                hint = ("; that NameServer's access control needs an admin account's signature: "
+                        "give rmq-broker --namesrv-access-key and --namesrv-secret-key (or "
+                        "RMQ_NAMESRV_ACCESS_KEY and RMQ_NAMESRV_SECRET_KEY)")  # fmt: skip
+        log.warning("the NameServer %s refused the registration of %s (%s): code %s, %s%s", addr,
+                    self.broker_name, self.broker_addr, answer.code, remark, hint)  # fmt: skip
 
     def _register_loop(self) -> None:
         """Registers every 30 s, and within a second of a change of the topic table (a topic
@@ -295,7 +349,9 @@ class RemotingService:
 
     def _topic_table_version(self) -> tuple[int, int]:
         topics = self.store.topics.topics
-        return len(topics), sum(c.read_queue_nums + c.write_queue_nums * 1024 + c.perm for c in list(topics.values()))
+        return len(topics), sum(
+            c.read_queue_nums + c.write_queue_nums * 1024 + c.perm for c in list(topics.values())
+        )
 
     def _unregister_all(self) -> None:
         from rmq_spark.remoting.client import request
@@ -305,7 +361,7 @@ class RemotingService:
         with self._register_lock:
             for addr in self.namesrv_addrs:
                 try:
-                    request(addr, R.UNREGISTER_BROKER, header, timeout_s=1.0)
+                    request(addr, R.UNREGISTER_BROKER, self._signed(dict(header)), timeout_s=1.0)
                 except (OSError, ValueError):
                     pass
             for client in self._ns_clients.values():

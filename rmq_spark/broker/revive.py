@@ -21,13 +21,20 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.message import Message, MessageExt
 from rmq_spark.store.store import MessageStore
 
-__all__ = ["Move", "retry_topic", "dlq_topic", "retry_copy", "move_expired"]
+__all__ = ["Move", "dlq_topic", "move_expired", "retry_copy", "retry_topic"]
 
 log = logging.getLogger("rmq_spark.broker.pop")
 
 # properties a retry / DLQ copy must not carry (they would send it through a put hook again)
-_DROP_ON_COPY = (L.P_DELAY, L.P_TIMER_DELIVER_MS, L.P_TIMER_DELAY_MS, L.P_TIMER_DELAY_SEC, L.P_REAL_TOPIC,
-                 L.P_REAL_QID, L.P_TRAN_MSG)
+_DROP_ON_COPY = (
+    L.P_DELAY,
+    L.P_TIMER_DELIVER_MS,
+    L.P_TIMER_DELAY_MS,
+    L.P_TIMER_DELAY_SEC,
+    L.P_REAL_TOPIC,
+    L.P_REAL_QID,
+    L.P_TRAN_MSG,
+)
 
 
 def retry_topic(group: str) -> str:
@@ -78,7 +85,9 @@ def retry_copy(ext: MessageExt, group: str, origin: str, reconsume: int, to_dlq:
     )
 
 
-def move_expired(store: MessageStore, moves: list[Move], commit: Callable[[GroupState, QueueState], None]) -> None:
+def move_expired(
+    store: MessageStore, moves: list[Move], commit: Callable[[GroupState, QueueState], None]
+) -> None:
     """Copy the messages of ``moves`` in one write, then finish them in their queues (``commit``
     writes a queue's committed offset).  Whatever fails, each message ends either finished or
     pending in its queue (delivered again from there), never out of both."""
@@ -86,8 +95,10 @@ def move_expired(store: MessageStore, moves: list[Move], commit: Callable[[Group
     try:
         _move_all(store, moves, settled, commit)
     except Exception:
-        log.exception("moving %d expired messages failed: they are delivered again from their queues",
-                      len(moves) - len(settled))
+        log.exception(
+            "moving %d expired messages failed: they are delivered again from their queues",
+            len(moves) - len(settled),
+        )
         for i, m in enumerate(moves):
             if i not in settled:
                 _redeliver_later(m)
@@ -99,16 +110,29 @@ def _redeliver_later(m: Move) -> None:
             m.queue.pending[m.offset] = Pending(m.phys, m.size, None, m.reconsume, m.origin)
 
 
-def _move_all(store: MessageStore, moves: list[Move], settled: set[int],
-              commit: Callable[[GroupState, QueueState], None]) -> None:
+def _move_all(
+    store: MessageStore,
+    moves: list[Move],
+    settled: set[int],
+    commit: Callable[[GroupState, QueueState], None],
+) -> None:
     msgs: list[Message] = []
     kept = []
     for i, m in enumerate(moves):
         try:
             ext = store.look_message_by_offset(m.phys, m.size)
-            copy = None if ext is None else retry_copy(ext, m.group.name, m.origin, m.reconsume + 1, m.to_dlq)
+            copy = (
+                None
+                if ext is None
+                else retry_copy(ext, m.group.name, m.origin, m.reconsume + 1, m.to_dlq)
+            )
         except Exception:  # unreadable (the error names file and position): it stays to redeliver
-            log.exception("reading message %s of %s (CommitLog offset %d) to move it failed", m.offset, m.queue.topic, m.phys)
+            log.exception(
+                "reading message %s of %s (CommitLog offset %d) to move it failed",
+                m.offset,
+                m.queue.topic,
+                m.phys,
+            )
             _redeliver_later(m)
             settled.add(i)
             continue

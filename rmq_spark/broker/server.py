@@ -37,22 +37,25 @@ import threading
 import time
 from collections.abc import Coroutine
 from concurrent import futures
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
 from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer_to_server
 
-from rmq_spark.broker.access import AccessInterceptor
 from rmq_spark.access.auth import AccessControl
-from rmq_spark.broker.options import BrokerOptions, split_listen
+from rmq_spark.broker.access import AccessInterceptor
 from rmq_spark.broker.handler import Activity
+from rmq_spark.broker.options import BrokerOptions, split_listen
 from rmq_spark.broker.service import MessagingService
+from rmq_spark.errors import RmqError
 from rmq_spark.services.config import BrokerConfig
 from rmq_spark.services.core import BrokerCore
 from rmq_spark.services.traffic import Traffic
-from rmq_spark.errors import RmqError
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Broker", "ListenError"]
 
@@ -132,7 +135,7 @@ def _lenient(deserializer: Any) -> Any:
     def deserialize(raw: bytes) -> Any:
         try:
             return deserializer(raw) if deserializer is not None else raw
-        except Exception:
+        except Exception:  # noqa: BLE001 - an undecodable request is answered by its handler
             return _UNDECODABLE
 
     return deserialize
@@ -143,14 +146,21 @@ def _undecodable_checked(handler: Any) -> Any:
     does (``grpc.aio`` would answer UNKNOWN and log the parser's traceback); like there, neither the
     access check nor the handler runs for it.  A request stream ends with that status at its bad
     message."""
-    kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k) is not None)
+    kind = next(
+        k
+        for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        if getattr(handler, k) is not None
+    )
     inner = getattr(handler, kind)
     wrap = _checked_stream_request if handler.request_streaming else _checked_request
-    return handler._replace(request_deserializer=_lenient(handler.request_deserializer), **{kind: wrap(inner)})
+    return handler._replace(
+        request_deserializer=_lenient(handler.request_deserializer), **{kind: wrap(inner)}
+    )
 
 
 def _checked_request(inner: Any) -> Any:
     if inspect.isasyncgenfunction(inner):
+
         async def agen(request: Any, context: Any) -> Any:
             if request is _UNDECODABLE:
                 await context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
@@ -159,6 +169,7 @@ def _checked_request(inner: Any) -> Any:
 
         return agen
     if inspect.iscoroutinefunction(inner):
+
         async def coro(request: Any, context: Any) -> Any:
             if request is _UNDECODABLE:
                 await context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
@@ -166,7 +177,9 @@ def _checked_request(inner: Any) -> Any:
 
         return coro
 
-    def threaded(request: Any, context: Any) -> Any:  # on a worker thread: abort has sent the status on return
+    def threaded(
+        request: Any, context: Any
+    ) -> Any:  # on a worker thread: abort has sent the status on return
         if request is _UNDECODABLE:
             context.abort(grpc.StatusCode.INTERNAL, _UNDECODABLE_DETAILS)
             return iter(()) if inspect.isgeneratorfunction(inner) else None
@@ -183,12 +196,14 @@ def _checked_stream_request(inner: Any) -> Any:
             yield request
 
     if inspect.isasyncgenfunction(inner):
+
         async def agen(requests: Any, context: Any) -> Any:
             async for response in inner(checked(requests, context), context):
                 yield response
 
         return agen
     if inspect.iscoroutinefunction(inner):
+
         async def coro(requests: Any, context: Any) -> Any:
             return await inner(checked(requests, context), context)
 
@@ -199,8 +214,15 @@ def _checked_stream_request(inner: Any) -> Any:
 # what runs on the event loop itself: handlers that touch memory only, never a file or a lock held
 # across I/O (a hop to a worker thread and back costs more than they do); with asynchronous flush
 # a send too (a store write never waits for the disk then).  The rest run on the worker threads.
-ON_THE_LOOP = ("Heartbeat", "AckMessage", "ChangeInvisibleDuration", "NotifyClientTermination", "QueryAssignment",
-               "GetOffset", "SyncLiteSubscription")
+ON_THE_LOOP = (
+    "Heartbeat",
+    "AckMessage",
+    "ChangeInvisibleDuration",
+    "NotifyClientTermination",
+    "QueryAssignment",
+    "GetOffset",
+    "SyncLiteSubscription",
+)
 
 
 class _LoopServed:
@@ -234,7 +256,9 @@ class _Mounted(grpc.GenericRpcHandler):
         self.handlers: list[grpc.GenericRpcHandler] = []
         self._served: dict[str, Any] = {}
 
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:  # what the generated add_..._to_server calls
+    def add_generic_rpc_handlers(
+        self, handlers: Any
+    ) -> None:  # what the generated add_..._to_server calls
         self.handlers.extend(handlers)
 
     def service(self, details: grpc.HandlerCallDetails) -> Any:
@@ -270,7 +294,7 @@ def _read_workers(n: int) -> int:
     return default_workers()
 
 
-def _internal_handler(core: BrokerCore, read_workers: int) -> grpc.GenericRpcHandler | None:
+def _internal_handler(core: BrokerCore, read_workers: int) -> Any:
     try:
         from rmq_spark.broker.connector.server import make_internal_handler
     except ModuleNotFoundError as e:
@@ -307,7 +331,9 @@ class Broker:
                 sockets.close()
             raise
         if self.options.metrics_listen:
-            self.core.traffic = Traffic()  # counted from the first call on (rmq_spark.broker.metrics)
+            self.core.traffic = (
+                Traffic()
+            )  # counted from the first call on (rmq_spark.broker.metrics)
         self._stopped = False
         self._stop_lock = threading.Lock()
         try:
@@ -316,13 +342,17 @@ class Broker:
                 acl = AccessControl.load(self.options.acl_path, clock, self.options.acl_window_ms)
             self.service = MessagingService(self.core, self.options, (host, port))
             self.activity = self.service.activity
-            internal = self.internal_handler = _internal_handler(self.core, _read_workers(self.options.read_workers))
+            internal = self.internal_handler = _internal_handler(
+                self.core, _read_workers(self.options.read_workers)
+            )
             services = [self.service.access()]
             if internal is not None:
                 services.append(internal.connector.access())
             self.access = AccessInterceptor(acl, services)  # every call on the port passes it
             # store work runs on these threads; streams and long polls wait on the event loop
-            self._executor = futures.ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="rmq-grpc")
+            self._executor = futures.ThreadPoolExecutor(
+                max_workers=self.options.workers, thread_name_prefix="rmq-grpc"
+            )
             self.service.executor = self._executor
             self._loop = _LoopThread()
             self._server, bound = self._loop.call(self._serve(internal))
@@ -337,8 +367,11 @@ class Broker:
                                                 cluster=self.options.cluster_name,
                                                 namesrv_addrs=list(self.options.namesrv_addrs),
                                                 activity=self.activity, access_control=acl,
-                                                namesrv_accept_brokers=self.options.namesrv_accept_brokers)  # fmt: skip
-                self.remoting.admin.on_reset = self.service.pop.reset  # its pop state forgets the queue
+                                                namesrv_accept_brokers=self.options.namesrv_accept_brokers,
+                                                namesrv_credentials=self.options.namesrv_credentials)  # fmt: skip
+                self.remoting.admin.on_reset = (
+                    self.service.pop.reset
+                )  # its pop state forgets the queue
                 self.remoting.admin.on_delete = self.service.pop.forget_topic
             if self.options.metrics_listen:
                 from rmq_spark.broker.metrics import start_metrics
@@ -346,7 +379,9 @@ class Broker:
                 try:
                     self.metrics = start_metrics(self)
                 except OSError as e:
-                    raise ListenError(f"cannot serve metrics on {self.options.metrics_listen}: {e}") from None
+                    raise ListenError(
+                        f"cannot serve metrics on {self.options.metrics_listen}: {e}"
+                    ) from None
         except BaseException:
             if self.remoting is not None:
                 self.remoting.stop()
@@ -373,7 +408,9 @@ class Broker:
         try:
             sockets = RemotingSockets.bind(opts.remoting_listen, opts.namesrv_listen)
         except OSError as e:
-            raise ListenError(f"cannot listen on {opts.remoting_listen} / {opts.namesrv_listen}: {e}") from None
+            raise ListenError(
+                f"cannot listen on {opts.remoting_listen} / {opts.namesrv_listen}: {e}"
+            ) from None
         config.store.store_port = sockets.broker_port
         return sockets
 
@@ -381,8 +418,11 @@ class Broker:
         """The server, made on the loop it runs on, bound to ``listen`` (not started)."""
         server = grpc.aio.server(migration_thread_pool=self._executor, options=SERVER_OPTIONS)
         mounted = _Mounted(self.access)  # every call passes the access seam (see _Mounted)
-        on_the_loop = ON_THE_LOOP + (("SendMessage",) if self.core.store.config.flush == "async" else ())
-        add_MessagingServiceServicer_to_server(_LoopServed(self.service, on_the_loop), mounted)
+        on_the_loop = ON_THE_LOOP + (
+            ("SendMessage",) if self.core.store.config.flush == "async" else ()
+        )
+        # duck-typed, both: _LoopServed serves the servicer's methods, _Mounted collects handlers
+        add_MessagingServiceServicer_to_server(_LoopServed(self.service, on_the_loop), mounted)  # type: ignore[arg-type]
         if internal is not None:
             mounted.add_generic_rpc_handlers((_Counted(internal, self.activity),))
         server.add_generic_rpc_handlers((mounted,))
@@ -468,7 +508,7 @@ class Broker:
 
     close = stop
 
-    def __enter__(self) -> Broker:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -31,7 +31,13 @@ from rmq_spark.broker.messages import MessageType, to_proto
 from rmq_spark.store import layout as L
 from rmq_spark.store.message import MessageExt
 
-__all__ = ["SettingsPolicy", "ClientSession", "ClientRegistry", "TelemetryStream", "StreamTransactionChecker"]
+__all__ = [
+    "ClientRegistry",
+    "ClientSession",
+    "SettingsPolicy",
+    "StreamTransactionChecker",
+    "TelemetryStream",
+]
 
 log = logging.getLogger("rmq_spark.broker.telemetry")
 
@@ -138,7 +144,9 @@ class ClientRegistry:
         self._sessions: dict[str, ClientSession] = {}
         self._prune_at = PRUNE_AT
 
-    def touch(self, client_id: str, client_type: int | None = None, group: str | None = None) -> ClientSession:
+    def touch(
+        self, client_id: str, client_type: int | None = None, group: str | None = None
+    ) -> ClientSession:
         with self._lock:
             s = self._sessions.get(client_id)
             if s is None:
@@ -155,7 +163,11 @@ class ClientRegistry:
     def _prune(self) -> None:
         """Forget clients gone without a goodbye (called with the lock held)."""
         now = time.monotonic()
-        for cid in [c for c, s in self._sessions.items() if not s.connected and now - s.last_seen_s > FORGET_AFTER_S]:
+        for cid in [
+            c
+            for c, s in self._sessions.items()
+            if not s.connected and now - s.last_seen_s > FORGET_AFTER_S
+        ]:
             del self._sessions[cid]
         self._prune_at = max(PRUNE_AT, 2 * len(self._sessions))
 
@@ -266,7 +278,9 @@ def _answer(
         return None  # thread stack traces, verify results: nothing to do
     st = cmd.settings
     if st.WhichOneof("pub_sub") is None:
-        return S.TelemetryCommand(status=codes.status(Code.BAD_REQUEST, "settings need publishing or subscription"))
+        return S.TelemetryCommand(
+            status=codes.status(Code.BAD_REQUEST, "settings need publishing or subscription")
+        )
     session.settings = st
     if st.HasField("client_type"):
         session.client_type = st.client_type
@@ -288,7 +302,9 @@ class StreamTransactionChecker:
     producer's Telemetry stream (``RecoverOrphanedTransactionCommand``).  ``on_check(transaction_id,
     half)`` lets the broker remember the half so the producer's EndTransaction finds it."""
 
-    def __init__(self, registry: ClientRegistry, on_check: Callable[[str, MessageExt], None]) -> None:
+    def __init__(
+        self, registry: ClientRegistry, on_check: Callable[[str, MessageExt], None]
+    ) -> None:
         self.registry = registry
         self.on_check = on_check
 
@@ -304,7 +320,9 @@ class StreamTransactionChecker:
         msg = to_proto(half_msg, topic=topic)
         msg.system_properties.message_type = MessageType.TRANSACTION
         cmd = S.TelemetryCommand(
-            recover_orphaned_transaction_command=S.RecoverOrphanedTransactionCommand(message=msg, transaction_id=tid)
+            recover_orphaned_transaction_command=S.RecoverOrphanedTransactionCommand(
+                message=msg, transaction_id=tid
+            )
         )
         for session in producers:
             stream = session.stream

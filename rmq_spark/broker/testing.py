@@ -18,23 +18,46 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["BrokerProcess", "InternalServer", "READY", "client_configuration", "metadata"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
-READY = re.compile(r"^rmq-broker listening on (\S+):(\d+) store=(.+?)(?: remoting=(\S+))?(?: namesrv=(\S+))?(?: metrics=(\S+))?$")
+__all__ = ["READY", "BrokerProcess", "InternalServer", "client_configuration", "metadata"]
+
+READY = re.compile(
+    r"^rmq-broker listening on (\S+):(\d+) store=(.+?)(?: remoting=(\S+))?(?: namesrv=(\S+))?(?: metrics=(\S+))?$"
+)
 
 
 class BrokerProcess:
-    def __init__(self, store: str, *flags: str, start_timeout_s: float = 30.0, log_path: str | None = None,
-                 listen: str = "127.0.0.1:0", program: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        store: str,
+        *flags: str,
+        start_timeout_s: float = 30.0,
+        log_path: str | None = None,
+        listen: str = "127.0.0.1:0",
+        program: list[str] | None = None,
+    ) -> None:
         """``program`` replaces ``python -m rmq_spark.broker`` (a peer server printing the same
         ready line)."""
         self.store = store
-        self.log_path = log_path or os.path.join(os.path.dirname(os.path.abspath(store)), "broker-stderr.log")
-        cmd = [*(program or [sys.executable, "-m", "rmq_spark.broker"]), "--store", store, "--listen", listen, *flags]
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL)
+        self.log_path = log_path or os.path.join(
+            os.path.dirname(os.path.abspath(store)), "broker-stderr.log"
+        )
+        cmd = [
+            *(program or [sys.executable, "-m", "rmq_spark.broker"]),
+            "--store",
+            store,
+            "--listen",
+            listen,
+            *flags,
+        ]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by close()
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL
+        )
         self.pid = self.proc.pid
         self.host = ""
         self.port = 0
@@ -103,21 +126,27 @@ class BrokerProcess:
     def kill(self) -> int:
         return self.stop(timeout_s=10, sig=signal.SIGKILL)
 
-    def __enter__(self) -> BrokerProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def client_configuration(endpoints: str, access_key: str = "", secret_key: str = "", request_timeout: int = 3) -> Any:
+def client_configuration(
+    endpoints: str, access_key: str = "", secret_key: str = "", request_timeout: int = 3
+) -> Any:
     """The official Python client's configuration for ``endpoints``."""
     from rocketmq import ClientConfiguration, Credentials
 
-    return ClientConfiguration(endpoints, Credentials(access_key, secret_key), request_timeout=request_timeout)
+    return ClientConfiguration(
+        endpoints, Credentials(access_key, secret_key), request_timeout=request_timeout
+    )
 
 
-def metadata(client_id: str = "rmq-test-client", access_key: str = "", secret_key: str = "") -> list[tuple[str, str]]:
+def metadata(
+    client_id: str = "rmq-test-client", access_key: str = "", secret_key: str = ""
+) -> list[tuple[str, str]]:
     """Headers as the official clients send them (signed when a key is given), for raw stubs."""
     import datetime
     import hashlib
@@ -125,11 +154,21 @@ def metadata(client_id: str = "rmq-test-client", access_key: str = "", secret_ke
     import uuid
 
     date = datetime.datetime.now().strftime("%Y%m%dT%H%M%SZ")
-    md = [("x-mq-client-id", client_id), ("x-mq-request-id", str(uuid.uuid4())), ("x-mq-date-time", date),
-          ("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2")]
+    md = [
+        ("x-mq-client-id", client_id),
+        ("x-mq-request-id", str(uuid.uuid4())),
+        ("x-mq-date-time", date),
+        ("x-mq-language", "PYTHON"),
+        ("x-mq-protocol", "GRPC_V2"),
+    ]
     if access_key:
         sig = hmac.new(secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
-        md.append(("authorization", f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, Signature={sig}"))
+        md.append(
+            (
+                "authorization",
+                f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, Signature={sig}",
+            )
+        )
     return md
 
 
@@ -139,7 +178,9 @@ class InternalServer:
     ``connector`` (the service: its sink, its read workers), ``client``.  ``close`` stops them as
     the broker's stop does (queued group commits first)."""
 
-    def __init__(self, root: str, *, clock: Any = None, read_workers: int = 0, client_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, root: str, *, clock: Any = None, read_workers: int = 0, client_timeout_s: float = 30.0
+    ) -> None:
         from concurrent import futures
 
         import grpc

@@ -25,7 +25,9 @@ __all__ = ["Wakeups"]
 
 class Wakeups:
     def __init__(self) -> None:
-        self._parked: dict[str, set[asyncio.Future[None]]] = {}  # read from any thread, changed on the loop
+        self._parked: dict[
+            str, set[asyncio.Future[None]]
+        ] = {}  # read from any thread, changed on the loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._due: set[str] = set()  # topics to wake at the next callback
@@ -72,7 +74,9 @@ class Wakeups:
                 if not fut.done():
                     fut.set_result(None)
 
-    async def wait(self, topics: Iterable[str], timeout_s: float, unchanged: Callable[[], bool]) -> None:
+    async def wait(
+        self, topics: Iterable[str], timeout_s: float, unchanged: Callable[[], bool]
+    ) -> None:
         """Park until a write to one of ``topics`` is announced or ``timeout_s`` passes; return at
         once if ``unchanged()`` is false once parked (something changed meanwhile)."""
         loop = asyncio.get_running_loop()

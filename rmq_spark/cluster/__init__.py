@@ -3,6 +3,7 @@ remoting protocol (``client``: :class:`ClusterClient`; ``connection``: multiplex
 and their pool; ``routes``: ``TopicRouteData``).  Used by format ``rmq``'s ``namesrvAddr`` reads
 and writes; works with Apache RocketMQ and with rmq-broker's remoting port and NameServer."""
 
+from rmq_spark.cluster.acl import Credentials
 from rmq_spark.cluster.client import (
     BrokerUnreachableError,
     ClusterClient,
@@ -13,5 +14,15 @@ from rmq_spark.cluster.client import (
 )
 from rmq_spark.cluster.routes import BrokerData, QueueData, TopicRoute
 
-__all__ = ["BrokerData", "BrokerUnreachableError", "ClusterClient", "ClusterError", "PullResult", "QueueData",
-           "SendResult", "TopicRoute", "parse_namesrv_addr"]
+__all__ = [
+    "BrokerData",
+    "BrokerUnreachableError",
+    "ClusterClient",
+    "ClusterError",
+    "Credentials",
+    "PullResult",
+    "QueueData",
+    "SendResult",
+    "TopicRoute",
+    "parse_namesrv_addr",
+]

@@ -8,7 +8,8 @@ what a pipelined read of one queue needs, with the least work per pull).
         ch.result(a)       # PullResult; answers may come in any order, each is kept until asked
 
 The request header is JSON written from a template (topic, group and broker names are RocketMQ
-names: no character needs escaping), exactly the fields of :meth:`ClusterClient.pull`.
+names: no character needs escaping), exactly the fields of :meth:`ClusterClient.pull`; with
+``credentials`` each request is signed (:mod:`rmq_spark.cluster.acl`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,21 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+from typing import TYPE_CHECKING
 
-from rmq_spark.cluster.client import PULL_CODES, BrokerUnreachableError, ClusterError, PullResult, _code_name
+from rmq_spark.cluster.acl import Credentials
+from rmq_spark.cluster.wire import (
+    PULL_CODES,
+    BrokerUnreachableError,
+    ClusterError,
+    PullResult,
+    code_name,
+)
 from rmq_spark.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from rmq_spark.remoting.command import FLAG_RESPONSE, FrameError, decode_frame
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["PullChannel"]
 
@@ -28,42 +40,93 @@ _HEAD = 8  # frame length + serialize type / header length
 
 
 class PullChannel:
-    def __init__(self, addr: str, broker: str, topic: str, queue_id: int, group: str, *,
-                 expression: str = "*", expression_type: str = "TAG", timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        addr: str,
+        broker: str,
+        topic: str,
+        queue_id: int,
+        group: str,
+        *,
+        expression: str = "*",
+        expression_type: str = "TAG",
+        timeout_s: float = 10.0,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.addr, self.broker, self.topic, self.queue_id = addr, broker, topic, queue_id
+        self.credentials = credentials
         host, _, port = addr.rpartition(":")
         try:
-            self._sock = socket.create_connection((host.strip("[]"), int(port)), timeout=min(timeout_s, 3.0))
+            self._sock = socket.create_connection(
+                (host.strip("[]"), int(port)), timeout=min(timeout_s, 3.0)
+            )
         except OSError as e:
-            raise BrokerUnreachableError(f"PULL_MESSAGE (11) to {broker} at {addr}: cannot connect: {e}",
-                                         broker=broker, addr=addr, request=RequestCode.PULL_MESSAGE) from None
+            raise BrokerUnreachableError(
+                f"PULL_MESSAGE (11) to {broker} at {addr}: cannot connect: {e}",
+                broker=broker,
+                addr=addr,
+                request=RequestCode.PULL_MESSAGE,
+            ) from None
         self._sock.settimeout(timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         fixed = {"consumerGroup": group, "topic": topic, "queueId": str(queue_id)}
-        tail = {"sysFlag": str(int(PullSysFlag.SUBSCRIPTION)), "commitOffset": "0", "suspendTimeoutMillis": "0",
-                "subscription": expression, "subVersion": "0", "expressionType": expression_type, "bname": broker}
+        tail = {
+            "sysFlag": str(int(PullSysFlag.SUBSCRIPTION)),
+            "commitOffset": "0",
+            "suspendTimeoutMillis": "0",
+            "subscription": expression,
+            "subVersion": "0",
+            "expressionType": expression_type,
+            "bname": broker,
+        }
+        self._fields = {**fixed, **tail}  # signed requests: the whole header, signed per request
         lead = json.dumps(fixed, separators=(",", ":"))[:-1]
         rest = json.dumps(tail, separators=(",", ":"))[1:]
         # {"code":11,"extFields":{...,"queueOffset":"<o>","maxMsgNums":"<n>",...},"flag":0,...,"opaque":<id>,...}
-        self._parts = ('{"code":11,"extFields":' + lead + ',"queueOffset":"', '","maxMsgNums":"',
-                       '",' + rest + ',"flag":0,"language":"PYTHON","opaque":',
-                       ',"serializeTypeCurrentRPC":"JSON","version":401}')
+        self._parts = (
+            '{"code":11,"extFields":' + lead + ',"queueOffset":"',
+            '","maxMsgNums":"',
+            '",' + rest + ',"flag":0,"language":"PYTHON","opaque":',
+            ',"serializeTypeCurrentRPC":"JSON","version":401}',
+        )
         self._sent: dict[int, int] = {}  # opaque -> offset asked
         self._answers: dict[int, PullResult] = {}
 
     def _fail(self, what: str) -> BrokerUnreachableError:
         self.close()
-        return BrokerUnreachableError(f"PULL_MESSAGE (11) of {self.topic}/{self.queue_id} to {self.broker} at "
-                                      f"{self.addr}: {what}", broker=self.broker, addr=self.addr,
-                                      request=RequestCode.PULL_MESSAGE)
+        return BrokerUnreachableError(
+            f"PULL_MESSAGE (11) of {self.topic}/{self.queue_id} to {self.broker} at "
+            f"{self.addr}: {what}",
+            broker=self.broker,
+            addr=self.addr,
+            request=RequestCode.PULL_MESSAGE,
+        )
 
     def send(self, offset: int, max_nums: int) -> int:
         """Writes one PULL_MESSAGE; returns its ticket for :meth:`result`."""
         opaque = next(_opaques) & 0x7FFFFFFF
-        p = self._parts
-        header = f"{p[0]}{offset}{p[1]}{max_nums}{p[2]}{opaque}{p[3]}".encode()
+        if self.credentials is not None:
+            ext = self.credentials.sign_fields(
+                {**self._fields, "queueOffset": str(offset), "maxMsgNums": str(max_nums)}
+            )
+            header = json.dumps(
+                {
+                    "code": int(RequestCode.PULL_MESSAGE),
+                    "extFields": ext,
+                    "flag": 0,
+                    "language": "PYTHON",
+                    "opaque": opaque,
+                    "serializeTypeCurrentRPC": "JSON",
+                    "version": 401,
+                }
+            ).encode()
+        else:
+            p = self._parts
+            header = f"{p[0]}{offset}{p[1]}{max_nums}{p[2]}{opaque}{p[3]}".encode()
         try:
-            self._sock.sendall((4 + len(header)).to_bytes(4, "big") + len(header).to_bytes(4, "big") + header)
+            self._sock.sendall(
+                (4 + len(header)).to_bytes(4, "big") + len(header).to_bytes(4, "big") + header
+            )
         except OSError as e:
             raise self._fail(f"writing failed: {e}") from None
         self._sent[opaque] = offset
@@ -89,12 +152,22 @@ class PullChannel:
         if cmd.code not in PULL_CODES:
             raise ClusterError(
                 f"PULL_MESSAGE (11) of {self.topic}/{self.queue_id}@{offset} to {self.broker} at {self.addr} answered "
-                f"{_code_name(cmd.code, ResponseCode)}: {cmd.remark or '(no remark)'}", broker=self.broker,
-                addr=self.addr, request=RequestCode.PULL_MESSAGE, code=cmd.code, remark=cmd.remark)
+                f"{code_name(cmd.code, ResponseCode)}: {cmd.remark or '(no remark)'}",
+                broker=self.broker,
+                addr=self.addr,
+                request=RequestCode.PULL_MESSAGE,
+                code=cmd.code,
+                remark=cmd.remark,
+            )
         f = cmd.ext_fields
         self._answers[cmd.opaque] = PullResult(
-            cmd.code, cmd.body if cmd.code == ResponseCode.SUCCESS else b"", int(f.get("nextBeginOffset", offset)),
-            int(f.get("minOffset", 0)), int(f.get("maxOffset", 0)), int(f.get("suggestWhichBrokerId", 0)))
+            cmd.code,
+            cmd.body if cmd.code == ResponseCode.SUCCESS else b"",
+            int(f.get("nextBeginOffset", offset)),
+            int(f.get("minOffset", 0)),
+            int(f.get("maxOffset", 0)),
+            int(f.get("suggestWhichBrokerId", 0)),
+        )
 
     def _exact(self, n: int) -> bytearray:
         buf = bytearray(n)
@@ -113,7 +186,7 @@ class PullChannel:
         except OSError:
             pass
 
-    def __enter__(self) -> PullChannel:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

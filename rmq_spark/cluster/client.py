@@ -17,8 +17,13 @@
   ``SendMessageRequestHeaderV2`` with its one-letter names, ...).
 * Errors: :class:`ClusterError` names the broker, its address, the request and the response's
   code and remark; :class:`BrokerUnreachableError` (a subclass) when no answer came at all.
+* ``credentials``: every request is signed as the Java client's ``AclClientRPCHook`` signs it
+  (:mod:`rmq_spark.cluster.acl`); the secret never appears in an error.
 * ``on_request``: the hook for requests a broker sends over our connections
   (``CHECK_TRANSACTION_STATE``); it returns the response to write back, or ``None``.
+
+Why this module is long: one method per request the connector sends, as Java's MQClientAPIImpl has
+one each; the encodings, results and errors are in :mod:`rmq_spark.cluster.wire`.
 """
 
 from __future__ import annotations
@@ -32,13 +37,31 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from rmq_spark.cluster.acl import Credentials
 from rmq_spark.cluster.connection import ConnectionPool, ServerRequestHook
 from rmq_spark.cluster.routes import TopicRoute, parse_route
-from rmq_spark.errors import ConfigError, RmqError
+from rmq_spark.cluster.wire import (
+    PULL_CODES,
+    SEND_STATUS,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    BrokerUnreachableError,
+    ClusterError,
+    PullResult,
+    SendResult,
+    code_name,
+    encode_batch,
+    encode_properties,
+    parse_namesrv_addr,
+)
 from rmq_spark.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "BrokerUnreachableError",
@@ -51,106 +74,32 @@ __all__ = [
     "parse_namesrv_addr",
 ]
 
-NAME_VALUE_SEP = "\x01"
-PROPERTY_SEP = "\x02"
-# MessageSysFlag / TransactionType values of END_TRANSACTION's commitOrRollback
-TRANSACTION_NOT_TYPE = 0
-TRANSACTION_PREPARED_TYPE = 0x4
-TRANSACTION_COMMIT_TYPE = 0x8
-TRANSACTION_ROLLBACK_TYPE = 0xC
-_SEND_OK = {
-    ResponseCode.SUCCESS: "SEND_OK",
-    ResponseCode.FLUSH_DISK_TIMEOUT: "FLUSH_DISK_TIMEOUT",
-    ResponseCode.FLUSH_SLAVE_TIMEOUT: "FLUSH_SLAVE_TIMEOUT",
-    ResponseCode.SLAVE_NOT_AVAILABLE: "SLAVE_NOT_AVAILABLE",
-}
-PULL_CODES = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
-              ResponseCode.PULL_OFFSET_MOVED)
-
-
-def _code_name(code: int, enum: type) -> str:
-    try:
-        return f"{enum(code).name} ({code})"
-    except ValueError:
-        return str(code)
-
-
-class ClusterError(RmqError):
-    """A request to a broker or NameServer failed: names who, where, what and the answer."""
-
-    def __init__(self, message: str, *, broker: str | None = None, addr: str | None = None,
-                 request: int | None = None, code: int | None = None, remark: str | None = None) -> None:
-        super().__init__(message)
-        self.broker, self.addr, self.request, self.code, self.remark = broker, addr, request, code, remark
-
-
-class BrokerUnreachableError(ClusterError):
-    """No answer at all: the connection failed, broke or timed out (the broker may be down)."""
-
-
-def parse_namesrv_addr(value: str) -> list[str]:
-    """``"h1:9876;h2:9876"`` (``,`` accepted too) as a list, each checked to be host:port."""
-    addrs = [a.strip() for a in value.replace(",", ";").split(";") if a.strip()]
-    if not addrs:
-        raise ConfigError("namesrvAddr lists no NameServer: give host:port[;host:port...]")
-    for a in addrs:
-        host, _, port = a.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"namesrvAddr: {a!r} is not host:port")
-    return addrs
-
-
-def encode_properties(props: Mapping[str, str]) -> str:
-    """``MessageDecoder.messageProperties2String``: ``k\\x01v\\x02`` per property."""
-    return "".join(f"{k}{NAME_VALUE_SEP}{v}{PROPERTY_SEP}" for k, v in props.items())
-
-
-def encode_batch(messages: Iterable[tuple[bytes, Mapping[str, str], int]]) -> bytes:
-    """The body of SEND_BATCH_MESSAGE (``MessageDecoder.encodeMessages``): per message TOTALSIZE,
-    MAGICCODE 0, BODYCRC 0, FLAG, BODYLEN + BODY, PROPERTIESLEN (short) + PROPERTIES."""
-    parts = []
-    for body, props, flag in messages:
-        p = encode_properties(props).encode("utf-8")
-        if len(p) > 32767:
-            raise ConfigError(f"a message's properties take {len(p)} bytes, over RocketMQ's 32767")
-        total = 4 + 4 + 4 + 4 + 4 + len(body) + 2 + len(p)
-        parts += [total.to_bytes(4, "big"), b"\0\0\0\0\0\0\0\0", (flag & 0xFFFFFFFF).to_bytes(4, "big"),
-                  len(body).to_bytes(4, "big"), body, len(p).to_bytes(2, "big"), p]
-    return b"".join(parts)
-
-
-@dataclass(frozen=True)
-class PullResult:
-    code: int  # SUCCESS, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY or PULL_OFFSET_MOVED
-    body: bytes  # CommitLog records, concatenated (SUCCESS only)
-    next_begin_offset: int
-    min_offset: int
-    max_offset: int
-    suggest_broker_id: int = 0
-
-    @property
-    def found(self) -> bool:
-        return self.code == ResponseCode.SUCCESS
-
-
-@dataclass(frozen=True)
-class SendResult:
-    status: str  # SEND_OK, FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE
-    msg_id: str  # the client's id (UNIQ_KEY) when the message had one, else the offset msgId
-    offset_msg_id: str
-    broker: str
-    queue_id: int
-    queue_offset: int
-    transaction_id: str | None = None
-
 
 class ClusterClient:
-    def __init__(self, namesrv_addr: str | Sequence[str], *, timeout_s: float = 10.0, pool_size: int = 1,
-                 on_request: ServerRequestHook | None = None, client_id: str | None = None) -> None:
-        self.namesrv_addrs = parse_namesrv_addr(namesrv_addr) if isinstance(namesrv_addr, str) else list(namesrv_addr)
+    def __init__(
+        self,
+        namesrv_addr: str | Sequence[str],
+        *,
+        timeout_s: float = 10.0,
+        pool_size: int = 1,
+        on_request: ServerRequestHook | None = None,
+        client_id: str | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
+        self.namesrv_addrs = (
+            parse_namesrv_addr(namesrv_addr)
+            if isinstance(namesrv_addr, str)
+            else list(namesrv_addr)
+        )
         self.timeout_s = timeout_s
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}#{uuid.uuid4().hex[:8]}"
-        self.pool = ConnectionPool(pool_size, min(timeout_s, 3.0), on_request)
+        self.credentials = credentials  # every request signed (AclClientRPCHook) when given
+        self.pool = ConnectionPool(
+            pool_size,
+            min(timeout_s, 3.0),
+            on_request,
+            credentials.sign if credentials is not None else None,
+        )
         self._ns_index = 0
         self._routes: dict[str, TopicRoute] = {}
         self._addrs: dict[str, str] = {}  # broker name -> master address, from every route seen
@@ -159,7 +108,7 @@ class ClusterClient:
     def close(self) -> None:
         self.pool.close()
 
-    def __enter__(self) -> ClusterClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -167,24 +116,38 @@ class ClusterClient:
 
     # -- plumbing -------------------------------------------------------------------------------
 
-    def _call(self, addr: str, cmd: RemotingCommand, who: str, timeout_s: float | None = None) -> RemotingCommand:
+    def _call(
+        self, addr: str, cmd: RemotingCommand, who: str, timeout_s: float | None = None
+    ) -> RemotingCommand:
         code = cmd.code
         try:
             return self.pool.get(addr).request(cmd, timeout_s or self.timeout_s)
         except (OSError, TimeoutError) as e:  # ConnectionError is an OSError
             self.pool.drop_dead(addr)
             raise BrokerUnreachableError(
-                f"{_code_name(code, RequestCode)} to {who} at {addr} got no answer: {e}",
-                broker=who, addr=addr, request=code) from None
+                f"{code_name(code, RequestCode)} to {who} at {addr} got no answer: {e}",
+                broker=who,
+                addr=addr,
+                request=code,
+            ) from None
 
     @staticmethod
-    def _fail(answer: RemotingCommand, request: int, who: str, addr: str, what: str = "") -> ClusterError:
+    def _fail(
+        answer: RemotingCommand, request: int, who: str, addr: str, what: str = ""
+    ) -> ClusterError:
         return ClusterError(
-            f"{_code_name(request, RequestCode)}{what} to {who} at {addr} answered "
-            f"{_code_name(answer.code, ResponseCode)}: {answer.remark or '(no remark)'}",
-            broker=who, addr=addr, request=request, code=answer.code, remark=answer.remark)
+            f"{code_name(request, RequestCode)}{what} to {who} at {addr} answered "
+            f"{code_name(answer.code, ResponseCode)}: {answer.remark or '(no remark)'}",
+            broker=who,
+            addr=addr,
+            request=request,
+            code=answer.code,
+            remark=answer.remark,
+        )
 
-    def namesrv_request(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"") -> RemotingCommand:
+    def namesrv_request(
+        self, code: int, ext: dict[str, str] | None = None, body: bytes = b""
+    ) -> RemotingCommand:
         """One request to the NameServers: each in turn from the last that answered."""
         errors = []
         n = len(self.namesrv_addrs)
@@ -192,14 +155,19 @@ class ClusterClient:
             idx = (self._ns_index + i) % n
             addr = self.namesrv_addrs[idx]
             try:
-                answer = self._call(addr, RemotingCommand(code, dict(ext or {}), body), "NameServer")
+                answer = self._call(
+                    addr, RemotingCommand(code, dict(ext or {}), body), "NameServer"
+                )
             except BrokerUnreachableError as e:
                 errors.append(str(e))
                 continue
             self._ns_index = idx
             return answer
-        raise BrokerUnreachableError(f"no NameServer of {';'.join(self.namesrv_addrs)} answered "
-                                     f"{_code_name(code, RequestCode)}: {'; '.join(errors)}", request=code)
+        raise BrokerUnreachableError(
+            f"no NameServer of {';'.join(self.namesrv_addrs)} answered "
+            f"{code_name(code, RequestCode)}: {'; '.join(errors)}",
+            request=code,
+        )
 
     # -- routes ---------------------------------------------------------------------------------
 
@@ -212,9 +180,13 @@ class ClusterClient:
         req = RequestCode.GET_ROUTEINFO_BY_TOPIC
         answer = self.namesrv_request(req, {"topic": topic, "acceptStandardJsonOnly": "true"})
         if answer.code != ResponseCode.SUCCESS:
-            raise ClusterError(f"the NameServers ({';'.join(self.namesrv_addrs)}) know no route of topic {topic!r}: "
-                               f"{_code_name(answer.code, ResponseCode)}: {answer.remark or ''}",
-                               request=req, code=answer.code, remark=answer.remark)
+            raise ClusterError(
+                f"the NameServers ({';'.join(self.namesrv_addrs)}) know no route of topic {topic!r}: "
+                f"{code_name(answer.code, ResponseCode)}: {answer.remark or ''}",
+                request=req,
+                code=answer.code,
+                remark=answer.remark,
+            )
         route = parse_route(topic, answer.body)
         with self._lock:
             self._routes[topic] = route
@@ -230,21 +202,28 @@ class ClusterClient:
         """Every topic the NameServers know (GET_ALL_TOPIC_LIST_FROM_NAMESERVER)."""
         answer = self.namesrv_request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
         if answer.code != ResponseCode.SUCCESS:
-            raise ClusterError(f"GET_ALL_TOPIC_LIST_FROM_NAMESERVER answered {answer.code}: {answer.remark}",
-                               request=RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, code=answer.code)
+            raise ClusterError(
+                f"GET_ALL_TOPIC_LIST_FROM_NAMESERVER answered {answer.code}: {answer.remark}",
+                request=RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+                code=answer.code,
+            )
         return sorted(json.loads(answer.body or b"{}").get("topicList") or [])
 
     def broker_addr(self, broker: str, topic: str | None = None) -> str:
         """The master address of ``broker`` (a name from the routes, or ``host:port`` itself)."""
         addr = self._addrs.get(broker)
         if addr is None and topic is not None:
-            addr = self.route(topic, refresh=True).brokers.get(broker, None) and self._addrs.get(broker)
+            known = self.route(topic, refresh=True).brokers.get(broker, None) is not None
+            addr = self._addrs.get(broker) if known else None
         if addr is None:
             if ":" in broker:
                 return broker
-            raise BrokerUnreachableError(f"broker {broker!r} has no master in the routes the NameServers "
-                               f"({';'.join(self.namesrv_addrs)}) gave" + (f" for topic {topic!r}" if topic else ""),
-                               broker=broker)
+            raise BrokerUnreachableError(
+                f"broker {broker!r} has no master in the routes the NameServers "
+                f"({';'.join(self.namesrv_addrs)}) gave"
+                + (f" for topic {topic!r}" if topic else ""),
+                broker=broker,
+            )
         return addr
 
     def broker_addr_or_none(self, broker: str) -> str | None:
@@ -259,9 +238,18 @@ class ClusterClient:
         if addr is not None:
             self.pool.drop_dead(addr)
 
-    def invoke(self, broker: str, code: int, ext: dict[str, str], body: bytes = b"", *, topic: str | None = None,
-               ok: Iterable[int] = (ResponseCode.SUCCESS,), timeout_s: float | None = None,
-               what: str = "") -> RemotingCommand:
+    def invoke(
+        self,
+        broker: str,
+        code: int,
+        ext: dict[str, str],
+        body: bytes = b"",
+        *,
+        topic: str | None = None,
+        ok: Iterable[int] = (ResponseCode.SUCCESS,),
+        timeout_s: float | None = None,
+        what: str = "",
+    ) -> RemotingCommand:
         """One request to ``broker``'s master; its answer, or :class:`ClusterError`."""
         addr = self.broker_addr(broker, topic)
         try:
@@ -275,35 +263,92 @@ class ClusterClient:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def _pull_command(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str,
-                      expression: str, expression_type: str, sys_flag: int, suspend_ms: int,
-                      max_bytes: int | None) -> RemotingCommand:
+    def _pull_command(
+        self,
+        broker: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_nums: int,
+        group: str,
+        expression: str,
+        expression_type: str,
+        sys_flag: int,
+        suspend_ms: int,
+        max_bytes: int | None,
+    ) -> RemotingCommand:
         ext = {
-            "consumerGroup": group, "topic": topic, "queueId": str(queue_id), "queueOffset": str(offset),
-            "maxMsgNums": str(max_nums), "sysFlag": str(int(sys_flag)), "commitOffset": "0",
-            "suspendTimeoutMillis": str(suspend_ms), "subscription": expression, "subVersion": "0",
-            "expressionType": expression_type, "bname": broker,
+            "consumerGroup": group,
+            "topic": topic,
+            "queueId": str(queue_id),
+            "queueOffset": str(offset),
+            "maxMsgNums": str(max_nums),
+            "sysFlag": str(int(sys_flag)),
+            "commitOffset": "0",
+            "suspendTimeoutMillis": str(suspend_ms),
+            "subscription": expression,
+            "subVersion": "0",
+            "expressionType": expression_type,
+            "bname": broker,
         }
         if max_bytes is not None:
             ext["maxMsgBytes"] = str(max_bytes)
         return RemotingCommand(RequestCode.PULL_MESSAGE, ext)
 
-    def _pull_result(self, answer: RemotingCommand, broker: str, addr: str, topic: str, queue_id: int,
-                     offset: int) -> PullResult:
+    def _pull_result(
+        self,
+        answer: RemotingCommand,
+        broker: str,
+        addr: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+    ) -> PullResult:
         if answer.code not in PULL_CODES:
-            raise self._fail(answer, RequestCode.PULL_MESSAGE, broker, addr, f" of {topic}/{queue_id}@{offset}")
+            raise self._fail(
+                answer, RequestCode.PULL_MESSAGE, broker, addr, f" of {topic}/{queue_id}@{offset}"
+            )
         f = answer.ext_fields
-        return PullResult(answer.code, answer.body if answer.code == ResponseCode.SUCCESS else b"",
-                          int(f.get("nextBeginOffset", offset)), int(f.get("minOffset", 0)),
-                          int(f.get("maxOffset", 0)), int(f.get("suggestWhichBrokerId", 0)))
+        return PullResult(
+            answer.code,
+            answer.body if answer.code == ResponseCode.SUCCESS else b"",
+            int(f.get("nextBeginOffset", offset)),
+            int(f.get("minOffset", 0)),
+            int(f.get("maxOffset", 0)),
+            int(f.get("suggestWhichBrokerId", 0)),
+        )
 
-    def pull(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str, *,
-             expression: str = "*", expression_type: str = "TAG", sys_flag: int = PullSysFlag.SUBSCRIPTION,
-             suspend_ms: int = 0, max_bytes: int | None = None, timeout_s: float | None = None) -> PullResult:
+    def pull(
+        self,
+        broker: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_nums: int,
+        group: str,
+        *,
+        expression: str = "*",
+        expression_type: str = "TAG",
+        sys_flag: int = PullSysFlag.SUBSCRIPTION,
+        suspend_ms: int = 0,
+        max_bytes: int | None = None,
+        timeout_s: float | None = None,
+    ) -> PullResult:
         """PULL_MESSAGE: up to ``max_nums`` messages of one queue from ``offset``, filtered by the
         broker with the subscription expression (``sys_flag`` has SUBSCRIPTION by default)."""
-        cmd = self._pull_command(broker, topic, queue_id, offset, max_nums, group, expression, expression_type,
-                                 sys_flag, suspend_ms, max_bytes)
+        cmd = self._pull_command(
+            broker,
+            topic,
+            queue_id,
+            offset,
+            max_nums,
+            group,
+            expression,
+            expression_type,
+            sys_flag,
+            suspend_ms,
+            max_bytes,
+        )
         addr = self.broker_addr(broker, topic)
         t = timeout_s or max(self.timeout_s, suspend_ms / 1000 + 5)
         try:
@@ -313,13 +358,34 @@ class ClusterClient:
             raise
         return self._pull_result(answer, broker, addr, topic, queue_id, offset)
 
-    def pull_async(self, broker: str, topic: str, queue_id: int, offset: int, max_nums: int, group: str, *,
-                   expression: str = "*", expression_type: str = "TAG",
-                   sys_flag: int = PullSysFlag.SUBSCRIPTION) -> Callable[[float | None], PullResult]:
+    def pull_async(
+        self,
+        broker: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_nums: int,
+        group: str,
+        *,
+        expression: str = "*",
+        expression_type: str = "TAG",
+        sys_flag: int = PullSysFlag.SUBSCRIPTION,
+    ) -> Callable[[float | None], PullResult]:
         """PULL_MESSAGE sent now; returns ``wait(timeout_s)`` giving its :class:`PullResult` (or
         raising as :meth:`pull`), so that many pulls can be in flight on one connection."""
-        cmd = self._pull_command(broker, topic, queue_id, offset, max_nums, group, expression, expression_type,
-                                 sys_flag, 0, None)
+        cmd = self._pull_command(
+            broker,
+            topic,
+            queue_id,
+            offset,
+            max_nums,
+            group,
+            expression,
+            expression_type,
+            sys_flag,
+            0,
+            None,
+        )
         addr = self.broker_addr(broker, topic)
         code = RequestCode.PULL_MESSAGE
         try:
@@ -327,8 +393,12 @@ class ClusterClient:
         except OSError as e:
             self.pool.drop_dead(addr)
             self.forget_broker(broker)
-            raise BrokerUnreachableError(f"PULL_MESSAGE (11) to {broker} at {addr} got no answer: {e}", broker=broker,
-                                         addr=addr, request=code) from None
+            raise BrokerUnreachableError(
+                f"PULL_MESSAGE (11) to {broker} at {addr} got no answer: {e}",
+                broker=broker,
+                addr=addr,
+                request=code,
+            ) from None
 
         def wait(timeout_s: float | None = None) -> PullResult:
             try:
@@ -337,13 +407,19 @@ class ClusterClient:
                 fut.cancel()
                 self.pool.drop_dead(addr)
                 self.forget_broker(broker)
-                raise BrokerUnreachableError(f"PULL_MESSAGE (11) to {broker} at {addr} got no answer: {e or 'timeout'}",
-                                             broker=broker, addr=addr, request=code) from None
+                raise BrokerUnreachableError(
+                    f"PULL_MESSAGE (11) to {broker} at {addr} got no answer: {e or 'timeout'}",
+                    broker=broker,
+                    addr=addr,
+                    request=code,
+                ) from None
             return self._pull_result(answer, broker, addr, topic, queue_id, offset)
 
         return wait
 
-    def _offset_call(self, code: int, broker: str, topic: str, queue_id: int, extra: dict[str, str] | None = None) -> int:
+    def _offset_call(
+        self, code: int, broker: str, topic: str, queue_id: int, extra: dict[str, str] | None = None
+    ) -> int:
         ext = {"topic": topic, "queueId": str(queue_id), "bname": broker, **(extra or {})}
         answer = self.invoke(broker, code, ext, topic=topic, what=f" of {topic}/{queue_id}")
         return int(answer.ext_fields.get("offset", 0))
@@ -356,90 +432,238 @@ class ClusterClient:
         """The queue's first offset still stored (GET_MIN_OFFSET)."""
         return self._offset_call(RequestCode.GET_MIN_OFFSET, broker, topic, queue_id)
 
-    def search_offset(self, broker: str, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower") -> int:
+    def search_offset(
+        self, broker: str, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower"
+    ) -> int:
         """SEARCH_OFFSET_BY_TIMESTAMP: the first offset stored at or after ``timestamp_ms``
         (``boundary="lower"``; RocketMQ 5's ``BoundaryType``, ignored by 4.x)."""
-        return self._offset_call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, broker, topic, queue_id,
-                                 {"timestamp": str(int(timestamp_ms)), "boundaryType": boundary.upper()})
+        return self._offset_call(
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+            broker,
+            topic,
+            queue_id,
+            {"timestamp": str(int(timestamp_ms)), "boundaryType": boundary.upper()},
+        )
 
-    def query_consumer_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None:
-        """The group's committed offset of a queue, or None when it has none (QUERY_NOT_FOUND)."""
-        ext = {"consumerGroup": group, "topic": topic, "queueId": str(queue_id), "setZeroIfNotFound": "false",
-               "bname": broker}
-        answer = self.invoke(broker, RequestCode.QUERY_CONSUMER_OFFSET, ext, topic=topic,
-                             ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND), what=f" of {group} on {topic}/{queue_id}")
-        if answer.code == ResponseCode.QUERY_NOT_FOUND:
+    def query_consumer_offset(
+        self, broker: str, group: str, topic: str, queue_id: int
+    ) -> int | None:
+        """The group's committed offset of a queue, or None when it has none (QUERY_NOT_FOUND, or
+        SUBSCRIPTION_GROUP_NOT_EXIST: a group the broker does not know has committed nothing)."""
+        ext = {
+            "consumerGroup": group,
+            "topic": topic,
+            "queueId": str(queue_id),
+            "setZeroIfNotFound": "false",
+            "bname": broker,
+        }
+        none = (ResponseCode.QUERY_NOT_FOUND, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST)
+        answer = self.invoke(
+            broker,
+            RequestCode.QUERY_CONSUMER_OFFSET,
+            ext,
+            topic=topic,
+            ok=(ResponseCode.SUCCESS, *none),
+            what=f" of {group} on {topic}/{queue_id}",
+        )
+        if answer.code in none:
             return None
         return int(answer.ext_fields.get("offset", 0))
 
-    def update_consumer_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None:
+    def update_consumer_offset(
+        self, broker: str, group: str, topic: str, queue_id: int, offset: int
+    ) -> None:
         """UPDATE_CONSUMER_OFFSET (what ``mqadmin consumerProgress`` reports the lag from)."""
-        ext = {"consumerGroup": group, "topic": topic, "queueId": str(queue_id), "commitOffset": str(int(offset)),
-               "bname": broker}
-        self.invoke(broker, RequestCode.UPDATE_CONSUMER_OFFSET, ext, topic=topic, what=f" of {group} on {topic}/{queue_id}")
+        ext = {
+            "consumerGroup": group,
+            "topic": topic,
+            "queueId": str(queue_id),
+            "commitOffset": str(int(offset)),
+            "bname": broker,
+        }
+        self.invoke(
+            broker,
+            RequestCode.UPDATE_CONSUMER_OFFSET,
+            ext,
+            topic=topic,
+            what=f" of {group} on {topic}/{queue_id}",
+        )
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def _send_header(self, broker: str, group: str, topic: str, queue_id: int, props: Mapping[str, str],
-                     sys_flag: int, flag: int, reconsume_times: int, batch: bool, queue_nums: int) -> dict[str, str]:
+    def _send_header(
+        self,
+        broker: str,
+        group: str,
+        topic: str,
+        queue_id: int,
+        props: Mapping[str, str],
+        sys_flag: int,
+        flag: int,
+        reconsume_times: int,
+        batch: bool,
+        queue_nums: int,
+    ) -> dict[str, str]:
         # SendMessageRequestHeaderV2: a producerGroup, b topic, c defaultTopic, d defaultTopicQueueNums,
         # e queueId, f sysFlag, g bornTimestamp, h flag, i properties, j reconsumeTimes, k unitMode,
         # l maxReconsumeTimes, m batch, n brokerName
-        return {"a": group, "b": topic, "c": "TBW102", "d": str(queue_nums), "e": str(queue_id),
-                "f": str(sys_flag), "g": str(int(time.time() * 1000)), "h": str(flag),
-                "i": encode_properties(props), "j": str(reconsume_times), "k": "false", "m": str(batch).lower(),
-                "n": broker}
+        return {
+            "a": group,
+            "b": topic,
+            "c": "TBW102",
+            "d": str(queue_nums),
+            "e": str(queue_id),
+            "f": str(sys_flag),
+            "g": str(int(time.time() * 1000)),
+            "h": str(flag),
+            "i": encode_properties(props),
+            "j": str(reconsume_times),
+            "k": "false",
+            "m": str(batch).lower(),
+            "n": broker,
+        }
 
-    def _send_result(self, answer: RemotingCommand, broker: str, props: Mapping[str, str]) -> SendResult:
+    def _send_result(
+        self, answer: RemotingCommand, broker: str, props: Mapping[str, str]
+    ) -> SendResult:
         f = answer.ext_fields
         offset_id = f.get("msgId", "")
-        return SendResult(_SEND_OK[ResponseCode(answer.code)], props.get("UNIQ_KEY") or offset_id, offset_id, broker,
-                          int(f.get("queueId", -1)), int(f.get("queueOffset", -1)), f.get("transactionId"))
+        return SendResult(
+            SEND_STATUS[ResponseCode(answer.code)],
+            props.get("UNIQ_KEY") or offset_id,
+            offset_id,
+            broker,
+            int(f.get("queueId", -1)),
+            int(f.get("queueOffset", -1)),
+            f.get("transactionId"),
+        )
 
-    def send_message(self, broker: str, group: str, topic: str, queue_id: int, body: bytes,
-                     properties: Mapping[str, str] | None = None, *, sys_flag: int = 0, flag: int = 0,
-                     reconsume_times: int = 0, queue_nums: int = 4, timeout_s: float | None = None) -> SendResult:
+    def send_message(
+        self,
+        broker: str,
+        group: str,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: Mapping[str, str] | None = None,
+        *,
+        sys_flag: int = 0,
+        flag: int = 0,
+        reconsume_times: int = 0,
+        queue_nums: int = 4,
+        timeout_s: float | None = None,
+    ) -> SendResult:
         """SEND_MESSAGE_V2 of one message to ``broker``'s queue ``queue_id``."""
         props = dict(properties or {})
-        ext = self._send_header(broker, group, topic, queue_id, props, sys_flag, flag, reconsume_times, False, queue_nums)
-        answer = self.invoke(broker, RequestCode.SEND_MESSAGE_V2, ext, body, topic=topic, ok=_SEND_OK,
-                             timeout_s=timeout_s, what=f" to {topic}/{queue_id}")
+        ext = self._send_header(
+            broker,
+            group,
+            topic,
+            queue_id,
+            props,
+            sys_flag,
+            flag,
+            reconsume_times,
+            False,
+            queue_nums,
+        )
+        answer = self.invoke(
+            broker,
+            RequestCode.SEND_MESSAGE_V2,
+            ext,
+            body,
+            topic=topic,
+            ok=SEND_STATUS,
+            timeout_s=timeout_s,
+            what=f" to {topic}/{queue_id}",
+        )
         return self._send_result(answer, broker, props)
 
-    def send_batch(self, broker: str, group: str, topic: str, queue_id: int,
-                   messages: Sequence[tuple[bytes, Mapping[str, str], int]], *, queue_nums: int = 4,
-                   timeout_s: float | None = None) -> SendResult:
+    def send_batch(
+        self,
+        broker: str,
+        group: str,
+        topic: str,
+        queue_id: int,
+        messages: Sequence[tuple[bytes, Mapping[str, str], int]],
+        *,
+        queue_nums: int = 4,
+        timeout_s: float | None = None,
+    ) -> SendResult:
         """SEND_BATCH_MESSAGE: ``messages`` as (body, properties, flag), stored in order in one
         queue.  ``msg_id``/``offset_msg_id`` are comma lists; ``queue_offset`` is the first's."""
         ext = self._send_header(broker, group, topic, queue_id, {}, 0, 0, 0, True, queue_nums)
-        answer = self.invoke(broker, RequestCode.SEND_BATCH_MESSAGE, ext, encode_batch(messages), topic=topic,
-                             ok=_SEND_OK, timeout_s=timeout_s, what=f" of {len(messages)} to {topic}/{queue_id}")
+        answer = self.invoke(
+            broker,
+            RequestCode.SEND_BATCH_MESSAGE,
+            ext,
+            encode_batch(messages),
+            topic=topic,
+            ok=SEND_STATUS,
+            timeout_s=timeout_s,
+            what=f" of {len(messages)} to {topic}/{queue_id}",
+        )
         uniq = ",".join(p.get("UNIQ_KEY", "") for _, p, _ in messages)
         return self._send_result(answer, broker, {"UNIQ_KEY": uniq} if uniq.strip(",") else {})
 
-    def end_transaction(self, broker: str, group: str, *, tran_state_table_offset: int, commit_log_offset: int,
-                        commit: bool | None, msg_id: str, transaction_id: str | None,
-                        from_check: bool = False) -> None:
+    def end_transaction(
+        self,
+        broker: str,
+        group: str,
+        *,
+        tran_state_table_offset: int,
+        commit_log_offset: int,
+        commit: bool | None,
+        msg_id: str,
+        transaction_id: str | None,
+        from_check: bool = False,
+    ) -> None:
         """END_TRANSACTION (oneway, as the Java producer sends it): commit (True), roll back
         (False) or leave unknown (None) the half message at ``commit_log_offset``."""
-        kind = TRANSACTION_NOT_TYPE if commit is None else TRANSACTION_COMMIT_TYPE if commit else TRANSACTION_ROLLBACK_TYPE
-        ext = {"producerGroup": group, "tranStateTableOffset": str(tran_state_table_offset),
-               "commitLogOffset": str(commit_log_offset), "commitOrRollback": str(kind),
-               "fromTransactionCheck": str(from_check).lower(), "msgId": msg_id, "bname": broker}
+        kind = (
+            TRANSACTION_NOT_TYPE
+            if commit is None
+            else TRANSACTION_COMMIT_TYPE
+            if commit
+            else TRANSACTION_ROLLBACK_TYPE
+        )
+        ext = {
+            "producerGroup": group,
+            "tranStateTableOffset": str(tran_state_table_offset),
+            "commitLogOffset": str(commit_log_offset),
+            "commitOrRollback": str(kind),
+            "fromTransactionCheck": str(from_check).lower(),
+            "msgId": msg_id,
+            "bname": broker,
+        }
         if transaction_id:
             ext["transactionId"] = transaction_id
         addr = self.broker_addr(broker)
         try:
             self.pool.get(addr).oneway(RemotingCommand(RequestCode.END_TRANSACTION, ext))
         except OSError as e:
-            raise BrokerUnreachableError(f"END_TRANSACTION to {broker} at {addr} failed: {e}", broker=broker,
-                                         addr=addr, request=RequestCode.END_TRANSACTION) from None
+            raise BrokerUnreachableError(
+                f"END_TRANSACTION to {broker} at {addr} failed: {e}",
+                broker=broker,
+                addr=addr,
+                request=RequestCode.END_TRANSACTION,
+            ) from None
 
-    def create_topic(self, broker: str, topic: str, queues: int = 4, *, perm: int = 6, order: bool = False) -> None:
+    def create_topic(
+        self, broker: str, topic: str, queues: int = 4, *, perm: int = 6, order: bool = False
+    ) -> None:
         """UPDATE_AND_CREATE_TOPIC on one broker (``broker`` a name from the routes or ``host:port``):
         what ``mqadmin updateTopic -b`` sends."""
-        ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues), "writeQueueNums": str(queues),
-               "perm": str(perm), "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": str(order).lower()}
+        ext = {
+            "topic": topic,
+            "defaultTopic": "TBW102",
+            "readQueueNums": str(queues),
+            "writeQueueNums": str(queues),
+            "perm": str(perm),
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": "0",
+            "order": str(order).lower(),
+        }
         if broker not in self._addrs and ":" not in broker:
             self.cluster_brokers()  # a broker no route names yet: the cluster's list knows it
         self.invoke(broker, RequestCode.UPDATE_AND_CREATE_TOPIC, ext, what=f" of {topic}")
@@ -449,20 +673,32 @@ class ClusterClient:
         (GET_BROKER_CLUSTER_INFO)."""
         answer = self.namesrv_request(RequestCode.GET_BROKER_CLUSTER_INFO)
         if answer.code != ResponseCode.SUCCESS:
-            raise ClusterError(f"GET_BROKER_CLUSTER_INFO answered {answer.code}: {answer.remark}",
-                               request=RequestCode.GET_BROKER_CLUSTER_INFO, code=answer.code)
-        text = re.sub(r'([{,])\s*(-?\d+)\s*:', r'\1"\2":', answer.body.decode())
+            raise ClusterError(
+                f"GET_BROKER_CLUSTER_INFO answered {answer.code}: {answer.remark}",
+                request=RequestCode.GET_BROKER_CLUSTER_INFO,
+                code=answer.code,
+            )
+        text = re.sub(r"([{,])\s*(-?\d+)\s*:", r'\1"\2":', answer.body.decode())
         table = json.loads(text).get("brokerAddrTable") or {}
         out = {name: (b.get("brokerAddrs") or {}).get("0") for name, b in table.items()}
         with self._lock:
             self._addrs.update({n: a for n, a in out.items() if a})
         return {n: a for n, a in out.items() if a}
 
-    def heartbeat(self, broker: str, *, producer_groups: Iterable[str] = (),
-                  consumers: Iterable[Mapping[str, object]] = ()) -> None:
+    def heartbeat(
+        self,
+        broker: str,
+        *,
+        producer_groups: Iterable[str] = (),
+        consumers: Iterable[Mapping[str, object]] = (),
+    ) -> None:
         """HEART_BEAT to ``broker``: registers this client's producer groups (so the broker sends
         CHECK_TRANSACTION_STATE over our connection) and consumer data."""
-        body = json.dumps({"clientID": self.client_id,
-                           "producerDataSet": [{"groupName": g} for g in producer_groups],
-                           "consumerDataSet": list(consumers)}).encode()
+        body = json.dumps(
+            {
+                "clientID": self.client_id,
+                "producerDataSet": [{"groupName": g} for g in producer_groups],
+                "consumerDataSet": list(consumers),
+            }
+        ).encode()
         self.invoke(broker, RequestCode.HEART_BEAT, {}, body)

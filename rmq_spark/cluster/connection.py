@@ -17,14 +17,22 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from rmq_spark.remoting.command import FLAG_ONEWAY, FLAG_RESPONSE, FrameError, RemotingCommand, decode_frame
+from rmq_spark.remoting.command import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    FrameError,
+    RemotingCommand,
+    decode_frame,
+)
 
-__all__ = ["Connection", "ConnectionPool", "ServerRequestHook"]
+__all__ = ["Connection", "ConnectionPool", "RequestSigner", "ServerRequestHook"]
 
 log = logging.getLogger("rmq_spark.cluster.connection")
 
 # (connection, request from the server) -> the response to write back, or None for no answer
 ServerRequestHook = Callable[["Connection", RemotingCommand], "RemotingCommand | None"]
+# called on every request this side writes, just before it is encoded (ACL signing)
+RequestSigner = Callable[[RemotingCommand], None]
 
 _opaques = itertools.count(1)
 _hooks: ThreadPoolExecutor | None = None
@@ -38,22 +46,35 @@ def _hook_pool() -> ThreadPoolExecutor:
         if _hooks is None:
             _hooks = ThreadPoolExecutor(4, thread_name_prefix="rmq-server-request")
         return _hooks
+
+
 REMOTING_VERSION = 401  # V4_9_4: NameServers answer routes in standard JSON from here on
 
 
 class Connection:
-    def __init__(self, addr: str, connect_timeout_s: float = 3.0, on_request: ServerRequestHook | None = None) -> None:
+    def __init__(
+        self,
+        addr: str,
+        connect_timeout_s: float = 3.0,
+        on_request: ServerRequestHook | None = None,
+        signer: RequestSigner | None = None,
+    ) -> None:
         host, _, port = addr.rpartition(":")
         self.addr = addr
         self.on_request = on_request
-        self._sock = socket.create_connection((host.strip("[]"), int(port)), timeout=connect_timeout_s)
+        self.signer = signer
+        self._sock = socket.create_connection(
+            (host.strip("[]"), int(port)), timeout=connect_timeout_s
+        )
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._write_lock = threading.Lock()
         self._pending: dict[int, Future[RemotingCommand]] = {}
         self._pending_lock = threading.Lock()
         self.closed: BaseException | None = None
-        self._reader = threading.Thread(target=self._read_loop, name=f"rmq-conn-{addr}", daemon=True)
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"rmq-conn-{addr}", daemon=True
+        )
         self._reader.start()
 
     @property
@@ -66,6 +87,8 @@ class Connection:
         cmd.opaque = opaque = next(_opaques) & 0x7FFFFFFF
         if not cmd.version:
             cmd.version = REMOTING_VERSION
+        if self.signer is not None:
+            self.signer(cmd)
         fut: Future[RemotingCommand] = Future()
         with self._pending_lock:
             if self.closed is not None:
@@ -98,6 +121,8 @@ class Connection:
         cmd.flag |= FLAG_ONEWAY
         if not cmd.version:
             cmd.version = REMOTING_VERSION
+        if self.signer is not None:
+            self.signer(cmd)
         self._send(cmd)
 
     def _send(self, cmd: RemotingCommand) -> None:
@@ -131,7 +156,9 @@ class Connection:
                 else:
                     self._serve(cmd)
         except (OSError, FrameError, ConnectionError, ValueError) as e:
-            self._fail(e if isinstance(e, ConnectionError) else ConnectionError(f"{self.addr}: {e}"))
+            self._fail(
+                e if isinstance(e, ConnectionError) else ConnectionError(f"{self.addr}: {e}")
+            )
         finally:
             f.close()
 
@@ -144,7 +171,7 @@ class Connection:
         assert hook is not None
         try:
             answer = hook(self, cmd)
-        except Exception:  # noqa: BLE001 -- a failing hook must not kill the connection
+        except Exception:  # a failing hook must not kill the connection (logged below)
             log.exception("handling request code %s from %s failed", cmd.code, self.addr)
             return
         if answer is not None and not cmd.flag & FLAG_ONEWAY:
@@ -180,10 +207,17 @@ class ConnectionPool:
     """Connections by address, ``size`` per address used round robin (one is enough for most
     work: requests are multiplexed), re-opened when one died."""
 
-    def __init__(self, size: int = 1, connect_timeout_s: float = 3.0, on_request: ServerRequestHook | None = None) -> None:
+    def __init__(
+        self,
+        size: int = 1,
+        connect_timeout_s: float = 3.0,
+        on_request: ServerRequestHook | None = None,
+        signer: RequestSigner | None = None,
+    ) -> None:
         self.size = max(1, size)
         self.connect_timeout_s = connect_timeout_s
         self.on_request = on_request
+        self.signer = signer
         self._conns: dict[str, list[Connection | None]] = {}
         self._next: dict[str, int] = {}
         self._opening: dict[tuple[str, int], threading.Lock] = {}
@@ -203,7 +237,7 @@ class ConnectionPool:
                 conn = self._conns.get(addr, slots)[i]
                 if conn is not None and conn.alive:
                     return conn
-            conn = Connection(addr, self.connect_timeout_s, self.on_request)
+            conn = Connection(addr, self.connect_timeout_s, self.on_request, self.signer)
             with self._lock:
                 self._conns.setdefault(addr, slots)[i] = conn
         return conn

@@ -15,7 +15,7 @@ from rmq_spark.remoting.codes import Perm
 __all__ = ["BrokerData", "QueueData", "TopicRoute", "parse_route"]
 
 MASTER_ID = 0
-_BARE_KEY = re.compile(r'([{,])\s*(-?\d+)\s*:')
+_BARE_KEY = re.compile(r"([{,])\s*(-?\d+)\s*:")
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class TopicRoute:
 
     def read_queues(self) -> list[tuple[str, int]]:
         """``(brokerName, queueId)`` of every readable queue, brokers sorted by name."""
-        out = []
+        out: list[tuple[str, int]] = []
         for q in sorted(self.queues, key=lambda q: q.broker_name):
             if q.readable:
                 out.extend((q.broker_name, i) for i in range(q.read_queues))
@@ -63,7 +63,7 @@ class TopicRoute:
 
     def write_queues(self) -> list[tuple[str, int]]:
         """``(brokerName, queueId)`` of every writable queue of a broker with a master."""
-        out = []
+        out: list[tuple[str, int]] = []
         for q in sorted(self.queues, key=lambda q: q.broker_name):
             b = self.brokers.get(q.broker_name)
             if q.writable and b is not None and b.master:
@@ -82,8 +82,13 @@ def parse_route(topic: str, body: bytes) -> TopicRoute:
         addrs = {int(k): str(v) for k, v in (b.get("brokerAddrs") or {}).items()}
         brokers[b["brokerName"]] = BrokerData(b.get("cluster", ""), b["brokerName"], addrs)
     queues = tuple(
-        QueueData(q["brokerName"], int(q.get("readQueueNums", 0)), int(q.get("writeQueueNums", 0)),
-                  int(q.get("perm", 0)), int(q.get("topicSysFlag", 0)))
+        QueueData(
+            q["brokerName"],
+            int(q.get("readQueueNums", 0)),
+            int(q.get("writeQueueNums", 0)),
+            int(q.get("perm", 0)),
+            int(q.get("topicSysFlag", 0)),
+        )
         for q in data.get("queueDatas") or []
     )
     return TopicRoute(topic, brokers, queues, data.get("orderTopicConf"))

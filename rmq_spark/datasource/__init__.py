@@ -54,7 +54,7 @@ def activate_session_on_write() -> None:
                 _activate(getattr(self, "_spark", None))
                 return __original(self, *args, **kwargs)
 
-            method._rmq_activates_session = True  # type: ignore[attr-defined]
+            method._rmq_activates_session = True  # type: ignore[attr-defined]  # noqa: SLF001 - our own marker on pyspark's method
             setattr(cls, name, method)
 
 
@@ -65,7 +65,7 @@ def _activate(spark: Any) -> None:
         return
     from pyspark.sql import SparkSession
 
-    SparkSession._get_j_spark_session_class(jvm).setActiveSession(jsession)
+    SparkSession._get_j_spark_session_class(jvm).setActiveSession(jsession)  # noqa: SLF001 - pyspark has no public way to set the JVM's active session
 
 
 def __getattr__(name: str) -> Any:

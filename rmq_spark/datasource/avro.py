@@ -40,13 +40,17 @@ def parse_avro_schema(text: str) -> Any:
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"option 'avroSchema' is not valid JSON: {e.msg} at character {e.pos}") from None
+        raise ConfigError(
+            f"option 'avroSchema' is not valid JSON: {e.msg} at character {e.pos}"
+        ) from None
     try:
         parsed = fastavro.parse_schema(raw)
-    except Exception as e:  # fastavro raises SchemaParseException, ValueError, KeyError ...
+    except Exception as e:  # noqa: BLE001 - fastavro raises SchemaParseException, ValueError, KeyError ...
         raise ConfigError(f"option 'avroSchema' is not a valid Avro schema: {e}") from None
     if not (isinstance(parsed, dict) and parsed.get("type") == "record"):
-        raise ConfigError("option 'avroSchema' must describe a record (its fields become the 'value' struct)")
+        raise ConfigError(
+            "option 'avroSchema' must describe a record (its fields become the 'value' struct)"
+        )
     spark_type(parsed)  # rejects what cannot be mapped
     return parsed
 
@@ -62,13 +66,21 @@ def _to_spark(s: Any, names: dict[str, Any], stack: tuple[str, ...]):  # type: i
 
     if isinstance(s, str):
         simple = {
-            "null": T.NullType(), "boolean": T.BooleanType(), "int": T.IntegerType(), "long": T.LongType(),
-            "float": T.FloatType(), "double": T.DoubleType(), "bytes": T.BinaryType(), "string": T.StringType(),
+            "null": T.NullType(),
+            "boolean": T.BooleanType(),
+            "int": T.IntegerType(),
+            "long": T.LongType(),
+            "float": T.FloatType(),
+            "double": T.DoubleType(),
+            "bytes": T.BinaryType(),
+            "string": T.StringType(),
         }
         if s in simple:
             return simple[s], s == "null"
         if s in stack:
-            raise ConfigError(f"option 'avroSchema': recursive type {s!r} cannot become a Spark column")
+            raise ConfigError(
+                f"option 'avroSchema': recursive type {s!r} cannot become a Spark column"
+            )
         if s not in names:
             raise ConfigError(f"option 'avroSchema': unknown type {s!r}")
         return _to_spark(names[s], names, stack)
@@ -99,7 +111,7 @@ def _to_spark(s: Any, names: dict[str, Any], stack: tuple[str, ...]):  # type: i
         names[name] = s
         fields = []
         for f in s.get("fields", []):
-            ftype, nullable = _to_spark(f["type"], names, stack + (name,))
+            ftype, nullable = _to_spark(f["type"], names, (*stack, name))
             fields.append(T.StructField(f["name"], ftype, nullable))
         return T.StructType(fields), False
     if t == "enum":
@@ -124,15 +136,17 @@ def decode_bodies(bodies: Any, parsed: Any, arrow_type: Any, where: str) -> Any:
     import fastavro
     import pyarrow as pa
 
-    records = []
+    records: list[Any] = []
     for i, body in enumerate(bodies.to_pylist()):
         if body is None:
             records.append(None)
             continue
         try:
             records.append(fastavro.schemaless_reader(io.BytesIO(body), parsed, None))
-        except Exception as e:
-            raise MessageIllegalError(f"body of row {i} of {where} is not Avro of the given schema: {e}") from None
+        except Exception as e:  # noqa: BLE001 - fastavro raises many types; re-raised as ours
+            raise MessageIllegalError(
+                f"body of row {i} of {where} is not Avro of the given schema: {e}"
+            ) from None
     if _has_uuid(parsed):
         records = [_stringify_uuids(r) for r in records]
     return pa.array(records, type=arrow_type)
@@ -150,8 +164,10 @@ def encode_values(values: Any, parsed: Any) -> list[bytes | None]:
         buf = io.BytesIO()
         try:
             fastavro.schemaless_writer(buf, parsed, v)
-        except Exception as e:
-            raise MessageIllegalError(f"row {i}: column 'value' does not fit the Avro schema: {e}") from None
+        except Exception as e:  # noqa: BLE001 - fastavro raises many types; re-raised as ours
+            raise MessageIllegalError(
+                f"row {i}: column 'value' does not fit the Avro schema: {e}"
+            ) from None
         out.append(buf.getvalue())
     return out
 

@@ -35,14 +35,24 @@ from pyspark.sql.types import StructType
 
 from rmq_spark.datasource import offsets as O
 from rmq_spark.datasource.options import SourceOptions, StartKind
-from rmq_spark.errors import ConfigError
 from rmq_spark.datasource.planning import Planner
 from rmq_spark.datasource.read.partition import DataLossError, QueueRange, RowBounds, split_range
 from rmq_spark.datasource.scan import read_range
 from rmq_spark.datasource.tasks import task_started
+from rmq_spark.errors import ConfigError
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-NEVER_NULL = ("topic", "queueId", "queueOffset", "storeTimestamp", "body", "msgId", "commitLogOffset", "bornTimestamp", "properties")
+NEVER_NULL = (
+    "topic",
+    "queueId",
+    "queueOffset",
+    "storeTimestamp",
+    "body",
+    "msgId",
+    "commitLogOffset",
+    "bornTimestamp",
+    "properties",
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,7 @@ class Pushed:
     queue_max: int | None = None  # inclusive
     offset_min: int | None = None  # inclusive
     offset_max: int | None = None  # inclusive
-    bounds: RowBounds = RowBounds()
+    bounds: RowBounds = RowBounds()  # noqa: RUF009 - frozen: one shared value is safe
 
 
 def _us(value: Any) -> int:
@@ -96,7 +106,9 @@ def push(p: Pushed, f: Filter) -> Pushed | None:
             return replace(p, topics=vals if p.topics is None else p.topics & vals)
         if col in ("queueId", "queueOffset"):
             if isinstance(f, (EqualTo, In)):
-                vals = frozenset(_int(v) for v in ([f.value] if isinstance(f, EqualTo) else f.value))
+                vals = frozenset(
+                    _int(v) for v in ([f.value] if isinstance(f, EqualTo) else f.value)
+                )
                 if col == "queueId":
                     return replace(p, queues=vals if p.queues is None else p.queues & vals)
                 if not vals:
@@ -106,17 +118,23 @@ def push(p: Pushed, f: Filter) -> Pushed | None:
                 if len(vals) != 1:
                     return None
                 v = next(iter(vals))
-                return replace(p, offset_min=_tighten_min(p.offset_min, v), offset_max=_tighten_max(p.offset_max, v))
-            v = _int(f.value)
-            lo_attr, hi_attr = ("queue_min", "queue_max") if col == "queueId" else ("offset_min", "offset_max")
+                return replace(
+                    p,
+                    offset_min=_tighten_min(p.offset_min, v),
+                    offset_max=_tighten_max(p.offset_max, v),
+                )
+            v = _int(f.value)  # type: ignore[attr-defined]  # a comparison: the filters left
+            lo_attr, hi_attr = (
+                ("queue_min", "queue_max") if col == "queueId" else ("offset_min", "offset_max")
+            )
             if isinstance(f, GreaterThan):
-                return replace(p, **{lo_attr: _tighten_min(getattr(p, lo_attr), v + 1)})
+                return replace(p, **{lo_attr: _tighten_min(getattr(p, lo_attr), v + 1)})  # type: ignore[arg-type]  # an int field
             if isinstance(f, GreaterThanOrEqual):
-                return replace(p, **{lo_attr: _tighten_min(getattr(p, lo_attr), v)})
+                return replace(p, **{lo_attr: _tighten_min(getattr(p, lo_attr), v)})  # type: ignore[arg-type]  # an int field
             if isinstance(f, LessThan):
-                return replace(p, **{hi_attr: _tighten_max(getattr(p, hi_attr), v - 1)})
+                return replace(p, **{hi_attr: _tighten_max(getattr(p, hi_attr), v - 1)})  # type: ignore[arg-type]  # an int field
             if isinstance(f, LessThanOrEqual):
-                return replace(p, **{hi_attr: _tighten_max(getattr(p, hi_attr), v)})
+                return replace(p, **{hi_attr: _tighten_max(getattr(p, hi_attr), v)})  # type: ignore[arg-type]  # an int field
             return None
         if col == "storeTimestamp":
             b = p.bounds
@@ -135,16 +153,28 @@ def push(p: Pushed, f: Filter) -> Pushed | None:
                 return None
             return replace(p, bounds=b)
         if col == "tags" and isinstance(f, (EqualTo, In)):
-            vals = tuple(sorted({v for v in ([f.value] if isinstance(f, EqualTo) else f.value) if isinstance(v, str)}))
+            tags = tuple(
+                sorted(
+                    {
+                        v
+                        for v in ([f.value] if isinstance(f, EqualTo) else f.value)
+                        if isinstance(v, str)
+                    }
+                )
+            )
             cur = p.bounds.tags_in
-            new = vals if cur is None else tuple(sorted(set(cur) & set(vals)))
-            return replace(p, bounds=replace(p.bounds, tags_in=new, empty=p.bounds.empty or not new))
+            new = tags if cur is None else tuple(sorted(set(cur) & set(tags)))
+            return replace(
+                p, bounds=replace(p.bounds, tags_in=new, empty=p.bounds.empty or not new)
+            )
     except TypeError:
         return None
     return None
 
 
-def check_named_queues(option: str, given: O.QueueMap, subscribed: list[str], hi: O.Offsets, subscription: str) -> None:
+def check_named_queues(
+    option: str, given: O.QueueMap, subscribed: list[str], hi: O.Offsets, subscription: str
+) -> None:
     """Every queue an offsets option names is one this read subscribes to (topics left out by a
     pushed-down filter are not checked: they are subscribed, only not read)."""
     for topic, queues in given.items():
@@ -174,8 +204,15 @@ def _queue_names(ids: list[int]) -> str:
     return "queues " + ", ".join(map(str, ids))
 
 
-def check_range(topic: str, queue_id: int, start: int, end: int, max_offset: int,
-                given_start: int | None, given_end: int | None) -> None:
+def check_range(
+    topic: str,
+    queue_id: int,
+    start: int,
+    end: int,
+    max_offset: int,
+    given_start: int | None,
+    given_end: int | None,
+) -> None:
     """A queue's planned ``[start, end)`` is one the user can have meant: offsets given past the
     queue's end, or a start after the end, are errors (as Spark's Kafka source words them)."""
     if given_start is not None and given_start >= 0 and given_start > max_offset:
@@ -244,17 +281,31 @@ class RmqBatchReader(DataSourceReader):
             end = hi
         bounds = p.bounds
         # ranges a little wider than the bounds (ms resolution); the rows are then masked exactly
-        lo_ts = self._ts_offsets(None if bounds.store_ts_min_us is None else bounds.store_ts_min_us // 1000, hi)
-        hi_ts = self._ts_offsets(None if bounds.store_ts_max_us is None else bounds.store_ts_max_us // 1000 + 1, hi)
+        lo_ts = self._ts_offsets(
+            None if bounds.store_ts_min_us is None else bounds.store_ts_min_us // 1000, hi
+        )
+        hi_ts = self._ts_offsets(
+            None if bounds.store_ts_max_us is None else bounds.store_ts_max_us // 1000 + 1, hi
+        )
         ctx = self.planner.read_context()
         out: list[InputPartition] = []
         for t, q, e in O.queue_list(end):
             if p.queues is not None and q not in p.queues:
                 continue
-            if (p.queue_min is not None and q < p.queue_min) or (p.queue_max is not None and q > p.queue_max):
+            if (p.queue_min is not None and q < p.queue_min) or (
+                p.queue_max is not None and q > p.queue_max
+            ):
                 continue
             s = O.get(start, t, q, 0) or 0
-            check_range(t, q, s, e, O.get(hi, t, q, 0) or 0, O.get(given_start, t, q), O.get(given_end, t, q))
+            check_range(
+                t,
+                q,
+                s,
+                e,
+                O.get(hi, t, q, 0) or 0,
+                O.get(given_start, t, q),
+                O.get(given_end, t, q),
+            )
             first = O.get(lo, t, q, 0) or 0
             if s < first:
                 if o.fail_on_data_loss:
@@ -306,7 +357,7 @@ def pushdown_enabled() -> bool:
     """Is Spark planning this read through its filter-pushdown worker?  (It calls ``reader()``
     from ``pyspark.sql.worker.data_source_pushdown_filters`` exactly when
     ``spark.sql.python.filterPushdown.enabled`` is on.)"""
-    frame = sys._getframe(1)
+    frame = sys._getframe(1)  # noqa: SLF001 - the caller's frame: no public API
     while frame is not None:
         if frame.f_globals.get("__name__", "").endswith("data_source_pushdown_filters"):
             return True

@@ -28,6 +28,9 @@ The guarantee is at-least-once with a deterministic message key per row (see
 task resends the same rows with the same ids and a consumer drops duplicates by id.  Why
 exactly-once is not offered on Apache RocketMQ: README, "Reading and writing an Apache RocketMQ
 cluster", "Writing".
+
+Why this module is long: the queue selectors, the column-wise encoding and a task's retry loop are
+one send path: a retry re-cuts the request bodies the encoding made.
 """
 
 from __future__ import annotations
@@ -35,23 +38,33 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql import types as T
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 
 from rmq_spark.access.rules import SendLimits
 from rmq_spark.datasource.options import SinkOptions
-from rmq_spark.datasource.writer import PartitionRows, SinkLayout, to_rows, _now_ms
-from rmq_spark.errors import ConfigError, StoreError
 from rmq_spark.datasource.tasks import task_started
+from rmq_spark.datasource.writer import PartitionRows, SinkLayout, _now_ms, to_rows
+from rmq_spark.errors import ConfigError, StoreError
 
-__all__ = ["ClusterBatchWriter", "ClusterStreamWriter", "ClusterCommit", "row_keys", "encode_rows", "BATCH_BODY_BYTES"]
+__all__ = [
+    "BATCH_BODY_BYTES",
+    "ClusterBatchWriter",
+    "ClusterCommit",
+    "ClusterStreamWriter",
+    "encode_rows",
+    "row_keys",
+]
 
 # a MessageBatch body is at most the broker's maxMessageSize (4 MiB by default)
 BATCH_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
@@ -63,7 +76,9 @@ BUSY_WAIT_S = 60.0  # a broker answering SYSTEM_BUSY (flow control) is waited fo
 # answers after which the Java producer tries again (DefaultMQProducer.retryResponseCodes), and
 # SYSTEM_BUSY (a broker's flow control)
 RETRY_CODES = frozenset({1, 2, 14, 16, 17, 19, 20})
-_HEADER = np.dtype([("total", ">i4"), ("magic", ">i4"), ("crc", ">i4"), ("flag", ">i4"), ("body_len", ">i4")])
+_HEADER = np.dtype(
+    [("total", ">i4"), ("magic", ">i4"), ("crc", ">i4"), ("flag", ">i4"), ("body_len", ">i4")]
+)
 
 
 @dataclass
@@ -79,7 +94,11 @@ class ClusterCommit(WriterCommitMessage):
 
 def key_prefix(query_id: str, batch_id: int, partition_id: int) -> str:
     """20 hex digits naming (query, micro-batch, partition): the first part of every row key."""
-    return hashlib.blake2b(f"{query_id}/{batch_id}/{partition_id}".encode(), digest_size=10).hexdigest().upper()
+    return (
+        hashlib.blake2b(f"{query_id}/{batch_id}/{partition_id}".encode(), digest_size=10)
+        .hexdigest()
+        .upper()
+    )
 
 
 def row_keys(prefix: str, first_row: int, n: int) -> Any:
@@ -118,7 +137,9 @@ def _user_props(props: Any) -> Any:
     n = len(props)
     if props.null_count == n:
         return pa.array([""] * n, pa.string())
-    props = props.cast(pa.list_(pa.struct([props.type.key_field, props.type.item_field])))  # map -> list
+    props = props.cast(
+        pa.list_(pa.struct([props.type.key_field, props.type.item_field]))
+    )  # map -> list
     flat = pc.list_flatten(props)  # the entries of every row, in order (slices respected)
     parents = pc.list_parent_indices(props).to_numpy(zero_copy_only=False)
     pairs = pc.binary_join_element_wise(flat.field(0), "\x01", flat.field(1), "\x02", "")
@@ -143,7 +164,9 @@ def properties_column(table: Any, keys: Any) -> Any:
         parts.append(_prop("KEYS", table.column("keys")))
     if "delayLevel" in cols:
         level = table.column("delayLevel")
-        parts.append(_prop("DELAY", pc.if_else(pc.greater(level, 0), level, pa.scalar(None, level.type))))
+        parts.append(
+            _prop("DELAY", pc.if_else(pc.greater(level, 0), level, pa.scalar(None, level.type)))
+        )
     if "deliverTimeMs" in cols:
         parts.append(_prop("TIMER_DELIVER_MS", pc.cast(table.column("deliverTimeMs"), pa.int64())))
     if "properties" in cols:
@@ -167,21 +190,28 @@ def encode_rows(bodies: Any, props: Any) -> Any:
     prop_len = pc.binary_length(props).to_numpy(zero_copy_only=False).astype(np.int64)
     if n and int(prop_len.max()) > 32767:
         row = int(np.argmax(prop_len > 32767))
-        raise ConfigError(f"row {row}: its properties take {int(prop_len[row])} bytes, over RocketMQ's 32767")
+        raise ConfigError(
+            f"row {row}: its properties take {int(prop_len[row])} bytes, over RocketMQ's 32767"
+        )
     head = np.zeros(n, dtype=_HEADER)
     head["total"] = 20 + body_len + 2 + prop_len
     head["body_len"] = body_len
     plen = prop_len.astype(">u2")
     return pc.binary_join_element_wise(
-        _fixed_strings(head.view(np.uint8).reshape(n, 20), pa.binary()), bodies,
-        _fixed_strings(plen.view(np.uint8).reshape(n, 2), pa.binary()), props, b"",
+        _fixed_strings(head.view(np.uint8).reshape(n, 20), pa.binary()),
+        bodies,
+        _fixed_strings(plen.view(np.uint8).reshape(n, 2), pa.binary()),
+        props,
+        b"",
     )
 
 
 def _batches(records: Any, rows: np.ndarray) -> Iterator[tuple[np.ndarray, bytes]]:
     """``rows`` (indices into ``records``) in consecutive runs of at most BATCH_BODY_BYTES: the
     rows of each run and its request body."""
-    offs = np.frombuffer(records.buffers()[1], dtype=np.int32, count=len(records) + 1, offset=records.offset * 4)
+    offs = np.frombuffer(
+        records.buffers()[1], dtype=np.int32, count=len(records) + 1, offset=records.offset * 4
+    )
     data = records.buffers()[2]
     if len(rows) == 0:
         return
@@ -196,7 +226,7 @@ def _batches(records: Any, rows: np.ndarray) -> Iterator[tuple[np.ndarray, bytes
             stop = int(np.searchsorted(ends, base + BATCH_BODY_BYTES, side="right"))
             stop = max(stop, start + 1)
             sel = run[start:stop]
-            yield sel, data[int(offs[sel[0]]):int(offs[sel[-1] + 1])].to_pybytes()
+            yield sel, data[int(offs[sel[0]]) : int(offs[sel[-1] + 1])].to_pybytes()
             start = stop
 
 
@@ -205,9 +235,17 @@ class _Sender:
 
     def __init__(self, opts: SinkOptions) -> None:
         from rmq_spark.cluster import ClusterClient
+        from rmq_spark.cluster.namespace import wrap
 
         self.opts = opts
-        self.client = ClusterClient(opts.namesrv_addr or "", timeout_s=opts.send_timeout_s)
+        self.client = ClusterClient(
+            opts.namesrv_addr or "",
+            timeout_s=opts.send_timeout_s,
+            credentials=opts.connection.cluster_credentials(),
+        )
+        # topics and the producer group as the brokers know them (``namespace%name``)
+        self.wrap: Callable[[str], str] = lambda name: wrap(opts.connection.namespace, name)
+        self.group = self.wrap(opts.producer_group)
         self.rr = random.randrange(1 << 16)  # DefaultMQProducer starts its round robin at random
         self.pool = ThreadPoolExecutor(SEND_THREADS, thread_name_prefix="rmq-cluster-send")
         self._routes: dict[str, tuple[list[tuple[str, int]], bool]] = {}
@@ -254,17 +292,25 @@ class _Sender:
         if "messageGroup" in cols:
             groups = table.column("messageGroup")
             if groups.null_count < n:
-                enc = pc.dictionary_encode(groups).combine_chunks() if isinstance(groups, pa.ChunkedArray) else pc.dictionary_encode(groups)
+                enc = (
+                    pc.dictionary_encode(groups).combine_chunks()
+                    if isinstance(groups, pa.ChunkedArray)
+                    else pc.dictionary_encode(groups)
+                )
                 h = java_string_hashes(enc.dictionary.to_pylist()).astype(np.int64)
                 per_group = np.abs(np.fmod(h, n_queues))  # SelectMessageQueueByHash
                 idx = enc.indices.to_numpy(zero_copy_only=False)
-                valid = ~np.asarray(pc.is_null(enc.indices).to_numpy(zero_copy_only=False), dtype=bool)
+                valid = ~np.asarray(
+                    pc.is_null(enc.indices).to_numpy(zero_copy_only=False), dtype=bool
+                )
                 out[valid] = per_group[idx[valid].astype(np.int64)]
         if "queueId" in cols:
             qid = table.column("queueId")
             if qid.null_count < n:
                 q = pc.fill_null(qid, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-                bad = np.flatnonzero((q < -1) | (q >= n_queues) | ((q == -1) & ~np.asarray(pc.is_null(qid))))
+                bad = np.flatnonzero(
+                    (q < -1) | (q >= n_queues) | ((q == -1) & ~np.asarray(pc.is_null(qid)))
+                )
                 if len(bad):
                     i = int(bad[0])
                     raise ConfigError(
@@ -284,7 +330,9 @@ class _Sender:
         self.rr += int(blocks[-1]) + 1 if len(free) else 0
         return out
 
-    def send(self, topic: str, qidx: int, body: bytes, count: int, fixed: bool, props: str | None = None) -> None:
+    def send(
+        self, topic: str, qidx: int, body: bytes, count: int, fixed: bool, props: str | None = None
+    ) -> None:
         """One SEND_BATCH_MESSAGE (or, with ``props``, one SEND_MESSAGE_V2) to write queue
         ``qidx``; failures retried up to ``sendRetries`` times: on the same queue when ``fixed``,
         else on a queue of another broker."""
@@ -298,14 +346,26 @@ class _Sender:
         attempt = busy = 0
         while attempt <= self.opts.send_retries:
             broker, qid = queues[qidx % len(queues)]
-            ext = self.client._send_header(broker, self.opts.producer_group, topic, qid, {}, 0, 0, 0, props is None,
-                                           DEFAULT_TOPIC_QUEUES)
+            # the cluster client's own header builder (the SEND frame this writer batches)
+            send_header = self.client._send_header  # noqa: SLF001
+            ext = send_header(
+                broker, self.group, topic, qid, {}, 0, 0, 0, props is None, DEFAULT_TOPIC_QUEUES
+            )
             if props is not None:
                 ext["i"] = props
-            code = RequestCode.SEND_MESSAGE_V2 if props is not None else RequestCode.SEND_BATCH_MESSAGE
+            code = (
+                RequestCode.SEND_MESSAGE_V2 if props is not None else RequestCode.SEND_BATCH_MESSAGE
+            )
             try:
-                self.client.invoke(broker, code, ext, body, topic=None if auto else topic, ok=(0, 10, 11, 12),
-                                   what=f" of {count} message(s) to {topic}/{qid}")
+                self.client.invoke(
+                    broker,
+                    code,
+                    ext,
+                    body,
+                    topic=None if auto else topic,
+                    ok=(0, 10, 11, 12),
+                    what=f" of {count} message(s) to {topic}/{qid}",
+                )
                 return
             except ClusterError as e:
                 if not isinstance(e, BrokerUnreachableError) and e.code not in RETRY_CODES:
@@ -323,8 +383,10 @@ class _Sender:
             if not fixed:  # as DefaultMQProducer: the next queue, on a broker that did not fail
                 others = [i for i, (b, _) in enumerate(queues) if b not in failed]
                 qidx = others[(qidx + 1) % len(others)] if others else qidx + 1
-        raise StoreError(f"sending {count} message(s) to topic {topic!r} failed after "
-                         f"{self.opts.send_retries + 1} tries: {last}")
+        raise StoreError(
+            f"sending {count} message(s) to topic {topic!r} failed after "
+            f"{self.opts.send_retries + 1} tries: {last}"
+        )
 
     def send_chunk(self, table: Any, prefix: str, first_row: int) -> int:
         """Every row of ``table`` (rows ``first_row ..`` of the partition); returns the count."""
@@ -333,35 +395,62 @@ class _Sender:
 
         n = table.num_rows
         keys = row_keys(prefix, first_row, n)
-        records = encode_rows(table.column("body").combine_chunks() if isinstance(table.column("body"), pa.ChunkedArray)
-                              else table.column("body"), properties_column(table, keys))
+        records = encode_rows(
+            table.column("body").combine_chunks()
+            if isinstance(table.column("body"), pa.ChunkedArray)
+            else table.column("body"),
+            properties_column(table, keys),
+        )
         if isinstance(records, pa.ChunkedArray):
             records = records.combine_chunks()
         delayed = np.zeros(n, dtype=bool)
         if "delayLevel" in table.column_names:
-            delayed |= pc.fill_null(pc.greater(table.column("delayLevel"), 0), False).to_numpy(zero_copy_only=False)
+            delayed |= pc.fill_null(pc.greater(table.column("delayLevel"), 0), False).to_numpy(
+                zero_copy_only=False
+            )
         if "deliverTimeMs" in table.column_names:
-            delayed |= np.asarray(pc.is_valid(table.column("deliverTimeMs")).to_numpy(zero_copy_only=False), dtype=bool)
+            delayed |= np.asarray(
+                pc.is_valid(table.column("deliverTimeMs")).to_numpy(zero_copy_only=False),
+                dtype=bool,
+            )
         topics = table.column("topic")
         for topic in pc.unique(topics).to_pylist():
-            in_topic = np.asarray(pc.equal(topics, topic).to_numpy(zero_copy_only=False), dtype=bool)
+            in_topic = np.asarray(
+                pc.equal(topics, topic).to_numpy(zero_copy_only=False), dtype=bool
+            )
+            topic = self.wrap(topic)  # the name the brokers know
             queues, _ = self.queues(topic)
             target = self.targets(table, len(queues), first_row)
             fixed = target >= 0
             free = np.flatnonzero(in_topic & ~fixed)
             target[free] = self.round_robin(free, len(queues))
-            def one_queue(q: int, topic: str = topic) -> None:
+
+            # this topic's arrays bound now (each queue's future is awaited below, in this round)
+            def one_queue(
+                q: int,
+                topic: str = topic,
+                in_topic: np.ndarray = in_topic,
+                target: np.ndarray = target,
+                fixed: np.ndarray = fixed,
+            ) -> None:
                 # a queue's batches one after the other: a message group keeps its order
-                for sel, body in _batches(records, np.flatnonzero(in_topic & ~delayed & (target == q))):
+                for sel, body in _batches(
+                    records, np.flatnonzero(in_topic & ~delayed & (target == q))
+                ):
                     self.send(topic, q, body, len(sel), bool(fixed[sel[0]]))
 
             # the queues side by side: requests in flight on every broker at once (the
             # connections are multiplexed), as a producer's several threads would
-            for f in [self.pool.submit(one_queue, q) for q in np.unique(target[in_topic & ~delayed]).tolist()]:
+            for f in [
+                self.pool.submit(one_queue, q)
+                for q in np.unique(target[in_topic & ~delayed]).tolist()
+            ]:
                 f.result()
             for i in np.flatnonzero(in_topic & delayed).tolist():  # a MessageBatch carries no delay
                 props = properties_column(table.slice(i, 1), keys.slice(i, 1))[0].as_py()
-                self.send(topic, int(target[i]), table.column("body")[i].as_py(), 1, bool(fixed[i]), props)
+                self.send(
+                    topic, int(target[i]), table.column("body")[i].as_py(), 1, bool(fixed[i]), props
+                )
         return n
 
 
@@ -375,7 +464,9 @@ class _ClusterWriter:
         self.layout = SinkLayout.of(schema, opts)
         self.write_id = uuid.uuid4().hex  # a batch write's keys; a task retry of it keeps them
 
-    def _send_all(self, iterator: Iterator[Any], query_id: str, batch_id: int, partition_id: int) -> ClusterCommit:
+    def _send_all(
+        self, iterator: Iterator[Any], query_id: str, batch_id: int, partition_id: int
+    ) -> ClusterCommit:
         avro = None
         if self.opts.avro_schema is not None:
             from rmq_spark.datasource.avro import parse_avro_schema
@@ -383,7 +474,9 @@ class _ClusterWriter:
             avro = parse_avro_schema(self.opts.avro_schema)
         prefix = key_prefix(query_id, batch_id, partition_id)
         done = ClusterCommit(query_id, batch_id, partition_id, 0, prefix)
-        rows = PartitionRows(lambda: SendLimits(now_ms=_now_ms()), partition_id, self.layout.user_names)
+        rows = PartitionRows(
+            lambda: SendLimits(now_ms=_now_ms()), partition_id, self.layout.user_names
+        )
         sender = None
         try:
             for batch in iterator:
@@ -405,14 +498,16 @@ class ClusterStreamWriter(_ClusterWriter, DataSourceStreamArrowWriter):
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        query_id = (ctx.getLocalProperty("sql.streaming.queryId") if ctx else None) or "unknown-query"
+        query_id = (
+            ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+        ) or "unknown-query"
         batch_id = int((ctx.getLocalProperty("streaming.sql.batchId") if ctx else None) or -1)
         return self._send_all(iterator, query_id, batch_id, ctx.partitionId() if ctx else 0)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to do: every row was stored by its task (at-least-once)."""
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing can be taken back: a replay resends the rows with the same keys."""
 
 
@@ -422,10 +517,12 @@ class ClusterBatchWriter(_ClusterWriter, DataSourceArrowWriter):
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        return self._send_all(iterator, f"batch-{self.write_id}", 0, ctx.partitionId() if ctx else 0)
+        return self._send_all(
+            iterator, f"batch-{self.write_id}", 0, ctx.partitionId() if ctx else 0
+        )
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Nothing to do: every row was stored by its task (at-least-once)."""
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Nothing can be taken back: rows some tasks stored stay (their keys tell them)."""

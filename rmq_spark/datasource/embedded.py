@@ -7,6 +7,12 @@ answers, and otherwise starts ``python -m rmq_spark.broker --store PATH --listen
 --idle-exit-s N`` in its own session, waits for its ready line and records it.  The broker exits
 by itself after N idle seconds, so none is left running once the queries are done.
 
+A store Apache RocketMQ wrote is opened as ``rmq-broker --store`` opens it; what that would refuse
+(:func:`check_servable_store`: a kind of store it cannot serve, segment files that disagree, a
+store Apache's broker holds) is refused first, naming it, before anything is written in the
+store.  A batch read of such a store starts nothing: it is planned from its files
+(:class:`~rmq_spark.datasource.read.offline.OfflineClient`).
+
 ``broker.endpoint`` (UTF-8 JSON, rewritten atomically)::
 
     ┌──────────┬──────────────────────┬─────────────┬──────────────────────────┐
@@ -22,6 +28,8 @@ import json
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -30,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rmq_spark.errors import ConfigError, StoreError
 from rmq_spark.broker.connector.client import BrokerUnavailableError, InternalClient
+from rmq_spark.errors import ConfigError, StoreError
 
 ENDPOINT_FILE = "broker.endpoint"
 LOCK_FILE = "embedded.lock"
@@ -68,7 +76,15 @@ def read_record(path: str) -> BrokerRecord | None:
 def _write_record(path: str, rec: BrokerRecord) -> None:
     tmp = os.path.join(path, ENDPOINT_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"version": RECORD_VERSION, "endpoint": rec.endpoint, "pid": rec.pid, "started_ms": rec.started_ms}, f)
+        json.dump(
+            {
+                "version": RECORD_VERSION,
+                "endpoint": rec.endpoint,
+                "pid": rec.pid,
+                "started_ms": rec.started_ms,
+            },
+            f,
+        )
     os.replace(tmp, os.path.join(path, ENDPOINT_FILE))
 
 
@@ -81,7 +97,12 @@ def _answers(endpoint: str, root: str, credentials: dict[str, str | None] | None
         info = client.info()
         if not info.get("store_root"):
             rec = read_record(root)
-            return rec is not None and rec.endpoint == endpoint and pid_alive(rec.pid) and _is_broker(rec.pid, root)
+            return (
+                rec is not None
+                and rec.endpoint == endpoint
+                and pid_alive(rec.pid)
+                and _is_broker(rec.pid, root)
+            )
         return os.path.realpath(info.get("store_root", "")) == os.path.realpath(root)
     except (BrokerUnavailableError, StoreError):
         return False
@@ -96,7 +117,11 @@ def check_store_path(path: str, create: bool) -> None:
     while True:
         if os.path.exists(here):
             if not os.path.isdir(here):
-                what = "is a file" if here == os.path.abspath(path) else f"lies under {here}, which is a file"
+                what = (
+                    "is a file"
+                    if here == os.path.abspath(path)
+                    else f"lies under {here}, which is a file"
+                )
                 raise ConfigError(f"option 'path': {path} {what}, not a store directory")
             break
         parent = os.path.dirname(here)
@@ -110,15 +135,56 @@ def check_store_path(path: str, create: bool) -> None:
         )
 
 
-def refuse_apache_store(path: str) -> None:
-    """rmq-broker never opens a store Apache RocketMQ wrote (it would recover and append to it)."""
-    from rmq_spark.store.apache import is_apache_store
+_FLOCK = struct.Struct("@hhqqi4x")  # struct flock on 64-bit Linux: type, whence, start, len, pid
 
-    if is_apache_store(path):
+
+def _posix_lock_holder(lock_path: str) -> int | None:
+    """The pid holding a classic POSIX record lock on byte 0 of ``lock_path`` (Apache RocketMQ's
+    ``FileChannel.tryLock``), found without taking any lock; None when there is none, or the
+    holder is an rmq-broker (its open-file-description lock reports no pid: the broker started
+    here says who it is itself)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    kind, _, _, _, pid = _FLOCK.unpack(got)
+    return pid if kind != fcntl.F_UNLCK and pid > 0 else None
+
+
+def check_servable_store(path: str) -> None:
+    """The embedded broker opens a store Apache RocketMQ wrote as ``rmq-broker --store`` does
+    (:mod:`rmq_spark.store.apache`); what it would refuse at start is refused here first, by
+    name and before anything is written in the store: a kind of store it cannot serve
+    (:func:`~rmq_spark.store.apache.check_servable`), segment files that disagree on their size,
+    and a store a broker holds with Apache's POSIX lock on ``{path}/lock``."""
+    from rmq_spark.store.apache import (
+        ApacheStoreError,
+        check_servable,
+        is_apache_store,
+        segment_sizes,
+    )
+
+    if not os.path.isdir(path):
+        return
+    try:
+        check_servable(path)
+        if is_apache_store(path):
+            segment_sizes(path)
+    except ApacheStoreError as e:
+        raise ConfigError(f"option 'path': {e}") from None
+    holder = _posix_lock_holder(os.path.join(path, "lock"))
+    if holder is not None:
         raise ConfigError(
-            f"option 'path': {path} is a store Apache RocketMQ wrote; it is read offline by batch reads "
-            "(spark.read) only, and never opened by rmq-broker: stream from it and write to it through "
-            "its cluster with option 'namesrvAddr'"
+            f"option 'path': store directory {path} is in use by another process (pid {holder}), such "
+            f"as an Apache RocketMQ broker, which holds the POSIX lock on {os.path.join(path, 'lock')}; "
+            "one broker owns a store at a time: stop it, or read and write its cluster with option "
+            "'namesrvAddr'"
         )
 
 
@@ -138,7 +204,7 @@ def ensure_broker(
     if ep is not None and _answers(ep, root, credentials):
         return ep
     check_store_path(path, create)
-    refuse_apache_store(path)
+    check_servable_store(path)  # before anything is written in it
     os.makedirs(root, exist_ok=True)
     fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -157,14 +223,29 @@ def ensure_broker(
 
 
 def _start(root: str, flags: tuple[tuple[str, str], ...], idle_exit_s: float) -> BrokerRecord:
-    cmd = [sys.executable, "-m", BROKER_MODULE, "--store", root, "--listen", "127.0.0.1:0", "--idle-exit-s", f"{idle_exit_s:g}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        BROKER_MODULE,
+        "--store",
+        root,
+        "--listen",
+        "127.0.0.1:0",
+        "--idle-exit-s",
+        f"{idle_exit_s:g}",
+    ]
     for flag, value in flags:
         cmd += [f"--{flag}", value]
     log_path = os.path.join(root, LOG_FILE)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, cwd=root,
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            cwd=root,
         )
     # reap it when it exits while this process lives (no zombie); init adopts it otherwise
     threading.Thread(target=proc.wait, name=f"rmq-embedded-reaper-{proc.pid}", daemon=True).start()
@@ -182,7 +263,9 @@ def _start(root: str, flags: tuple[tuple[str, str], ...], idle_exit_s: float) ->
             )
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
-    raise EmbeddedBrokerError(f"the embedded broker for {root} did not start in {START_TIMEOUT_S:.0f}s: {_tail(_read_text(log_path))}")
+    raise EmbeddedBrokerError(
+        f"the embedded broker for {root} did not start in {START_TIMEOUT_S:.0f}s: {_tail(_read_text(log_path))}"
+    )
 
 
 def _read_text(path: str) -> str:
@@ -244,14 +327,39 @@ def endpoint_of(connection) -> str:  # type: ignore[no-untyped-def]
     """The broker endpoint for a :class:`rmq_spark.datasource.options.Connection`."""
     if connection.endpoints:
         return str(connection.endpoints).split(",")[0].strip()
-    return ensure_broker(connection.path, connection.broker_flags, connection.idle_exit_s, connection.credentials,
-                         getattr(connection, "create_store", True))
+    return ensure_broker(
+        connection.path,
+        connection.broker_flags,
+        connection.idle_exit_s,
+        connection.credentials,
+        getattr(connection, "create_store", True),
+    )
+
+
+def broker_endpoint(ctx) -> str:  # type: ignore[no-untyped-def]
+    """The broker an executor asks (PullMessage, bulk read) for a planned range's
+    :class:`~rmq_spark.datasource.read.partition.ReadContext`.  An embedded broker listens on
+    127.0.0.1 of the driver's machine: it is found (or started again) through the store there,
+    never on another machine."""
+    conn = ctx.connection
+    if conn.endpoints:
+        return str(conn.endpoints).split(",")[0].strip()
+    if ctx.store_host is not None and ctx.store_host != socket.gethostname():
+        raise StoreError(
+            f"the embedded broker of {conn.path} runs on {ctx.store_host}, not on "
+            f"{socket.gethostname()}: on a cluster, start rmq-broker and pass option 'endpoints'"
+        )
+    return endpoint_of(conn)
 
 
 def client_for(connection) -> InternalClient:  # type: ignore[no-untyped-def]
     """A client of the connection's broker, signing its calls with the connection's keys; for a
     batch read of a store Apache RocketMQ wrote, the offline planner over its files instead."""
-    if connection.endpoints is None and connection.path is not None and not getattr(connection, "create_store", True):
+    if (
+        connection.endpoints is None
+        and connection.path is not None
+        and not getattr(connection, "create_store", True)
+    ):
         from rmq_spark.store.apache import is_apache_store
 
         if is_apache_store(connection.path):

@@ -3,6 +3,10 @@
 Spark hands options over as a case-insensitive map of strings; every name below is matched
 without regard to case.  Each kind of query accepts its own set (a streaming-only option on a
 batch read is an error, as is any name not listed), so a typo never passes silently.
+
+Why this module is long: every option of format ``rmq`` is named, matched and validated here, for
+every kind of query, so that the set each query accepts is one table (value parsers:
+:mod:`.option_values`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Any, TypedDict
 
+from rmq_spark.datasource.option_values import (  # the values' parsers, also imported from here
+    parse_bool,
+    parse_duration_ms,
+    parse_keys,
+    parse_namespace,
+    parse_positive_int,
+    parse_timestamp_ms,
+)
 from rmq_spark.errors import ConfigError, MessageIllegalError
 from rmq_spark.store.validation import check_group, check_topic
 
@@ -30,6 +43,7 @@ class StartKind(Enum):
     LATEST = "latest"
     JSON = "json"
     TIMESTAMP = "timestamp"
+    GROUP = "group"  # the consumer group's committed offsets (QUERY_CONSUMER_OFFSET)
 
 
 class ReadPath(Enum):
@@ -40,16 +54,46 @@ class ReadPath(Enum):
 
 
 READ_COMPRESSIONS = ("none", "lz4", "zstd")
-CONNECTION = ("endpoints", "path", "namesrvAddr", "embeddedIdleExitS", "accessKey", "secretKey")
+CONNECTION = (
+    "endpoints",
+    "path",
+    "namesrvAddr",
+    "embeddedIdleExitS",
+    "accessKey",
+    "secretKey",
+    "securityToken",
+    "namespace",
+)
 SOURCE_COMMON = (
-    "topics", "topicPattern", "assign", "startingOffsets", "startingTimestamp", "failOnDataLoss",
-    "tags", "sql", "avroSchema", "readPath", "maxRecordsPerPartition", "readCompression", "pullBatchSize",
+    "topics",
+    "topicPattern",
+    "assign",
+    "startingOffsets",
+    "startingTimestamp",
+    "failOnDataLoss",
+    "tags",
+    "sql",
+    "avroSchema",
+    "readPath",
+    "maxRecordsPerPartition",
+    "readCompression",
+    "pullBatchSize",
     "brokerUnavailableTimeout",
+    "startingOffsetsFallback",
+    "consumerGroup",
 )
 CLUSTER_ONLY = ("pullBatchSize", "brokerUnavailableTimeout")  # reads with namesrvAddr
-STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "consumerGroup")
+STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
 BATCH_ONLY = ("endingOffsets", "endingTimestamp")
-SINK = ("topic", "transactional", "avroSchema", "namesrvAddr", "producerGroup", "sendRetries", "sendTimeoutMs")
+SINK = (
+    "topic",
+    "transactional",
+    "avroSchema",
+    "namesrvAddr",
+    "producerGroup",
+    "sendRetries",
+    "sendTimeoutMs",
+)
 # names Spark itself adds to a writer's options
 SPARK_WRITER = ("checkpointLocation", "queryName")
 
@@ -66,16 +110,14 @@ DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 DEFAULT_PULL_BATCH_SIZE = 1024  # messages asked per PULL_MESSAGE (a broker may answer fewer)
 DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_MS = 5 * 60 * 1000
-_DURATION = re.compile(
-    r"^\s*(\d+)\s*(ms|milliseconds?|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)?\s*$",
-    re.IGNORECASE,
-)
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_CANONICAL = {
-    name.lower(): name
-    for names in ALLOWED.values()
-    for name in names
-}
+_CANONICAL = {name.lower(): name for names in ALLOWED.values() for name in names}
+
+
+class ClientCredentials(TypedDict):
+    """The ``access_key`` / ``secret_key`` keyword arguments of the broker clients."""
+
+    access_key: str | None
+    secret_key: str | None
 
 
 @dataclass(frozen=True)
@@ -89,13 +131,28 @@ class Connection:
     idle_exit_s: float = DEFAULT_IDLE_EXIT_S
     access_key: str | None = None  # with secret_key: every call to the broker is signed (its --acl)
     secret_key: str | None = field(default=None, repr=False)
-    create_store: bool = True  # a sink or a stream may start a store at ``path``; a batch read never does
-    namesrv_addr: str | None = None  # "host:9876;host2:9876": a RocketMQ cluster over the remoting protocol
+    create_store: bool = (
+        True  # a sink or a stream may start a store at ``path``; a batch read never does
+    )
+    namesrv_addr: str | None = (
+        None  # "host:9876;host2:9876": a RocketMQ cluster over the remoting protocol
+    )
+    # namesrvAddr: AclClientRPCHook's token; topics and groups as ``namespace%name`` (Java's)
+    security_token: str | None = field(default=None, repr=False)
+    namespace: str | None = None
 
     @property
-    def credentials(self) -> dict[str, str | None]:
+    def credentials(self) -> ClientCredentials:
         """``access_key`` / ``secret_key`` keyword arguments of the broker clients."""
         return {"access_key": self.access_key, "secret_key": self.secret_key}
+
+    def cluster_credentials(self) -> Any:
+        """The :class:`rmq_spark.cluster.Credentials` a cluster's requests are signed with."""
+        if self.access_key is None or self.secret_key is None:
+            return None
+        from rmq_spark.cluster.acl import Credentials
+
+        return Credentials(self.access_key, self.secret_key, self.security_token)
 
 
 @dataclass(frozen=True)
@@ -117,6 +174,8 @@ class StartSpec:
     kind: StartKind
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)
     timestamp_ms: int | None = None
+    # GROUP: where a queue without a committed offset starts (EARLIEST or LATEST)
+    fallback: StartKind = StartKind.EARLIEST
 
 
 @dataclass(frozen=True)
@@ -142,7 +201,9 @@ class SourceOptions:
     avro_schema: str | None = None
     read_path: ReadPath = ReadPath.AUTO
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
-    read_compression: str = "lz4"  # the bulk read's stream: lz4, zstd or none (bench/arrow_stream_bench.py)
+    read_compression: str = (
+        "lz4"  # the bulk read's stream: lz4, zstd or none (bench/arrow_stream_bench.py)
+    )
     pull_batch_size: int = DEFAULT_PULL_BATCH_SIZE
     broker_unavailable_timeout_ms: int = DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_MS
 
@@ -160,7 +221,9 @@ class SinkOptions:
     send_timeout_s: float = 10.0
 
 
-def _normalize(options: Mapping[str, str], mode: Mode) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+def _normalize(
+    options: Mapping[str, str], mode: Mode
+) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
     """Canonical names -> values; unknown names raise; ``broker.*`` flags split off."""
     allowed = set(ALLOWED[mode])
     out: dict[str, str] = {}
@@ -170,7 +233,9 @@ def _normalize(options: Mapping[str, str], mode: Mode) -> tuple[dict[str, str], 
         if key.lower().startswith(BROKER_FLAG_PREFIX):
             flag = key[len(BROKER_FLAG_PREFIX) :].lower()
             if not re.fullmatch(r"[a-z][a-z0-9-]*", flag):
-                raise ConfigError(f"option {key!r}: broker flags are written like broker.delay-levels")
+                raise ConfigError(
+                    f"option {key!r}: broker flags are written like broker.delay-levels"
+                )
             flags.append((flag, str(value)))
             continue
         name = _CANONICAL.get(key.lower())
@@ -199,45 +264,6 @@ def reads_cluster(options: Mapping[str, str]) -> bool:
     return bool(o.get("namesrvAddr"))
 
 
-def parse_bool(name: str, value: str) -> bool:
-    v = value.strip().lower()
-    if v in ("true", "1", "yes"):
-        return True
-    if v in ("false", "0", "no"):
-        return False
-    raise ConfigError(f"option {name!r} must be true or false, not {value!r}")
-
-
-def parse_positive_int(name: str, value: str) -> int:
-    try:
-        n = int(value.strip())
-    except ValueError:
-        raise ConfigError(f"option {name!r} must be a positive integer, not {value!r}") from None
-    if n <= 0:
-        raise ConfigError(f"option {name!r} must be a positive integer, not {value!r}")
-    return n
-
-
-def parse_timestamp_ms(name: str, value: str) -> int:
-    try:
-        n = int(value.strip())
-    except ValueError:
-        raise ConfigError(f"option {name!r} must be epoch milliseconds, not {value!r}") from None
-    if n < 0:
-        raise ConfigError(f"option {name!r} must be epoch milliseconds (>= 0), not {value!r}")
-    return n
-
-
-def parse_duration_ms(name: str, value: str) -> int:
-    """``"15m"``, ``"30 seconds"``, ``"500ms"``; a bare number is milliseconds (as Spark's)."""
-    m = _DURATION.match(value)
-    if not m:
-        raise ConfigError(f"option {name!r} must be a duration such as 30s, 15m or 500ms, not {value!r}")
-    unit = (m.group(2) or "ms").lower()
-    key = "ms" if unit.startswith("ms") or unit.startswith("milli") else unit[0]
-    return int(m.group(1)) * _UNIT_MS[key]
-
-
 def _parse_topic(name: str, topic: str) -> str:
     try:
         check_topic(topic)
@@ -252,9 +278,11 @@ def parse_offsets_json(name: str, value: str, allow: tuple[int, ...]) -> dict[st
     try:
         data = json.loads(value)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"option {name!r} is not valid JSON: {e.msg} at character {e.pos}") from None
+        raise ConfigError(
+            f"option {name!r} is not valid JSON: {e.msg} at character {e.pos}"
+        ) from None
     if not isinstance(data, dict) or not data:
-        raise ConfigError(f"option {name!r} must be a JSON object like {{\"topic\": {{\"0\": 42}}}}")
+        raise ConfigError(f'option {name!r} must be a JSON object like {{"topic": {{"0": 42}}}}')
     out: dict[str, dict[str, int]] = {}
     for topic, queues in data.items():
         _parse_topic(name, topic)
@@ -263,34 +291,52 @@ def parse_offsets_json(name: str, value: str, allow: tuple[int, ...]) -> dict[st
         qs: dict[str, int] = {}
         for q, off in queues.items():
             if not (isinstance(q, str) and q.isdigit()):
-                raise ConfigError(f"option {name!r}: queue id {q!r} of topic {topic!r} is not a number")
+                raise ConfigError(
+                    f"option {name!r}: queue id {q!r} of topic {topic!r} is not a number"
+                )
             if isinstance(off, bool) or not isinstance(off, int):
-                raise ConfigError(f"option {name!r}: offset {off!r} of {topic}/{q} is not an integer")
+                raise ConfigError(
+                    f"option {name!r}: offset {off!r} of {topic}/{q} is not an integer"
+                )
             if off < 0 and off not in allow:
                 what = " or ".join(str(a) for a in allow) or "no negative value"
-                raise ConfigError(f"option {name!r}: offset {off} of {topic}/{q} is invalid here (allowed: {what})")
+                raise ConfigError(
+                    f"option {name!r}: offset {off} of {topic}/{q} is invalid here (allowed: {what})"
+                )
             qs[str(int(q))] = off
         out[topic] = qs
     return out
 
 
-def parse_cluster_offsets_json(name: str, value: str, allow: tuple[int, ...]) -> dict[str, dict[str, dict[str, int]]]:
+def parse_cluster_offsets_json(
+    name: str, value: str, allow: tuple[int, ...]
+) -> dict[str, dict[str, dict[str, int]]]:
     """``{"topic": {"brokerName": {"queueId": offset}}}`` (reads with ``namesrvAddr``)."""
     try:
         data = json.loads(value)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"option {name!r} is not valid JSON: {e.msg} at character {e.pos}") from None
+        raise ConfigError(
+            f"option {name!r} is not valid JSON: {e.msg} at character {e.pos}"
+        ) from None
     example = '{"topic": {"broker-a": {"0": 42}}}'
     if not isinstance(data, dict) or not data:
-        raise ConfigError(f"option {name!r} must be a JSON object like {example} (with namesrvAddr)")
+        raise ConfigError(
+            f"option {name!r} must be a JSON object like {example} (with namesrvAddr)"
+        )
     out: dict[str, dict[str, dict[str, int]]] = {}
     for topic, brokers in data.items():
         _parse_topic(name, topic)
         if not isinstance(brokers, dict) or not all(isinstance(v, dict) for v in brokers.values()):
-            raise ConfigError(f"option {name!r}: topic {topic!r} must map broker names to {{queueId: offset}} "
-                              f"objects, like {example} (with namesrvAddr offsets name the broker)")
+            raise ConfigError(
+                f"option {name!r}: topic {topic!r} must map broker names to {{queueId: offset}} "
+                f"objects, like {example} (with namesrvAddr offsets name the broker)"
+            )
         for broker, queues in brokers.items():
-            qs = parse_offsets_json(name, json.dumps({topic: queues}), allow)[topic] if queues else {}
+            qs = (
+                parse_offsets_json(name, json.dumps({topic: queues}), allow)[topic]
+                if queues
+                else {}
+            )
             out.setdefault(topic, {})[str(broker)] = qs
     return out
 
@@ -304,17 +350,28 @@ def _parse_connection(o: dict[str, str], flags: tuple[tuple[str, str], ...]) -> 
 
         if endpoints is not None or path is not None:
             other = "endpoints" if endpoints is not None else "path"
-            raise ConfigError(f"options 'namesrvAddr' and {other!r} conflict: give a cluster's NameServers or "
-                              "an rmq-broker, not both")
+            raise ConfigError(
+                f"options 'namesrvAddr' and {other!r} conflict: give a cluster's NameServers or "
+                "an rmq-broker, not both"
+            )
         if flags:
-            raise ConfigError("broker.* options configure an embedded broker and do not apply with 'namesrvAddr'")
-        if o.get("accessKey") or o.get("secretKey"):
-            raise ConfigError("options 'accessKey'/'secretKey' are not supported with 'namesrvAddr' (RocketMQ's "
-                              "remoting ACL signing is not implemented)")
-        return Connection(namesrv_addr=";".join(parse_namesrv_addr(namesrv)), create_store=False)
+            raise ConfigError(
+                "broker.* options configure an embedded broker and do not apply with 'namesrvAddr'"
+            )
+        access_key, secret_key = parse_keys(o)
+        return Connection(
+            namesrv_addr=";".join(parse_namesrv_addr(namesrv)),
+            create_store=False,
+            access_key=access_key,
+            secret_key=secret_key,
+            security_token=o.get("securityToken") or None,
+            namespace=parse_namespace(o.get("namespace")),
+        )
     if endpoints is None and path is None:
-        raise ConfigError("format rmq needs option 'endpoints' (a running broker), 'path' (a store directory) "
-                          "or 'namesrvAddr' (a RocketMQ cluster's NameServers)")
+        raise ConfigError(
+            "format rmq needs option 'endpoints' (a running broker), 'path' (a store directory) "
+            "or 'namesrvAddr' (a RocketMQ cluster's NameServers)"
+        )
     if endpoints is not None:
         for ep in endpoints.split(","):
             host, _, port = ep.strip().rpartition(":")
@@ -329,12 +386,15 @@ def _parse_connection(o: dict[str, str], flags: tuple[tuple[str, str], ...]) -> 
         except ValueError:
             idle = -1.0
         if idle <= 0:
-            raise ConfigError(f"option 'embeddedIdleExitS' must be a positive number, not {o['embeddedIdleExitS']!r}")
-    access_key = o.get("accessKey") or None
-    secret_key = o.get("secretKey") or None
-    if (access_key is None) != (secret_key is None):
-        given, missing = ("accessKey", "secretKey") if access_key is not None else ("secretKey", "accessKey")
-        raise ConfigError(f"option {given!r} needs option {missing!r}: the broker checks both")
+            raise ConfigError(
+                f"option 'embeddedIdleExitS' must be a positive number, not {o['embeddedIdleExitS']!r}"
+            )
+    for name in ("securityToken", "namespace"):
+        if o.get(name):
+            raise ConfigError(
+                f"option {name!r} applies to a RocketMQ cluster (option 'namesrvAddr')"
+            )
+    access_key, secret_key = parse_keys(o)
     return Connection(endpoints, path, flags, idle, access_key, secret_key)
 
 
@@ -342,7 +402,9 @@ def _parse_subscription(o: dict[str, str]) -> Subscription:
     given = [k for k in ("topics", "topicPattern", "assign") if o.get(k)]
     if len(given) != 1:
         if not given:
-            raise ConfigError("format rmq needs exactly one of 'topics', 'topicPattern' or 'assign'")
+            raise ConfigError(
+                "format rmq needs exactly one of 'topics', 'topicPattern' or 'assign'"
+            )
         raise ConfigError(f"options {', '.join(repr(g) for g in given)} conflict: give exactly one")
     if "topics" in given:
         topics = tuple(t.strip() for t in o["topics"].split(",") if t.strip())
@@ -355,7 +417,9 @@ def _parse_subscription(o: dict[str, str]) -> Subscription:
         try:
             re.compile(o["topicPattern"])
         except re.error as e:
-            raise ConfigError(f"option 'topicPattern' is not a valid regular expression: {e}") from None
+            raise ConfigError(
+                f"option 'topicPattern' is not a valid regular expression: {e}"
+            ) from None
         return Subscription(pattern=o["topicPattern"])
     try:
         data = json.loads(o["assign"])
@@ -366,10 +430,14 @@ def _parse_subscription(o: dict[str, str]) -> Subscription:
     pairs = []
     for topic, qids in sorted(data.items()):
         _parse_topic("assign", topic)
-        if not isinstance(qids, list) or not qids or not all(
-            isinstance(q, int) and not isinstance(q, bool) and q >= 0 for q in qids
+        if (
+            not isinstance(qids, list)
+            or not qids
+            or not all(isinstance(q, int) and not isinstance(q, bool) and q >= 0 for q in qids)
         ):
-            raise ConfigError(f"option 'assign': topic {topic!r} needs a non-empty list of queue ids")
+            raise ConfigError(
+                f"option 'assign': topic {topic!r} needs a non-empty list of queue ids"
+            )
         pairs.append((topic, tuple(sorted(set(qids)))))
     return Subscription(assign=tuple(pairs))
 
@@ -384,16 +452,42 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         conn = replace(conn, create_store=streaming)
         for name in CLUSTER_ONLY:
             if name in o:
-                raise ConfigError(f"option {name!r} applies to reads of a RocketMQ cluster (option 'namesrvAddr')")
+                raise ConfigError(
+                    f"option {name!r} applies to reads of a RocketMQ cluster (option 'namesrvAddr')"
+                )
     parse_json = parse_cluster_offsets_json if cluster else parse_offsets_json
     sub = _parse_subscription(o)
+    if "startingOffsetsFallback" in o and o.get("startingOffsets", "").strip().lower() != "group":
+        raise ConfigError(
+            "option 'startingOffsetsFallback' only applies with 'startingOffsets=group'"
+        )
     if "startingOffsets" in o and "startingTimestamp" in o:
         raise ConfigError("options 'startingOffsets' and 'startingTimestamp' conflict: give one")
     if "startingTimestamp" in o:
-        starting = StartSpec(StartKind.TIMESTAMP, timestamp_ms=parse_timestamp_ms("startingTimestamp", o["startingTimestamp"]))
+        starting = StartSpec(
+            StartKind.TIMESTAMP,
+            timestamp_ms=parse_timestamp_ms("startingTimestamp", o["startingTimestamp"]),
+        )
     else:
         raw = o.get("startingOffsets", "latest" if streaming else "earliest").strip()
-        if raw.lower() == "earliest":
+        if raw.lower() == "group":
+            if not o.get("consumerGroup"):
+                raise ConfigError(
+                    "option 'startingOffsets=group' starts from a consumer group's committed offsets: "
+                    "give option 'consumerGroup'"
+                )
+            fallback = (
+                o.get("startingOffsetsFallback", "latest" if streaming else "earliest")
+                .strip()
+                .lower()
+            )
+            if fallback not in ("earliest", "latest"):
+                raise ConfigError(
+                    f"option 'startingOffsetsFallback' must be earliest or latest, not "
+                    f"{o['startingOffsetsFallback']!r}"
+                )
+            starting = StartSpec(StartKind.GROUP, fallback=StartKind(fallback))
+        elif raw.lower() == "earliest":
             starting = StartSpec(StartKind.EARLIEST)
         elif raw.lower() == "latest":
             if not streaming:
@@ -406,7 +500,9 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
     if "endingOffsets" in o and "endingTimestamp" in o:
         raise ConfigError("options 'endingOffsets' and 'endingTimestamp' conflict: give one")
     if "endingTimestamp" in o:
-        ending = EndSpec(False, timestamp_ms=parse_timestamp_ms("endingTimestamp", o["endingTimestamp"]))
+        ending = EndSpec(
+            False, timestamp_ms=parse_timestamp_ms("endingTimestamp", o["endingTimestamp"])
+        )
         if starting.timestamp_ms is not None and starting.timestamp_ms > ending.timestamp_ms:  # type: ignore[operator]
             raise ConfigError(
                 f"option 'startingTimestamp' ({starting.timestamp_ms}) is after 'endingTimestamp' ({ending.timestamp_ms})"
@@ -417,14 +513,33 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
             raise ConfigError("option 'endingOffsets' cannot be 'earliest'")
         if raw.lower() != "latest":
             ending = EndSpec(False, parse_json("endingOffsets", raw, (-1,)))  # type: ignore[arg-type]
-    max_rows = parse_positive_int("maxOffsetsPerTrigger", o["maxOffsetsPerTrigger"]) if "maxOffsetsPerTrigger" in o else None
-    min_rows = parse_positive_int("minOffsetsPerTrigger", o["minOffsetsPerTrigger"]) if "minOffsetsPerTrigger" in o else None
+    max_rows = (
+        parse_positive_int("maxOffsetsPerTrigger", o["maxOffsetsPerTrigger"])
+        if "maxOffsetsPerTrigger" in o
+        else None
+    )
+    min_rows = (
+        parse_positive_int("minOffsetsPerTrigger", o["minOffsetsPerTrigger"])
+        if "minOffsetsPerTrigger" in o
+        else None
+    )
     if max_rows is not None and min_rows is not None and min_rows > max_rows:
-        raise ConfigError(f"option 'minOffsetsPerTrigger' ({min_rows}) is above 'maxOffsetsPerTrigger' ({max_rows})")
+        raise ConfigError(
+            f"option 'minOffsetsPerTrigger' ({min_rows}) is above 'maxOffsetsPerTrigger' ({max_rows})"
+        )
     if "maxTriggerDelay" in o and min_rows is None:
         raise ConfigError("option 'maxTriggerDelay' only applies with 'minOffsetsPerTrigger'")
-    delay = parse_duration_ms("maxTriggerDelay", o["maxTriggerDelay"]) if "maxTriggerDelay" in o else DEFAULT_MAX_TRIGGER_DELAY_MS
+    delay = (
+        parse_duration_ms("maxTriggerDelay", o["maxTriggerDelay"])
+        if "maxTriggerDelay" in o
+        else DEFAULT_MAX_TRIGGER_DELAY_MS
+    )
     group = o.get("consumerGroup") or None
+    if group is not None and not streaming and starting.kind is not StartKind.GROUP:
+        raise ConfigError(
+            "option 'consumerGroup' does not apply to a batch read unless startingOffsets=group "
+            "(a batch read commits no offsets)"
+        )
     if group is not None:
         try:
             check_group(group)
@@ -445,10 +560,14 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
             f"option 'readPath' must be one of {', '.join(p.value for p in ReadPath)}, not {o['readPath']!r}"
         ) from None
     if cluster and read_path not in (ReadPath.AUTO, ReadPath.PULL):
-        raise ConfigError(f"option 'readPath={read_path.value}' does not apply with 'namesrvAddr': a cluster is "
-                          "read with PULL_MESSAGE (readPath auto or pull)")
+        raise ConfigError(
+            f"option 'readPath={read_path.value}' does not apply with 'namesrvAddr': a cluster is "
+            "read with PULL_MESSAGE (readPath auto or pull)"
+        )
     if read_path is ReadPath.FILES and conn.path is None and conn.endpoints is None:
-        raise ConfigError("option readPath=files needs 'path' or a broker whose store this machine can open")
+        raise ConfigError(
+            "option readPath=files needs 'path' or a broker whose store this machine can open"
+        )
     read_compression = o.get("readCompression", "lz4").strip().lower()
     if read_compression not in READ_COMPRESSIONS:
         raise ConfigError(
@@ -459,9 +578,16 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         if "maxRecordsPerPartition" in o
         else DEFAULT_MAX_RECORDS_PER_PARTITION
     )
-    pull_batch = parse_positive_int("pullBatchSize", o["pullBatchSize"]) if "pullBatchSize" in o else DEFAULT_PULL_BATCH_SIZE
-    unavailable = (parse_duration_ms("brokerUnavailableTimeout", o["brokerUnavailableTimeout"])
-                   if "brokerUnavailableTimeout" in o else DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_MS)
+    pull_batch = (
+        parse_positive_int("pullBatchSize", o["pullBatchSize"])
+        if "pullBatchSize" in o
+        else DEFAULT_PULL_BATCH_SIZE
+    )
+    unavailable = (
+        parse_duration_ms("brokerUnavailableTimeout", o["brokerUnavailableTimeout"])
+        if "brokerUnavailableTimeout" in o
+        else DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_MS
+    )
     return SourceOptions(
         connection=conn,
         subscription=sub,
@@ -497,10 +623,14 @@ def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptio
     o, flags = _normalize(options, mode)
     namesrv = o.get("namesrvAddr") or None
     if namesrv is not None:
-        raise ConfigError("option 'namesrvAddr' on a write: parse with rmq_spark.datasource.cluster_options.sink_options")
+        raise ConfigError(
+            "option 'namesrvAddr' on a write: parse with rmq_spark.datasource.cluster_options.sink_options"
+        )
     for name in ("producerGroup", "sendRetries", "sendTimeoutMs"):
         if name in o:
-            raise ConfigError(f"option {name!r} is for writes to a RocketMQ cluster and needs option 'namesrvAddr'")
+            raise ConfigError(
+                f"option {name!r} is for writes to a RocketMQ cluster and needs option 'namesrvAddr'"
+            )
     conn = _parse_connection(o, flags)
     topic = o.get("topic") or None
     if topic is not None:
@@ -516,4 +646,3 @@ def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptio
         transactional=parse_bool("transactional", o.get("transactional", "true")),
         avro_schema=avro,
     )
-

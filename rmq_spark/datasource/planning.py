@@ -11,11 +11,11 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from rmq_spark.broker.connector.client import InternalClient
 from rmq_spark.datasource import offsets as O
+from rmq_spark.datasource.embedded import BrokerLink
 from rmq_spark.datasource.options import SourceOptions, StartKind, StartSpec
 from rmq_spark.datasource.read.partition import ReadContext
-from rmq_spark.datasource.embedded import BrokerLink
-from rmq_spark.broker.connector.client import InternalClient
 
 T = TypeVar("T")
 
@@ -51,8 +51,14 @@ class Planner:
         hi, lo = self.call(lambda c: c.offsets(topics))
         assign = dict(self.opts.subscription.assign)
         if assign:
-            hi = {t: {q: o for q, o in qs.items() if int(q) in assign.get(t, ())} for t, qs in hi.items()}
-            lo = {t: {q: o for q, o in qs.items() if int(q) in assign.get(t, ())} for t, qs in lo.items()}
+            hi = {
+                t: {q: o for q, o in qs.items() if int(q) in assign.get(t, ())}
+                for t, qs in hi.items()
+            }
+            lo = {
+                t: {q: o for q, o in qs.items() if int(q) in assign.get(t, ())}
+                for t, qs in lo.items()
+            }
             for t, qids in assign.items():  # assigned queues that hold nothing yet
                 for q in qids:
                     hi.setdefault(t, {}).setdefault(str(q), 0)
@@ -66,10 +72,28 @@ class Planner:
             return O.canonical(hi)
         if spec.kind is StartKind.TIMESTAMP:
             return self.offsets_at(spec.timestamp_ms or 0, hi)
+        if spec.kind is StartKind.GROUP:
+            return self.group_start(spec, hi, lo)
         # JSON: the queues it names; others of the subscription start at the earliest
         out = dict(O.canonical(lo))
         for t, qs in O.resolve(spec.offsets, lo, hi).items():
             out.setdefault(t, {}).update(qs)
+        return O.canonical(out)
+
+    def group_start(self, spec: StartSpec, hi: O.Offsets, lo: O.Offsets) -> O.Offsets:
+        """``startingOffsets=group``: each queue at ``consumerGroup``'s committed offset, a queue
+        without one at ``startingOffsetsFallback``; one past a queue's end is lowered to it."""
+        group = self.opts.consumer_group or "rmq-spark-reader"
+        committed = self.call(lambda c: c.query_offsets(group, sorted(hi))) if hi else {}
+        out = {
+            t: dict(qs)
+            for t, qs in O.canonical(hi if spec.fallback is StartKind.LATEST else lo).items()
+        }
+        for t, q, o in O.queue_list(committed):
+            top = O.get(hi, t, q)
+            if top is None or o < 0:
+                continue  # a queue this read does not subscribe to (assign), or no offset
+            out.setdefault(t, {})[str(q)] = min(o, top)
         return O.canonical(out)
 
     def offsets_at(self, timestamp_ms: int, hi: O.Offsets) -> O.Offsets:
@@ -87,7 +111,9 @@ class Planner:
         return ReadContext(
             connection=o.connection,
             # a broker with an ACL tells these to admin accounts only (empty otherwise)
-            store_root=os.path.realpath(o.connection.path) if o.connection.path else (info.get("store_root") or None),
+            store_root=os.path.realpath(o.connection.path)
+            if o.connection.path
+            else (info.get("store_root") or None),
             store_host=info.get("host") or None,
             read_path=o.read_path,
             read_compression=o.read_compression,

@@ -77,7 +77,12 @@ def _apply_bounds(batch: Any, b: RowBounds) -> Any:
         hi = pa.scalar(b.store_ts_max_us, type=ts.type)
         mask = both(pc.less_equal(ts, hi) if b.store_ts_max_inclusive else pc.less(ts, hi))
     if b.tags_in is not None:
-        mask = both(pc.fill_null(pc.is_in(batch.column("tags"), value_set=pa.array(list(b.tags_in), pa.string())), False))
+        mask = both(
+            pc.fill_null(
+                pc.is_in(batch.column("tags"), value_set=pa.array(list(b.tags_in), pa.string())),
+                False,
+            )
+        )
     return batch if mask is None else batch.filter(mask)
 
 
@@ -90,7 +95,9 @@ def _conform(batch: Any, arrow_schema: Any, avro: Any, where: str) -> Any:
 
         vtype = arrow_schema.field("value").type
         value = decode_bodies(batch.column("body"), avro, vtype, where)
-        batch = pa.RecordBatch.from_arrays([*batch.columns, value], names=[*batch.schema.names, "value"])
+        batch = pa.RecordBatch.from_arrays(
+            [*batch.columns, value], names=[*batch.schema.names, "value"]
+        )
     if not batch.schema.equals(arrow_schema):
         batch = batch.cast(arrow_schema)
     return batch

@@ -17,7 +17,9 @@ from rmq_spark.errors import ConfigError
 
 
 def _check_schema(given: StructType, expected: StructType) -> None:
-    if [(f.name, f.dataType) for f in given.fields] != [(f.name, f.dataType) for f in expected.fields]:
+    if [(f.name, f.dataType) for f in given.fields] != [
+        (f.name, f.dataType) for f in expected.fields
+    ]:
         raise ConfigError(
             "format rmq has a fixed schema and does not take a user schema: expected "
             f"{expected.simpleString()}, got {given.simpleString()}"
@@ -104,7 +106,11 @@ class RmqDataSource(DataSource):
         return source_schema(check_read_names(self.options), reads_cluster(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from rmq_spark.datasource.batch_reader import RmqBatchReader, RmqPushdownBatchReader, pushdown_enabled
+        from rmq_spark.datasource.batch_reader import (
+            RmqBatchReader,
+            RmqPushdownBatchReader,
+            pushdown_enabled,
+        )
 
         opts = parse_source_options(self.options, streaming=False)
         cluster = opts.connection.namesrv_addr is not None
@@ -143,13 +149,12 @@ class RmqDataSource(DataSource):
         return RmqBatchWriter(opts, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from rmq_spark.datasource.writer import RmqStreamWriter
-
         from rmq_spark.datasource.cluster_options import sink_options
+        from rmq_spark.datasource.writer import RmqStreamWriter
 
         opts = sink_options(self.options, streaming=True)
         if opts.namesrv_addr is not None:
             from rmq_spark.datasource.cluster_writer import ClusterStreamWriter
 
-            return ClusterStreamWriter(opts, schema)  # type: ignore[return-value]
-        return RmqStreamWriter(opts, schema)  # type: ignore[return-value]
+            return ClusterStreamWriter(opts, schema)
+        return RmqStreamWriter(opts, schema)

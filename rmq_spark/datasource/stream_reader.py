@@ -58,8 +58,9 @@ def default_read_limit(opts: SourceOptions) -> ReadLimit:
     return ReadAllAvailable()
 
 
-def admitted_rows(opts: SourceOptions, limit: ReadLimit, available: int, available_now: bool,
-                  last_batch_ms: int) -> int | None:
+def admitted_rows(
+    opts: SourceOptions, limit: ReadLimit, available: int, available_now: bool, last_batch_ms: int
+) -> int | None:
     """Admission control of a micro-batch with ``available`` rows: how many it may take (None:
     all), or :data:`WAIT` while fewer than ``minOffsetsPerTrigger`` wait less than
     ``maxTriggerDelay`` (never under AvailableNow, which must finish)."""
@@ -95,7 +96,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return state
 
     # --- offsets ----------------------------------------------------------------------------------------
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         if self._initial is None:
             hi, lo = self.planner.snapshot()
             self._initial = self.planner.resolve_start(self.opts.starting, hi, lo)
@@ -107,7 +108,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target, _ = self.planner.snapshot()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         hi, _lo = self.planner.snapshot()
         self._latest = hi
         start = O.canonical(start)
@@ -119,7 +120,9 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         available = O.total_rows(start, end)
         if available == 0:
             return start
-        rows = admitted_rows(self.opts, limit, available, self._target is not None, self._last_batch_ms)
+        rows = admitted_rows(
+            self.opts, limit, available, self._target is not None, self._last_batch_ms
+        )
         if rows == WAIT:
             return start
         if rows is not None:
@@ -152,13 +155,13 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "data or was replaced; set failOnDataLoss=false to continue from its end"
                 )
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, Any] | None:
         if self._latest is None:
             self._latest, _ = self.planner.snapshot()
         return O.canonical(self._latest)
 
     # --- planning and reading -------------------------------------------------------------------------------
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         ctx = self.planner.read_context()
         out: list[InputPartition] = []
         for t, q, e in O.queue_list(end):
@@ -177,7 +180,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return iter(())  # Spark's stand-in partition when there is nothing to read
         return read_range(partition, self._arrow_schema)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         group = self.opts.consumer_group
         if group is not None:
             offsets = O.canonical(end)

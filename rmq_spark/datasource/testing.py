@@ -9,16 +9,23 @@ from typing import Any
 
 import pyarrow as pa
 
-from rmq_spark.datasource.embedded import ensure_broker, read_record, stop_broker
 from rmq_spark.broker.connector.client import InternalClient
+from rmq_spark.datasource.embedded import ensure_broker, read_record, stop_broker
 
 
-def client(path: str, idle_exit_s: float = 60.0, flags: tuple[tuple[str, str], ...] = ()) -> InternalClient:
+def client(
+    path: str, idle_exit_s: float = 60.0, flags: tuple[tuple[str, str], ...] = ()
+) -> InternalClient:
     """A client of the embedded broker of store ``path`` (started if needed)."""
     return InternalClient(ensure_broker(path, flags, idle_exit_s))
 
 
-def produce(target: str | InternalClient, topic: str, bodies: Sequence[bytes | str], **columns: Sequence[Any]) -> int:
+def produce(
+    target: str | InternalClient,
+    topic: str,
+    bodies: Sequence[bytes | str],
+    **columns: Sequence[Any],
+) -> int:
     """Store ``bodies`` (plus optional sink columns: tags, keys, properties, delayLevel,
     deliverTimeMs, messageGroup, queueId) in ``topic``; returns the count."""
     c = client(target) if isinstance(target, str) else target
@@ -27,7 +34,9 @@ def produce(target: str | InternalClient, topic: str, bodies: Sequence[bytes | s
         "body": pa.array([b.encode() if isinstance(b, str) else b for b in bodies], pa.binary()),
     }
     types = {
-        "delayLevel": pa.int32(), "queueId": pa.int32(), "deliverTimeMs": pa.int64(),
+        "delayLevel": pa.int32(),
+        "queueId": pa.int32(),
+        "deliverTimeMs": pa.int64(),
         "properties": pa.map_(pa.string(), pa.string()),
     }
     for name, values in columns.items():
@@ -44,7 +53,11 @@ def read_topic(target: str | InternalClient, topic: str) -> pa.Table:
     c = client(target) if isinstance(target, str) else target
     try:
         hi, _ = c.offsets([topic])
-        batches = [b for q, end in sorted(hi.get(topic, {}).items()) for b in c.read_arrow(topic, int(q), 0, end)]
+        batches = [
+            b
+            for q, end in sorted(hi.get(topic, {}).items())
+            for b in c.read_arrow(topic, int(q), 0, end)
+        ]
     finally:
         if isinstance(target, str):
             c.close()

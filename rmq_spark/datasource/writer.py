@@ -33,15 +33,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql import types as T
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 
+from rmq_spark.access.rules import SendLimits, check_rows
 from rmq_spark.broker.connector.protocol import SendHeader
 from rmq_spark.datasource.embedded import BrokerLink
 from rmq_spark.datasource.options import SinkOptions
-from rmq_spark.errors import ConfigError, StoreError
-from rmq_spark.access.rules import SendLimits, check_rows
 from rmq_spark.datasource.tasks import task_started
+from rmq_spark.errors import ConfigError, StoreError
 
 SEND_ROWS = 131_072
 SEND_BYTES = 32 * 1024 * 1024
@@ -89,18 +93,24 @@ class SinkLayout:
                 if ok:
                     present.append(name)
                 else:
-                    problems.append(f"column {name!r} must be {what}, not {fields[name].simpleString()}")
+                    problems.append(
+                        f"column {name!r} must be {what}, not {fields[name].simpleString()}"
+                    )
 
         t = fields.get
         if opts.avro_schema is not None:
             if "value" not in fields:
                 problems.append("option 'avroSchema' needs a struct column 'value' to encode")
             elif not isinstance(fields["value"], T.StructType):
-                problems.append(f"column 'value' must be a struct, not {fields['value'].simpleString()}")
+                problems.append(
+                    f"column 'value' must be a struct, not {fields['value'].simpleString()}"
+                )
             else:
                 present.append("value")
             if "body" in fields:
-                problems.append("give either column 'body' or, with 'avroSchema', column 'value'; not both")
+                problems.append(
+                    "give either column 'body' or, with 'avroSchema', column 'value'; not both"
+                )
         else:
             if "body" not in fields:
                 problems.append("the sink needs a column 'body' (binary or string)")
@@ -109,17 +119,24 @@ class SinkLayout:
         if opts.topic is None and "topic" not in fields:
             problems.append("set option 'topic' or give a column 'topic'")
         expect("tags", isinstance(t("tags"), T.StringType), "string")
-        keys_array = isinstance(t("keys"), T.ArrayType) and isinstance(t("keys").elementType, T.StringType)  # type: ignore[union-attr]
+        keys_t, props_t = t("keys"), t("properties")
+        keys_array = isinstance(keys_t, T.ArrayType) and isinstance(
+            keys_t.elementType, T.StringType
+        )
         expect("keys", isinstance(t("keys"), T.StringType) or keys_array, "string or array<string>")
         expect(
             "properties",
-            isinstance(t("properties"), T.MapType)
-            and isinstance(t("properties").keyType, T.StringType)  # type: ignore[union-attr]
-            and isinstance(t("properties").valueType, T.StringType),  # type: ignore[union-attr]
+            isinstance(props_t, T.MapType)
+            and isinstance(props_t.keyType, T.StringType)
+            and isinstance(props_t.valueType, T.StringType),
             "map<string,string>",
         )
         expect("delayLevel", isinstance(t("delayLevel"), _INTEGRAL), "an integer")
-        expect("deliverTimestamp", isinstance(t("deliverTimestamp"), (T.TimestampType, T.TimestampNTZType)), "a timestamp")
+        expect(
+            "deliverTimestamp",
+            isinstance(t("deliverTimestamp"), (T.TimestampType, T.TimestampNTZType)),
+            "a timestamp",
+        )
         expect("messageGroup", isinstance(t("messageGroup"), T.StringType), "string")
         expect("queueId", isinstance(t("queueId"), _INTEGRAL), "an integer")
         if problems:
@@ -167,7 +184,9 @@ class PartitionRows:
     """The rows of one write task, each input batch checked as it comes; held until the whole
     partition is checked (in memory up to ``SPILL_BYTES``, then in an Arrow file on local disk)."""
 
-    def __init__(self, limits: Callable[[], SendLimits], partition_id: int, names: dict[str, str]) -> None:
+    def __init__(
+        self, limits: Callable[[], SendLimits], partition_id: int, names: dict[str, str]
+    ) -> None:
         self._limits = limits
         self._where = f" of partition {partition_id}"
         self._names = names
@@ -193,7 +212,9 @@ class PartitionRows:
         import pyarrow as pa
 
         local = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or None
-        directory = tempfile.TemporaryDirectory(prefix="rmq-sink-", dir=local if local and os.path.isdir(local) else None)
+        directory = tempfile.TemporaryDirectory(
+            prefix="rmq-sink-", dir=local if local and os.path.isdir(local) else None
+        )
         path = os.path.join(directory.name, "rows.arrow")
         schema = self._tables[0].schema
         writer = pa.ipc.new_file(path, schema)
@@ -246,7 +267,9 @@ class _SinkWriter:
         self.attempt = uuid.uuid4().hex  # per micro-batch: streamWriter() runs for each
         self.link = BrokerLink(opts.connection)
 
-    def _send_all(self, iterator: Iterator[Any], query_id: str, batch_id: int, partition_id: int) -> SinkCommit:
+    def _send_all(
+        self, iterator: Iterator[Any], query_id: str, batch_id: int, partition_id: int
+    ) -> SinkCommit:
         """Check every row of the partition (the broker's rules, :func:`check_rows`), then send
         them: a bad row fails the task before anything of it is stored or prepared."""
         avro = None
@@ -255,7 +278,12 @@ class _SinkWriter:
 
             avro = parse_avro_schema(self.opts.avro_schema)
         tx = self.opts.transactional
-        header = SendHeader(mode="half" if tx else "normal", query_id=query_id, batch_id=batch_id, attempt=self.attempt)
+        header = SendHeader(
+            mode="half" if tx else "normal",
+            query_id=query_id,
+            batch_id=batch_id,
+            attempt=self.attempt,
+        )
         done = SinkCommit(query_id, batch_id, self.attempt, partition_id, 0, tx)
         rows = None
         try:
@@ -263,7 +291,11 @@ class _SinkWriter:
             for batch in iterator:
                 rows.add(to_rows(batch, self.layout, self.opts, avro))
             for chunk in rows.chunks():
-                r = self.link.call(lambda c, chunk=chunk: c.send(chunk, header))
+
+                def send(c: Any, chunk: Any = chunk) -> Any:
+                    return c.send(chunk, header)
+
+                r = self.link.call(send)
                 done.rows += int(r["count"])
                 if r.get("offsets"):
                     done.offsets.append(r["offsets"])
@@ -281,7 +313,9 @@ class _SinkWriter:
         asked_ms = _now_ms()
         r = self.link.call(lambda c: c.send(empty, SendHeader(mode="normal")))
         if not r.get("limits"):
-            raise StoreError("the broker does not answer its send limits: upgrade it to this version of rmq_spark")
+            raise StoreError(
+                "the broker does not answer its send limits: upgrade it to this version of rmq_spark"
+            )
         limits = SendLimits.from_json(r["limits"])
         skew_ms = limits.now_ms - (asked_ms + _now_ms()) // 2
         return lambda: replace(limits, now_ms=_now_ms() + skew_ms)
@@ -292,7 +326,9 @@ class _SinkWriter:
             return
         attempts = {(m.query_id, m.attempt) for m in sent}
         if len(attempts) != 1:
-            raise StoreError(f"commit messages of batch {batch_id} come from {len(attempts)} writer attempts")
+            raise StoreError(
+                f"commit messages of batch {batch_id} come from {len(attempts)} writer attempts"
+            )
         query_id, attempt = attempts.pop()
         offsets = [o for m in sent for o in m.offsets]
         try:
@@ -307,7 +343,11 @@ class _SinkWriter:
         try:
             for query_id, attempt in {(m.query_id, m.attempt) for m in sent}:
                 offsets = [o for m in sent if m.attempt == attempt for o in m.offsets]
-                self.link.call(lambda c, q=query_id, a=attempt, o=offsets: c.abort_batch(q, batch_id, a, o))
+
+                def abort(c: Any, q: str = query_id, a: str = attempt, o: Any = offsets) -> Any:
+                    return c.abort_batch(q, batch_id, a, o)
+
+                self.link.call(abort)
         finally:
             self.link.close()
 
@@ -318,14 +358,16 @@ class RmqStreamWriter(_SinkWriter, DataSourceStreamArrowWriter):
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        query_id = (ctx.getLocalProperty("sql.streaming.queryId") if ctx else None) or "unknown-query"
+        query_id = (
+            ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+        ) or "unknown-query"
         batch_id = int((ctx.getLocalProperty("streaming.sql.batchId") if ctx else None) or -1)
         return self._send_all(iterator, query_id, batch_id, ctx.partitionId() if ctx else 0)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._commit(messages, batchId)  # type: ignore[arg-type]
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages, batchId)  # type: ignore[arg-type]
 
 
@@ -339,8 +381,8 @@ class RmqBatchWriter(_SinkWriter, DataSourceArrowWriter):
         ctx = TaskContext.get()
         return self._send_all(iterator, f"batch-{self.attempt}", 0, ctx.partitionId() if ctx else 0)
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self._commit(messages, 0)  # type: ignore[arg-type]
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._abort(messages, 0)  # type: ignore[arg-type]

@@ -62,9 +62,9 @@ from __future__ import annotations
 
 from rmq_spark.errors import FilterExpressionError
 from rmq_spark.filter._common import MAX_EXPRESSION_CHARS
+from rmq_spark.filter._common import Node as Node
+from rmq_spark.filter._common import Plan as Plan
 from rmq_spark.filter.sql import SqlFilter
-from rmq_spark.filter.sql_compile import Node as Node
-from rmq_spark.filter.sql_compile import Plan as Plan
 from rmq_spark.filter.tag import SUB_ALL, TagFilter
 from rmq_spark.store.hashing import java_string_hash
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from rmq_spark.filter._common import _concat_masks
-from rmq_spark.filter.sql_compile import Node, _compile_sql
+from rmq_spark.filter._common import Node, _concat_masks
+from rmq_spark.filter.sql_compile import _compile_sql
 from rmq_spark.filter.sql_eval import _eval, _JavaError
 from rmq_spark.filter.sql_mask import _check_map_type, _VectorEvaluator
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import cast
 
 from lark import Token, Tree
 from lark.exceptions import UnexpectedInput
@@ -106,7 +107,7 @@ class _Compiler:
         self.text = text
         self.names: set[str] = set()
 
-    def error(self, reason: str, where: _Expr | Tree | Token) -> FilterExpressionError:
+    def error(self, reason: str, where: _Expr | Tree[Token] | Token) -> FilterExpressionError:
         if isinstance(where, _Expr):
             line, column = where.line, where.column
         elif isinstance(where, Token):
@@ -169,7 +170,7 @@ class _Compiler:
 
     # tree walk -------------------------------------------------------------------------------
 
-    def compile(self, tree: Tree | Token, depth: int = 0) -> _Expr:
+    def compile(self, tree: Tree[Token] | Token, depth: int = 0) -> _Expr:
         if depth > _MAX_DEPTH:
             raise self.error(f"expression nested deeper than {_MAX_DEPTH} levels", tree)
         assert isinstance(tree, Tree), tree
@@ -183,16 +184,16 @@ class _Compiler:
         if rule == "string_lit":
             return _Expr(("const", "str", _unquote(kids[0])), "str", line, column, constant=True)
         if rule == "decimal_lit":
-            return self.decimal(kids[0], line, column)
+            return self.decimal(cast(Token, kids[0]), line, column)  # the grammar's one token
         if rule == "float_lit":
-            value = float(str(kids[0]))
-            if value > _DOUBLE_MAX:
+            number = float(str(kids[0]))
+            if number > _DOUBLE_MAX:
                 raise self.error(f"{kids[0]} is greater than {_DOUBLE_MAX!r}", tree)
-            return _Expr(("const", "double", value), "double", line, column, constant=True)
+            return _Expr(("const", "double", number), "double", line, column, constant=True)
         if rule in ("true_lit", "false_lit", "null_lit"):
             value = {"true_lit": True, "false_lit": False, "null_lit": None}[rule]
             kind = "null" if value is None else "bool"
-            node = ("const", kind, value)
+            node: Node = ("const", kind, value)
             return _Expr(node, kind, line, column, constant=True, boolean=True)
         if rule == "prop":
             name = str(kids[0])
@@ -219,7 +220,7 @@ class _Compiler:
             return self.boolean(("not", eq.node), eq)
         if rule in ("is_null", "is_not_null"):
             child = sub(0)
-            node: Node = ("isnull", child.node)
+            node = ("isnull", child.node)
             return self.boolean(node if rule == "is_null" else ("not", node), child)
         if rule in ("gt", "ge", "lt", "le"):
             op = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}[rule]
@@ -252,7 +253,7 @@ class _Compiler:
         return _Expr(("const", kind, value), kind, line, column, constant=True)
 
 
-def _unquote(token: Token | Tree) -> str:
+def _unquote(token: Token | Tree[Token]) -> str:
     return str(token)[1:-1].replace("''", "'")
 
 

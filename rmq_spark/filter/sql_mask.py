@@ -14,8 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rmq_spark.filter._common import _INT32_MAX, _INT32_MIN, _JAVA_TRIM_CHARS
-from rmq_spark.filter.sql_compile import Node, Plan
+from rmq_spark.filter._common import _INT32_MAX, _INT32_MIN, _JAVA_TRIM_CHARS, Node, Plan
 from rmq_spark.filter.sql_eval import _DOUBLE_SYNTAX, _INT_SYNTAX, _ORDER_OPS
 
 _INT_RE2 = f"^(?:{_INT_SYNTAX})$"

@@ -161,7 +161,8 @@ def _describe_expected(expected: set[str]) -> str:
 
 def _syntax_error(text: str, exc: UnexpectedInput) -> FilterExpressionError:
     if isinstance(exc, UnexpectedCharacters):
-        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        at = exc.pos_in_stream if exc.pos_in_stream is not None else len(text)
+        char = text[at] if at < len(text) else ""
         reason = "unterminated string literal" if char == "'" else f"unexpected character {char!r}"
         return _sql_error(text, reason, exc.line, exc.column)
     if isinstance(exc, UnexpectedToken):

@@ -18,23 +18,34 @@ limit                          default    why
                                           (RocketMQ's default: 120 s)
 ``registrations_in_flight``    4          bodies being read at once (off the event loop); more
                                           are answered SYSTEM_BUSY
-``other_body_max_bytes``       64 KiB     the body of any other NameServer request (none needs one
-                                          but QUERY_DATA_VERSION's small DataVersion)
 =============================  =========  ==========================================================
 
-A request that breaks a rule gets a :class:`RegistrationError` naming the field and the limit
-(answered ``SYSTEM_ERROR``, or ``NO_PERMISSION`` when it names the local broker or registrations
-are off), never a Python exception text.
+The header's own rules (names, address, brokerId, body sizes: 8 MiB for REGISTER_BROKER, 64 KiB
+for every other NameServer request, none of which needs one but QUERY_DATA_VERSION's small
+DataVersion) are the request table's rows
+(:mod:`rmq_spark.remoting.namesrv_requests`), checked before any handler runs; the registry holds
+every entry to the same rules again (:func:`check_identity`).  A request that breaks a rule gets
+an answer naming the field and the limit (``SYSTEM_ERROR``, or ``NO_PERMISSION`` when it names the
+local broker or registrations are off), never a Python exception text.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.remoting.codes import ResponseCode
 from rmq_spark.remoting.headers import HeaderError
+from rmq_spark.remoting.namesrv_requests import (
+    ADDR_MAX_CHARS,
+    MAX_BROKER_ID,
+    NAME_MAX_CHARS,
+    REGISTER_BODY_MAX_BYTES,
+    broker_addr,
+    broker_word,
+    shown,
+)
+from rmq_spark.remoting.requests import HeaderProblem
 from rmq_spark.store.config import MAX_QUEUE_NUMS
 from rmq_spark.store.validation import check_topic_cached
 
@@ -48,9 +59,7 @@ __all__ = [
     "shown",
 ]  # fmt: skip
 
-MAX_BROKER_ID = (1 << 31) - 1
 PERM_MAX = 15  # PermName: PRIORITY 8 | READ 4 | WRITE 2 | INHERIT 1
-_PRINTABLE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces
 
 
 @dataclass(frozen=True)
@@ -59,14 +68,13 @@ class NamesrvLimits:
     max_topics_per_broker: int = 16_384
     max_topics_total: int = 65_536
     max_queue_nums: int = MAX_QUEUE_NUMS
-    max_name_chars: int = 127
-    max_addr_chars: int = 255
-    body_max_bytes: int = 8 << 20
+    max_name_chars: int = NAME_MAX_CHARS
+    max_addr_chars: int = ADDR_MAX_CHARS
+    body_max_bytes: int = REGISTER_BODY_MAX_BYTES
     inflated_max_bytes: int = 8 << 20
     heartbeat_timeout_min_ms: int = 10_000
     heartbeat_timeout_max_ms: int = 600_000
     registrations_in_flight: int = 4
-    other_body_max_bytes: int = 64 << 10
 
 
 DEFAULT_LIMITS = NamesrvLimits()
@@ -81,29 +89,17 @@ class RegistrationError(HeaderError):
         self.code = int(code)
 
 
-def shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def check_identity(cluster: object, broker_name: object, broker_addr: object, broker_id: object,
+def check_identity(cluster: object, broker_name: object, addr: object, broker_id: object,
                    limits: NamesrvLimits = DEFAULT_LIMITS) -> None:  # fmt: skip
-    """A broker's cluster, name, address and id, or RegistrationError naming the one at fault."""
-    for field, value, most in (("clusterName", cluster, limits.max_name_chars),
-                               ("brokerName", broker_name, limits.max_name_chars),
-                               ("brokerAddr", broker_addr, limits.max_addr_chars)):  # fmt: skip
-        if not isinstance(value, str) or not value:
-            raise RegistrationError(f"{field} is missing or empty")
-        if len(value) > most:
-            raise RegistrationError(f"{field} is {len(value)} characters; the limit is {most}")
-        if not _PRINTABLE.fullmatch(value):
-            raise RegistrationError(
-                f"{field} {shown(value)} holds characters other than printable ASCII"
-            )
-    assert isinstance(broker_addr, str)
-    host, sep, port = broker_addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise RegistrationError(f"brokerAddr {shown(broker_addr)} is not HOST:PORT")
+    """A broker's cluster, name, address and id, or RegistrationError naming the one at fault:
+    the request table's rules (:func:`broker_word`, :func:`broker_addr`), at the registry's own
+    boundary."""
+    try:
+        broker_word(cluster, "clusterName", limits.max_name_chars)
+        broker_word(broker_name, "brokerName", limits.max_name_chars)
+        broker_addr(addr, "brokerAddr", limits.max_addr_chars)
+    except HeaderProblem as e:
+        raise RegistrationError(str(e)) from None
     if (
         not isinstance(broker_id, int)
         or isinstance(broker_id, bool)

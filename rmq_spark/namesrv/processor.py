@@ -2,15 +2,17 @@
 apache/rocketmq): routes and cluster info for clients and mqadmin, REGISTER_BROKER /
 UNREGISTER_BROKER from brokers.
 
-    namesrv_processor(routes, access=NamesrvAcl(access_control), accept_brokers=True)
+    namesrv_processor(routes, access_control=AccessControl.load(path), accept_brokers=True)
 
-- Before every handler, on the event loop (``Processor.before``): when ``accept_brokers`` is off,
-  REGISTER_BROKER and UNREGISTER_BROKER are refused (NO_PERMISSION); a registration body over
-  ``body_max_bytes``, or another request's over ``other_body_max_bytes``, is refused; then
-  ``access`` (None: no access control) may refuse the request with its answer (its HMAC over the
-  body is thereby bounded).
-- REGISTER_BROKER reads and checks its header on the loop (it names the local broker: refused),
-  then reads its body off the loop, on the server's thread pool, at most
+- Before every handler, on the event loop (``Processor.before``): the request table's gate
+  (:class:`~rmq_spark.remoting.requests.RequestGate` over
+  :data:`~rmq_spark.remoting.namesrv_requests.NAMESRV_REQUESTS`, as on the broker's remoting port):
+  a code without a row is refused, the body held to its row's bound, with ``access_control`` the
+  writes' admin signature checked, and the header decoded once into ``req.header``, which is all a
+  handler reads.
+- When ``accept_brokers`` is off, REGISTER_BROKER and UNREGISTER_BROKER are refused
+  (NO_PERMISSION); one naming the local broker is refused too.
+- REGISTER_BROKER reads its body off the loop, on the server's thread pool, at most
   ``registrations_in_flight`` at once (more: SYSTEM_BUSY); the registry refuses what is past its
   bounds (:mod:`rmq_spark.namesrv.limits`).  Every refusal names its reason.
 - GET_ROUTEINFO_BY_TOPIC costs a look-up per broker and runs on the loop; the answers that walk
@@ -21,37 +23,34 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
-from rmq_spark.namesrv.acl import PUT_KV_CONFIG
-from rmq_spark.namesrv.limits import (
-    NamesrvLimits,
-    RegistrationError,
-    check_topic_name,
-    shown,
-)
-from rmq_spark.namesrv.registration import RegisterHeader, UnregisterHeader, read_topics
+from rmq_spark.access.auth import AccessControl
+from rmq_spark.namesrv.limits import NamesrvLimits, RegistrationError
+from rmq_spark.namesrv.registration import RegisterHeader, read_topics
 from rmq_spark.namesrv.routes import BrokerEntry, RouteInfoManager
 from rmq_spark.remoting import jsonbody
 from rmq_spark.remoting.codes import RequestCode, ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
-from rmq_spark.remoting.headers import fields_of
+from rmq_spark.remoting.namesrv_requests import (
+    GET_KV_CONFIG,
+    NAMESRV_REQUESTS,
+    PUT_KV_CONFIG,
+    QUERY_DATA_VERSION,
+)
+from rmq_spark.remoting.requests import RequestGate
 from rmq_spark.remoting.server import Connection, Processor
 
-__all__ = ["Access", "namesrv_processor"]
+__all__ = ["REGISTRATIONS_OFF", "namesrv_processor"]
 
 log = logging.getLogger("rmq_spark.namesrv")
 
-# an access check: None lets the request through, an answer refuses it
-Access = Callable[[Connection, RemotingCommand], "RemotingCommand | None"]
-QUERY_DATA_VERSION, GET_KV_CONFIG = 322, 101
-_BROKER_CODES = (RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER)
 REGISTRATIONS_OFF = ("this NameServer does not accept brokers' registrations (rmq-broker "
                      "--no-namesrv-registrations); it serves its own broker's routes only")  # fmt: skip
 
 
-class _Gate:
+class _InFlight:
     """At most ``n`` registrations being read at once."""
 
     def __init__(self, n: int) -> None:
@@ -70,33 +69,33 @@ class _Gate:
             self._free += 1
 
 
-def namesrv_processor(routes: RouteInfoManager, *, access: Access | None = None, accept_brokers: bool = True,
+def _header(req: RemotingCommand) -> Mapping[str, Any]:
+    """The request's header as its row decoded it (the gate has run: never the raw ext fields)."""
+    assert req.header is not None, "the request table's gate did not run"
+    return req.header
+
+
+def namesrv_processor(routes: RouteInfoManager, *, access_control: AccessControl | None = None,
+                      accept_brokers: bool = True,
                       limits: NamesrvLimits | None = None) -> Processor:  # fmt: skip
+    """The NameServer's processor over ``routes``; ``access_control`` (None: no ACL) guards its
+    writes (:mod:`rmq_spark.remoting.namesrv_requests`)."""
     limits = limits or routes.limits
-    gate = _Gate(limits.registrations_in_flight)
+    reading = _InFlight(limits.registrations_in_flight)
     p = Processor()
 
-    def before(conn: Connection, req: RemotingCommand) -> RemotingCommand | None:
-        if req.code in _BROKER_CODES and not accept_brokers:
-            return req.response(ResponseCode.NO_PERMISSION, REGISTRATIONS_OFF)
-        size = len(req.body or b"")
-        if req.code == RequestCode.REGISTER_BROKER:
-            if size > limits.body_max_bytes:
-                return req.response(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER body is {size} bytes; "
-                                                               f"the limit is {limits.body_max_bytes}")  # fmt: skip
-        elif size > limits.other_body_max_bytes:
-            return req.response(ResponseCode.SYSTEM_ERROR, f"request code {req.code} takes at most "
-                                                           f"{limits.other_body_max_bytes} bytes of body, not {size}")  # fmt: skip
-        return access(conn, req) if access is not None else None
+    def registrations_off(req: RemotingCommand) -> RemotingCommand | None:
+        if accept_brokers:
+            return None
+        return req.response(ResponseCode.NO_PERMISSION, REGISTRATIONS_OFF)
 
     def route_by_topic(conn: Connection, req: RemotingCommand) -> RemotingCommand:
-        topic = fields_of(req.ext_fields).str("topic")
+        topic = _header(req)["topic"]  # a valid name (its row): at most 255 plain characters
         route = routes.topic_route(topic)
         if route is None:
-            name = topic if len(topic) <= 255 and topic.isprintable() else shown(topic)
             return req.response(
                 ResponseCode.TOPIC_NOT_EXIST,
-                f"No topic route info in name server for the topic: {name}",
+                f"No topic route info in name server for the topic: {topic}",
             )
         return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps(route))
 
@@ -109,19 +108,22 @@ def namesrv_processor(routes: RouteInfoManager, *, access: Access | None = None,
         )
 
     def topics_by_cluster(conn: Connection, req: RemotingCommand) -> RemotingCommand:
-        cluster = fields_of(req.ext_fields).str("cluster")
+        cluster = _header(req)["cluster"]
         return req.response(
             ResponseCode.SUCCESS,
             body=jsonbody.dumps({"topicList": routes.topics_of_cluster(cluster)}),
         )
 
     def register_broker(conn: Connection, req: RemotingCommand) -> Any:
+        refused = registrations_off(req)
+        if refused is not None:
+            return refused
+        header = RegisterHeader.of(_header(req))
         try:
-            header = RegisterHeader.read(req.ext_fields, limits)
             routes.check_not_local(header.broker_name, header.broker_addr, "REGISTER_BROKER")
         except RegistrationError as e:
             return req.response(e.code, str(e))
-        if not gate.enter():
+        if not reading.enter():
             return req.response(ResponseCode.SYSTEM_BUSY, f"the NameServer is reading {limits.registrations_in_flight} "
                                                           "other registrations; try again")  # fmt: skip
         try:
@@ -129,7 +131,7 @@ def namesrv_processor(routes: RouteInfoManager, *, access: Access | None = None,
                 conn.server.executor, register_off_loop, conn, header, req
             )
         except RuntimeError:  # the server is stopping: its pool takes no more work
-            gate.leave()
+            reading.leave()
             return req.response(ResponseCode.SYSTEM_BUSY, "the NameServer is stopping")
 
     def register_off_loop(
@@ -152,13 +154,16 @@ def namesrv_processor(routes: RouteInfoManager, *, access: Access | None = None,
                 ResponseCode.SYSTEM_ERROR, "REGISTER_BROKER failed inside the NameServer (logged)"
             )
         finally:
-            gate.leave()
+            reading.leave()
         return req.response(ResponseCode.SUCCESS, ext_fields={}, body=jsonbody.dumps({"table": {}}))
 
     def unregister_broker(conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        refused = registrations_off(req)
+        if refused is not None:
+            return refused
         try:
-            header = UnregisterHeader.read(req.ext_fields, limits)
-            routes.unregister(header.broker_addr, header.broker_name)
+            h = _header(req)
+            routes.unregister(h["brokerAddr"], h.get("brokerName") or None)
         except RegistrationError as e:
             return req.response(e.code, str(e))
         return req.response(ResponseCode.SUCCESS)
@@ -179,15 +184,10 @@ def namesrv_processor(routes: RouteInfoManager, *, access: Access | None = None,
         return req.response(ResponseCode.SUCCESS)
 
     def delete_topic(conn: Connection, req: RemotingCommand) -> RemotingCommand:
-        f = fields_of(req.ext_fields)
-        try:
-            topic = check_topic_name(f.str("topic"))
-        except RegistrationError as e:
-            return req.response(ResponseCode.SYSTEM_ERROR, f"DELETE_TOPIC_IN_NAMESRV: {e}")
-        routes.delete_topic(topic, f.opt("clusterName") or None)
+        h = _header(req)
+        routes.delete_topic(h["topic"], h.get("clusterName") or None)
         return req.response(ResponseCode.SUCCESS)
 
-    p.before = before
     p.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, route_by_topic)
     p.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, delete_topic)
     p.register(RequestCode.GET_BROKER_CLUSTER_INFO, cluster_info, blocking=True)
@@ -199,4 +199,9 @@ def namesrv_processor(routes: RouteInfoManager, *, access: Access | None = None,
     p.register(GET_KV_CONFIG, kv_config)  # no order-topic configs are kept
     p.register(PUT_KV_CONFIG, put_kv)  # mqadmin updateTopic -o true: accepted, not kept
     p.on_close.append(lambda conn: routes.connection_closed(conn.id))
+    # every request passes the request table's gate; a code registered here without a row there
+    # fails now, not when a client sends it
+    gate = RequestGate(NAMESRV_REQUESTS, access_control)
+    gate.check_covers(p.handlers)
+    p.before = gate
     return p

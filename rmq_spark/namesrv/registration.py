@@ -1,7 +1,8 @@
-"""Reading a REGISTER_BROKER / UNREGISTER_BROKER request: the header once into a typed object,
-the body (``RegisterBrokerBody``) into a topic table, every value held to
-:class:`~rmq_spark.namesrv.limits.NamesrvLimits`.  A request that breaks a rule raises
-:class:`~rmq_spark.namesrv.limits.RegistrationError` naming what is wrong.
+"""Reading a REGISTER_BROKER request's body (``RegisterBrokerBody``) into a topic table, every
+value held to :class:`~rmq_spark.namesrv.limits.NamesrvLimits`.  A body that breaks a rule raises
+:class:`~rmq_spark.namesrv.limits.RegistrationError` naming what is wrong.  The header was decoded
+and checked before, by the request table's row (:mod:`rmq_spark.remoting.namesrv_requests`):
+:class:`RegisterHeader` is that decoded header as the body's reader uses it.
 
 The body comes in two forms:
 
@@ -29,24 +30,22 @@ import struct
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rmq_spark.namesrv.limits import (
     DEFAULT_LIMITS,
     NamesrvLimits,
     RegistrationError,
-    check_identity,
     check_queue_counts,
     check_topic_name,
     shown,
 )
 from rmq_spark.namesrv.routes import BROKER_TIMEOUT_MS, QueueData, queue_data
 from rmq_spark.remoting import jsonbody
-from rmq_spark.remoting.headers import fields_of
 from rmq_spark.store.inflate import InflateError, inflate
 
 __all__ = [
     "RegisterHeader",
-    "UnregisterHeader",
     "compressed_topic_table",
     "json_topic_table",
     "read_topics",
@@ -58,7 +57,7 @@ _SMALL_INT = re.compile(r"\d{1,10}")
 
 @dataclass(frozen=True)
 class RegisterHeader:
-    """REGISTER_BROKER's ``RegisterBrokerRequestHeader``."""
+    """REGISTER_BROKER's ``RegisterBrokerRequestHeader``, as its row decoded it."""
 
     cluster: str
     broker_name: str
@@ -69,37 +68,13 @@ class RegisterHeader:
     body_crc32: int
 
     @classmethod
-    def read(cls, ext: Mapping[str, str], limits: NamesrvLimits = DEFAULT_LIMITS) -> RegisterHeader:
-        f = fields_of(ext)
-        header = cls(cluster=f.str("clusterName"), broker_name=f.str("brokerName"), broker_addr=f.str("brokerAddr"),
-                     broker_id=f.long("brokerId"), timeout_ms=f.long("heartbeatTimeoutMillis", BROKER_TIMEOUT_MS),
-                     compressed=f.bool("compressed"), body_crc32=f.long("bodyCrc32", 0))  # fmt: skip
-        check_identity(
-            header.cluster, header.broker_name, header.broker_addr, header.broker_id, limits
-        )
-        return header
-
-
-@dataclass(frozen=True)
-class UnregisterHeader:
-    """UNREGISTER_BROKER's ``UnRegisterBrokerRequestHeader`` (brokerName optional)."""
-
-    broker_addr: str
-    broker_name: str | None
-
-    @classmethod
-    def read(
-        cls, ext: Mapping[str, str], limits: NamesrvLimits = DEFAULT_LIMITS
-    ) -> UnregisterHeader:
-        f = fields_of(ext)
-        addr, name = f.str("brokerAddr"), f.opt("brokerName") or None
-        if len(addr) > limits.max_addr_chars or (
-            name is not None and len(name) > limits.max_name_chars
-        ):
-            raise RegistrationError(
-                "UNREGISTER_BROKER: brokerAddr or brokerName is longer than any broker's"
-            )
-        return cls(addr, name)
+    def of(cls, header: Mapping[str, Any]) -> RegisterHeader:
+        """From ``req.header``, decoded and checked by REGISTER_BROKER's row."""
+        return cls(cluster=header["clusterName"], broker_name=header["brokerName"],
+                   broker_addr=header["brokerAddr"], broker_id=header["brokerId"],
+                   timeout_ms=header.get("heartbeatTimeoutMillis", BROKER_TIMEOUT_MS),
+                   compressed=header.get("compressed", False),
+                   body_crc32=header.get("bodyCrc32", 0))  # fmt: skip
 
 
 def read_topics(
@@ -164,7 +139,8 @@ def compressed_topic_table(
                                     "fields, not name read write perm filterType")  # fmt: skip
         name = check_topic_name(fields[0])
         numbers: list[object] = [int(x) if _SMALL_INT.fullmatch(x) else x for x in fields[1:4]]
-        read, write, perm, _flag = check_queue_counts(name, *numbers, 0, limits=limits)
+        read_n, write_n, perm_n = numbers[:3]
+        read, write, perm, _flag = check_queue_counts(name, read_n, write_n, perm_n, 0, limits)
         out[name] = queue_data(read, write, perm)
     return out
 

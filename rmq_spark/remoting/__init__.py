@@ -22,4 +22,11 @@ beside gRPC in :mod:`rmq_spark.broker.remoting`.
 from rmq_spark.remoting.codes import RequestCode, ResponseCode
 from rmq_spark.remoting.command import FrameError, LanguageCode, RemotingCommand, SerializeType
 
-__all__ = ["FrameError", "LanguageCode", "RemotingCommand", "RequestCode", "ResponseCode", "SerializeType"]
+__all__ = [
+    "FrameError",
+    "LanguageCode",
+    "RemotingCommand",
+    "RequestCode",
+    "ResponseCode",
+    "SerializeType",
+]

@@ -38,7 +38,9 @@ BROKER_VERSION_DESC = "V4_9_8"
 
 
 class AdminProcessor:
-    def __init__(self, core: Any, clients: ClientManager, broker_name: str, started_ms: int) -> None:
+    def __init__(
+        self, core: Any, clients: ClientManager, broker_name: str, started_ms: int
+    ) -> None:
         self.core = core
         self.store = core.store
         self.clients = clients
@@ -60,7 +62,9 @@ class AdminProcessor:
         except IllegalTopicError as e:
             return req.response(ResponseCode.SYSTEM_ERROR, f"The specified topic is invalid: {e}")
         if L.conflicts_with_system_topic(topic):
-            return req.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic."
+            )
         return None
 
     def update_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
@@ -76,7 +80,9 @@ class AdminProcessor:
         try:
             self.store.topics.create(cfg)
         except RmqError as e:
-            return req.response(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is not created: {e}")
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is not created: {e}"
+            )
         return req.response(ResponseCode.SUCCESS)
 
     def delete_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
@@ -98,7 +104,10 @@ class AdminProcessor:
                      "consumeBroadcastEnable": True, "retryQueueNums": 1, "retryMaxTimes": 16, "brokerId": 0,
                      "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True}
                  for n in sorted(names)}  # fmt: skip
-        doc = {"subscriptionGroupTable": table, "dataVersion": {"counter": len(table), "timestamp": int(time.time() * 1000)}}
+        doc = {
+            "subscriptionGroupTable": table,
+            "dataVersion": {"counter": len(table), "timestamp": int(time.time() * 1000)},
+        }
         return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps(doc))
 
     def reset_offset(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
@@ -148,13 +157,22 @@ class AdminProcessor:
             cmd = RemotingCommand(RESET_CONSUMER_CLIENT_OFFSET, {"topic": topic, "group": group, "timestamp": str(when),
                                                                   "isForce": "true"}, body)  # fmt: skip
             told += bool(c.send_oneway(cmd))
-        log.info("offsets of consumer group %s on topic %s reset to %s: %s (%d consumer(s) told)", group, topic,
-                 "the end" if when < 0 else f"time {when}", {q: o for (_k, o), q in zip(items, queues)}, told)
+        log.info(
+            "offsets of consumer group %s on topic %s reset to %s: %s (%d consumer(s) told)",
+            group,
+            topic,
+            "the end" if when < 0 else f"time {when}",
+            {q: o for (_k, o), q in zip(items, queues, strict=True)},
+            told,
+        )
         return req.response(ResponseCode.SUCCESS, body=body)
 
     def all_topic_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         table = {name: cfg.to_json() for name, cfg in sorted(self.store.topics.topics.items())}
-        doc = {"topicConfigTable": table, "dataVersion": {"counter": len(table), "timestamp": int(time.time() * 1000)}}
+        doc = {
+            "topicConfigTable": table,
+            "dataVersion": {"counter": len(table), "timestamp": int(time.time() * 1000)},
+        }
         return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps(doc))
 
     def topic_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
@@ -162,8 +180,12 @@ class AdminProcessor:
         topic = fields_of(req.ext_fields).str("topic")
         cfg = self.store.topics.get(topic)
         if cfg is None:
-            return req.response(ResponseCode.TOPIC_NOT_EXIST, f"No topic in this broker. topic: {topic}")
-        return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps({**cfg.to_json(), "mappingDetail": None}))
+            return req.response(
+                ResponseCode.TOPIC_NOT_EXIST, f"No topic in this broker. topic: {topic}"
+            )
+        return req.response(
+            ResponseCode.SUCCESS, body=jsonbody.dumps({**cfg.to_json(), "mappingDetail": None})
+        )
 
     def topic_stats(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         topic = fields_of(req.ext_fields).str("topic")
@@ -200,7 +222,7 @@ class AdminProcessor:
         group = f.str("consumerGroup")
         only = f.opt("topic")
         items = []
-        for topic in ([only] if only else self._topics_of_group(group)):
+        for topic in [only] if only else self._topics_of_group(group):
             cfg = self.store.topics.get(topic)
             if cfg is None:
                 continue
@@ -219,7 +241,9 @@ class AdminProcessor:
         group = fields_of(req.ext_fields).str("consumerGroup")
         g = self.clients.consumer_group(group)
         if g is None or not g.clients:
-            return req.response(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
+            return req.response(
+                ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online"
+            )
         connections = [{"clientId": cid, "clientAddr": c.peer, "language": lang, "version": version}
                        for cid, (c, _t, lang, version) in sorted(g.clients.items())]  # fmt: skip
         subs = {t: {"topic": t, "subString": s.expression, "expressionType": s.expression_type,
@@ -240,20 +264,30 @@ class AdminProcessor:
 
     def consumers_of_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         topic = fields_of(req.ext_fields).str("topic")
-        groups = {g for g in self.store.offsets.groups() if self.store.offsets.query_topic(g, topic)}
-        groups.update(name for name, g in self.clients.consumers.items() if topic in g.subscriptions)
-        return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps({"groupList": sorted(groups)}))
+        groups = {
+            g for g in self.store.offsets.groups() if self.store.offsets.query_topic(g, topic)
+        }
+        groups.update(
+            name for name, g in self.clients.consumers.items() if topic in g.subscriptions
+        )
+        return req.response(
+            ResponseCode.SUCCESS, body=jsonbody.dumps({"groupList": sorted(groups)})
+        )
 
     def topics_of_consumer(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         group = fields_of(req.ext_fields).str("group")
-        return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps({"topicList": self._topics_of_group(group)}))
+        return req.response(
+            ResponseCode.SUCCESS, body=jsonbody.dumps({"topicList": self._topics_of_group(group)})
+        )
 
     # --- the broker -----------------------------------------------------------------------------
     def runtime_info(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         store = self.store
         cl = store.commitlog
         now = int(time.time() * 1000)
-        put_total = sum(store.max_offset(t, q) for t, q in store.queue_keys() if not L.is_system_topic(t))
+        put_total = sum(
+            store.max_offset(t, q) for t, q in store.queue_keys() if not L.is_system_topic(t)
+        )
         earliest = 0
         if cl.max_offset > cl.min_offset:
             earliest = max(0, cl.store_timestamp(cl.min_offset))

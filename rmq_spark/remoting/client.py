@@ -12,8 +12,18 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
+from typing import TYPE_CHECKING
 
-from rmq_spark.remoting.command import FLAG_ONEWAY, FrameError, RemotingCommand, SerializeType, decode_frame
+from rmq_spark.remoting.command import (
+    FLAG_ONEWAY,
+    FrameError,
+    RemotingCommand,
+    SerializeType,
+    decode_frame,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["RemotingClient", "request"]
 
@@ -65,7 +75,7 @@ class RemotingClient:
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> RemotingClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -25,12 +25,16 @@ from rmq_spark.remoting.codes import RequestCode
 from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.server import Connection
 
-__all__ = ["ClientManager", "ConsumerGroup", "Subscription", "MessageQueueKey"]
+__all__ = ["ClientManager", "ConsumerGroup", "MessageQueueKey", "Subscription"]
 
 log = logging.getLogger("rmq_spark.remoting.clients")
 
 CLIENT_EXPIRE_MS = 120_000  # ConsumerManager.CHANNEL_EXPIRED_TIMEOUT
+# a line per group a client joins, up to this many a heartbeat; then one line for the rest (a
+# heartbeat may name 1,024 groups: a line each was 1,024 lines, and ~0.2 s, per heartbeat)
+JOINED_LOGGED = 5
 LOCK_MAX_LIVE_MS = 60_000  # rocketmq.broker.rebalance.lockMaxLiveTime
+NOTIFY = RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
 
 MessageQueueKey = tuple[str, str, int]  # topic, brokerName, queueId
 
@@ -69,7 +73,9 @@ class ClientManager:
         self._locks: dict[str, dict[MessageQueueKey, tuple[str, int]]] = {}
 
     # --- heartbeats -----------------------------------------------------------------------------
-    def heartbeat(self, conn: Connection, data: dict[str, Any], language: str = "JAVA", version: int = 0) -> list[str]:
+    def heartbeat(
+        self, conn: Connection, data: dict[str, Any], language: str = "JAVA", version: int = 0
+    ) -> list[str]:
         """Register what a HeartbeatData names; returns the consumer groups whose membership
         changed (to be notified)."""
         client_id = str(data.get("clientID") or "")
@@ -78,11 +84,12 @@ class ClientManager:
         conn.attrs["client_id"] = client_id
         now = self.now_ms()
         changed = []
+        joined: list[str] = []
         with self._lock:
             for p in data.get("producerDataSet") or []:
-                group = str((p or {}).get("groupName") or "")
-                if group:
-                    self.producers.setdefault(group, {})[client_id] = (conn, now)
+                producer = str((p or {}).get("groupName") or "")
+                if producer:
+                    self.producers.setdefault(producer, {})[client_id] = (conn, now)
             for c in data.get("consumerDataSet") or []:
                 c = c or {}
                 name = str(c.get("groupName") or "")
@@ -93,22 +100,34 @@ class ClientManager:
                     group = self.consumers[name] = ConsumerGroup(name)
                 group.consume_type = str(c.get("consumeType") or group.consume_type)
                 group.message_model = str(c.get("messageModel") or group.message_model)
-                group.consume_from_where = str(c.get("consumeFromWhere") or group.consume_from_where)
+                group.consume_from_where = str(
+                    c.get("consumeFromWhere") or group.consume_from_where
+                )
                 subs = {}
                 for s in c.get("subscriptionDataSet") or []:
                     s = s or {}
                     topic = str(s.get("topic") or "")
                     if topic:
-                        subs[topic] = Subscription(topic, str(s.get("subString") or "*"),
-                                                   str(s.get("expressionType") or "TAG"), int(s.get("subVersion") or 0))
+                        subs[topic] = Subscription(
+                            topic,
+                            str(s.get("subString") or "*"),
+                            str(s.get("expressionType") or "TAG"),
+                            int(s.get("subVersion") or 0),
+                        )
                 if subs or not group.subscriptions:
                     group.subscriptions = subs
                 old = group.clients.get(client_id)
                 if old is None or old[0] is not conn:
                     changed.append(name)
                     if old is None:
-                        log.info("consumer group %s: client %s joined (%s)", name, client_id, conn.peer)
+                        joined.append(name)
                 group.clients[client_id] = (conn, now, language, version)
+        for name in joined[:JOINED_LOGGED]:
+            log.info("consumer group %s: client %s joined (%s)", name, client_id, conn.peer)
+        if len(joined) > JOINED_LOGGED:
+            more = joined[JOINED_LOGGED:]
+            log.info("%d more consumer groups (%s ...): client %s joined (%s)",
+                     len(more), ", ".join(more[:3]), client_id, conn.peer)  # fmt: skip
         return changed
 
     def unregister(self, conn: Connection, client_id: str, producer_group: str | None,
@@ -155,7 +174,12 @@ class ClientManager:
                 gone = [c for c, v in group.clients.items() if v[1] < deadline]
                 for cid in gone:
                     del group.clients[cid]
-                    log.info("consumer group %s: client %s left (silent for %d s)", name, cid, CLIENT_EXPIRE_MS // 1000)
+                    log.info(
+                        "consumer group %s: client %s left (silent for %d s)",
+                        name,
+                        cid,
+                        CLIENT_EXPIRE_MS // 1000,
+                    )
                 if gone:
                     changed.append(name)
         return changed
@@ -183,10 +207,27 @@ class ClientManager:
             g = self.consumers.get(group)
             conns = [v[0] for v in g.clients.values()] if g else []
         for conn in conns:
-            conn.send_oneway(RemotingCommand(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group}))
+            conn.send_oneway(
+                RemotingCommand(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})
+            )
+
+    def notify_many(self, groups: list[str]) -> None:
+        """:meth:`notify_ids_changed` of each of ``groups``, the notices to one connection written
+        together (a heartbeat naming 1,000 new groups: one write to its connection)."""
+        by_conn: dict[Connection, list[RemotingCommand]] = {}
+        with self._lock:
+            for group in groups:
+                g = self.consumers.get(group)
+                for conn, *_ in g.clients.values() if g else ():
+                    notice = {"consumerGroup": group}
+                    by_conn.setdefault(conn, []).append(RemotingCommand(NOTIFY, notice))
+        for conn, notices in by_conn.items():
+            conn.send_oneway_many(notices)
 
     # --- orderly consumption's queue locks ------------------------------------------------------
-    def try_lock(self, group: str, client_id: str, queues: list[MessageQueueKey]) -> list[MessageQueueKey]:
+    def try_lock(
+        self, group: str, client_id: str, queues: list[MessageQueueKey]
+    ) -> list[MessageQueueKey]:
         now = self.now_ms()
         locked = []
         with self._lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["RequestCode", "ResponseCode", "PullSysFlag", "Perm"]
+__all__ = ["Perm", "PullSysFlag", "RequestCode", "ResponseCode"]
 
 
 class RequestCode(enum.IntEnum):

@@ -121,19 +121,29 @@ class RemotingCommand:
     def is_oneway(self) -> bool:
         return bool(self.flag & FLAG_ONEWAY)
 
-    def response(self, code: int, remark: str | None = None, ext_fields: dict[str, str] | None = None,
-                 body: bytes = b"") -> RemotingCommand:
+    def response(
+        self,
+        code: int,
+        remark: str | None = None,
+        ext_fields: dict[str, str] | None = None,
+        body: bytes = b"",
+    ) -> RemotingCommand:
         """The answer to this request: same opaque and serialization, the response flag set."""
         return RemotingCommand(code, ext_fields or {}, body, self.opaque, FLAG_RESPONSE, remark, self.version,
                                LanguageCode.JAVA, self.serialize_type)  # fmt: skip
 
     # --- encode ---------------------------------------------------------------------------------
     def encode(self) -> bytes:
-        header = self._json_header() if self.serialize_type is SerializeType.JSON else self._binary_header()
+        header = (
+            self._json_header()
+            if self.serialize_type is SerializeType.JSON
+            else self._binary_header()
+        )
         if len(header) > 0xFFFFFF:
             raise FrameError(f"header of {len(header)} bytes does not fit the 24-bit header length")
         head = _LENGTH.pack(4 + len(header) + len(self.body)) + _TYPE_AND_HEADER_LENGTH.pack(
-            (int(self.serialize_type) << 24) | len(header))
+            (int(self.serialize_type) << 24) | len(header)
+        )
         return head + header + self.body if self.body else head + header
 
     def _json_header(self) -> bytes:
@@ -195,7 +205,9 @@ def decode_frame(frame: bytes | bytearray | memoryview) -> RemotingCommand:
     (word,) = _TYPE_AND_HEADER_LENGTH.unpack_from(frame, 0)
     stype, header_len = word >> 24, word & 0xFFFFFF
     if header_len > len(frame) - 4:
-        raise FrameError(f"header length {header_len} exceeds the frame ({len(frame) - 4} bytes after it)")
+        raise FrameError(
+            f"header length {header_len} exceeds the frame ({len(frame) - 4} bytes after it)"
+        )
     header = bytes(frame[4 : 4 + header_len])
     body = bytes(frame[4 + header_len :])
     if stype == SerializeType.JSON:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rmq_spark.errors import RmqError
+from rmq_spark.errors import MessageIllegalError, RmqError
 from rmq_spark.remoting import jsonbody
 from rmq_spark.remoting.clients import ClientManager, MessageQueueKey
 from rmq_spark.remoting.codes import ResponseCode
@@ -18,6 +18,7 @@ from rmq_spark.remoting.command import RemotingCommand
 from rmq_spark.remoting.headers import HeaderError, fields_of
 from rmq_spark.remoting.server import Connection
 from rmq_spark.store import layout as L
+from rmq_spark.store.validation import check_topic
 
 __all__ = ["ConsumerProcessor"]
 
@@ -34,11 +35,21 @@ def _body(req: RemotingCommand) -> dict[str, Any]:
     return doc
 
 
+def _is_topic(name: str) -> bool:
+    try:
+        check_topic(name, allow_system=True)
+    except MessageIllegalError:
+        return False
+    return True
+
+
 def _queues(doc: dict[str, Any]) -> list[MessageQueueKey]:
     out = []
     for mq in doc.get("mqSet") or []:
         if isinstance(mq, dict):
-            out.append((str(mq.get("topic", "")), str(mq.get("brokerName", "")), int(mq.get("queueId", 0))))
+            out.append(
+                (str(mq.get("topic", "")), str(mq.get("brokerName", "")), int(mq.get("queueId", 0)))
+            )
     return out
 
 
@@ -48,26 +59,46 @@ class ConsumerProcessor:
         self.clients = clients
 
     def heartbeat(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
+        """HEART_BEAT: each consumer group's retry topic exists from its first heartbeat (as
+        RocketMQ's subscription group and retry topic do): all the new ones with one write of
+        topics.json (one each was quadratic: 1,000 groups, 29.6 s).  How many heartbeats may
+        create is bounded (the topic table's ``retry_topics_auto_max``): a new group past it is
+        not registered, and the answer (SUBSCRIPTION_GROUP_NOT_EXIST) names it; the rest of the
+        heartbeat (its producers, its known groups) is registered."""
         doc = _body(req)
+        consumers = [c for c in doc.get("consumerDataSet") or []
+                     if isinstance(c, dict) and c.get("groupName")]  # fmt: skip
+        groups = [str(c["groupName"]) for c in consumers]
+        retry = {L.RETRY_GROUP_TOPIC_PREFIX + g: g for g in groups}
+        refused: list[str] = []
+        try:
+            made = self.store.topics.get_or_create_many(retry, skip_invalid=True, bounded=True)
+            refused = [g for t, g in retry.items() if t not in made and _is_topic(t)]
+        except RmqError:  # not written (a full disk): the next heartbeat asks again
+            pass
+        if refused:
+            gone = set(refused)
+            kept = [c for c in consumers if str(c["groupName"]) not in gone]
+            doc = {**doc, "consumerDataSet": kept}
         try:
             changed = self.clients.heartbeat(conn, doc, req.language.name, req.version)
         except (ValueError, TypeError, AttributeError) as e:
             raise HeaderError(f"HeartbeatData: {e}") from None
-        # each group's retry topic exists from the consumer's first heartbeat (as RocketMQ's): all
-        # the new ones with one write of topics.json (one each was quadratic: 1,000 groups, 29.6 s)
-        retry = [L.RETRY_GROUP_TOPIC_PREFIX + str(c.get("groupName"))
-                 for c in doc.get("consumerDataSet") or [] if isinstance(c, dict) and c.get("groupName")]  # fmt: skip
-        try:
-            self.store.topics.get_or_create_many(retry, skip_invalid=True)
-        except RmqError:
-            pass
-        for group in changed:
-            self.clients.notify_ids_changed(group)
+        self.clients.notify_many(changed)
+        if refused:
+            shown = ", ".join(refused[:3]) + (" ..." if len(refused) > 3 else "")
+            limit = self.store.topics.retry_topics_auto_max
+            remark = (f"subscription group not exist: {len(refused)} new consumer group(s) not "
+                      f"created ({shown}): the broker holds {limit} groups' retry topics, the most "
+                      "that heartbeats may create")  # fmt: skip
+            return req.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, remark)
         return req.response(ResponseCode.SUCCESS)
 
     def unregister(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         f = fields_of(req.ext_fields)
-        changed = self.clients.unregister(conn, f.str("clientID"), f.opt("producerGroup"), f.opt("consumerGroup"))
+        changed = self.clients.unregister(
+            conn, f.str("clientID"), f.opt("producerGroup"), f.opt("consumerGroup")
+        )
         for group in changed:
             self.clients.notify_ids_changed(group)
         return req.response(ResponseCode.SUCCESS)
@@ -82,7 +113,10 @@ class ConsumerProcessor:
         try:
             make_filter(str(sub.get("expressionType") or "TAG"), str(sub.get("subString") or "*"))
         except FilterExpressionError as e:
-            return req.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"Parse the consumer's subscription failed: {e}")
+            return req.response(
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                f"Parse the consumer's subscription failed: {e}",
+            )
         return req.response(ResponseCode.SUCCESS)
 
     def connection_closed(self, conn: Connection) -> None:
@@ -105,12 +139,18 @@ class ConsumerProcessor:
             return req.response(ResponseCode.SUCCESS, None, {"offset": str(offset)})
         zero_if_not_found = f.opt("setZeroIfNotFound")
         if zero_if_not_found is not None and zero_if_not_found.strip().lower() == "false":
-            return req.response(ResponseCode.QUERY_NOT_FOUND, "Not found, do not set to zero, maybe this group boot first")
+            return req.response(
+                ResponseCode.QUERY_NOT_FOUND,
+                "Not found, do not set to zero, maybe this group boot first",
+            )
         # a new group on a queue that still starts at 0: read it from the beginning (RocketMQ does
         # when offset 0 is still in memory; everything is, here)
         if self.store.min_offset(topic, queue_id) <= 0:
             return req.response(ResponseCode.SUCCESS, None, {"offset": "0"})
-        return req.response(ResponseCode.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+        return req.response(
+            ResponseCode.QUERY_NOT_FOUND,
+            "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first",
+        )
 
     def update_offset(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         f = fields_of(req.ext_fields)
@@ -134,7 +174,9 @@ class ConsumerProcessor:
         doc = _body(req)
         client_id = self._client_id(conn, doc)
         if client_id is None:
-            return req.response(ResponseCode.SYSTEM_ERROR, "clientId is not the client of this connection")
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, "clientId is not the client of this connection"
+            )
         locked = self.clients.try_lock(str(doc.get("consumerGroup", "")), client_id, _queues(doc))
         body = {"lockOKMQSet": [{"topic": t, "brokerName": b, "queueId": q} for t, b, q in locked]}
         return req.response(ResponseCode.SUCCESS, body=jsonbody.dumps(body))
@@ -143,6 +185,8 @@ class ConsumerProcessor:
         doc = _body(req)
         client_id = self._client_id(conn, doc)
         if client_id is None:
-            return req.response(ResponseCode.SYSTEM_ERROR, "clientId is not the client of this connection")
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, "clientId is not the client of this connection"
+            )
         self.clients.unlock(str(doc.get("consumerGroup", "")), client_id, _queues(doc))
         return req.response(ResponseCode.SUCCESS)

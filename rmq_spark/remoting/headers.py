@@ -4,11 +4,12 @@ one, is a :class:`HeaderError` (answered ``SYSTEM_ERROR`` naming the field), nev
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Mapping
 
 from rmq_spark.errors import RmqError
 
-__all__ = ["HeaderError", "Fields", "fields_of"]
+__all__ = ["Fields", "HeaderError", "fields_of"]
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -34,16 +35,21 @@ class Fields:
             return default if default is not None else ""
         return value
 
-    def opt(self, name: str) -> str | None:
+    def opt(self, name: builtins.str) -> builtins.str | None:
         return self.raw.get(name)
 
-    def int(self, name: str, default: int | None = None) -> int:
+    def int(self, name: builtins.str, default: builtins.int | None = None) -> builtins.int:
         return self._number(name, default, _INT32)
 
-    def long(self, name: str, default: int | None = None) -> int:
+    def long(self, name: builtins.str, default: builtins.int | None = None) -> builtins.int:
         return self._number(name, default, _INT64)
 
-    def _number(self, name: str, default: int | None, bounds: tuple[int, int]) -> int:
+    def _number(
+        self,
+        name: builtins.str,
+        default: builtins.int | None,
+        bounds: tuple[builtins.int, builtins.int],
+    ) -> builtins.int:
         value = self.raw.get(name)
         if value is None or value == "":
             if default is None:
@@ -52,12 +58,14 @@ class Fields:
         try:
             n = int(value.strip())
         except (ValueError, AttributeError):
-            raise HeaderError(f"the custom header's field {name!r} is not a number: {value!r}") from None
+            raise HeaderError(
+                f"the custom header's field {name!r} is not a number: {value!r}"
+            ) from None
         if not bounds[0] <= n <= bounds[1]:
             raise HeaderError(f"the custom header's field {name!r} is out of range: {value!r}")
         return n
 
-    def bool(self, name: str, default: bool = False) -> bool:
+    def bool(self, name: builtins.str, default: bool = False) -> bool:
         value = self.raw.get(name)
         if value is None or value == "":
             return default

@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = ["dumps", "loads", "object_key_map"]
 
-_UNQUOTED_NUMERIC_KEY = re.compile(rb'([{,])\s*(-?\d+)\s*:')
+_UNQUOTED_NUMERIC_KEY = re.compile(rb"([{,])\s*(-?\d+)\s*:")
 
 
 def loads(body: bytes) -> Any:
@@ -34,6 +34,8 @@ def dumps(doc: Any) -> bytes:
 
 def object_key_map(items: Iterable[tuple[dict[str, Any], Any]]) -> str:
     """``{{"k":..}:value,...}``: a fastjson map keyed by objects, as raw JSON text."""
-    parts = [f"{json.dumps(k, separators=(',', ':'), sort_keys=True)}:{json.dumps(v, separators=(',', ':'))}"
-             for k, v in items]
+    parts = [
+        f"{json.dumps(k, separators=(',', ':'), sort_keys=True)}:{json.dumps(v, separators=(',', ':'))}"
+        for k, v in items
+    ]
     return "{" + ",".join(parts) + "}"

@@ -140,7 +140,7 @@ class LongPollHold:
         if not self._queues:
             return
         queues = self._queues
-        keys = {key for key in zip(topics, queue_ids) if key in queues}
+        keys = {key for key in zip(topics, queue_ids, strict=True) if key in queues}
         if not keys:
             return
         with self._lock:

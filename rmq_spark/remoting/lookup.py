@@ -55,8 +55,12 @@ class LookupProcessor:
 
     def search_offset(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         f = fields_of(req.ext_fields)
-        boundary = Boundary.UPPER if (f.opt("boundaryType") or "").upper() == "UPPER" else Boundary.LOWER
-        offset = self.query.offset_by_time(f.str("topic"), f.int("queueId"), f.long("timestamp"), boundary)
+        boundary = (
+            Boundary.UPPER if (f.opt("boundaryType") or "").upper() == "UPPER" else Boundary.LOWER
+        )
+        offset = self.query.offset_by_time(
+            f.str("topic"), f.int("queueId"), f.long("timestamp"), boundary
+        )
         return req.response(ResponseCode.SUCCESS, None, {"offset": str(offset)})
 
     def earliest_store_time(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
@@ -73,7 +77,9 @@ class LookupProcessor:
         offset = fields_of(req.ext_fields).long("offset")
         found = record_at(self.store, offset)
         if found is None:
-            return req.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}"
+            )
         m, data = found
         if not may_read(req.account, m.topic):
             # the record's own topic decides (a half, a DLQ, another tenant's topic): an offset

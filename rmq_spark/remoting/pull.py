@@ -71,7 +71,9 @@ class PullProcessor:
         self.clients = clients
         self.loop = loop_thread.loop
         # (expression type, expression) -> its filter, or the error it raised
-        self._filters: OrderedDict[tuple[str, str], TagFilter | SqlFilter | FilterExpressionError] = OrderedDict()
+        self._filters: OrderedDict[
+            tuple[str, str], TagFilter | SqlFilter | FilterExpressionError
+        ] = OrderedDict()
         self._loop_thread = loop_thread
         self.hold = LongPollHold(self.loop, store.max_offset)
         self.traffic: Any = None  # rmq_spark.services.traffic.Traffic when metrics are on
@@ -121,9 +123,13 @@ class PullProcessor:
         max_bytes = max(1, min(f.int("maxMsgBytes", MAX_PULL_BYTES), MAX_PULL_BYTES))
         cfg = self.store.topics.get(topic)
         if cfg is None:
-            return req.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+            return req.response(
+                ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
+            )
         if not cfg.readable:
-            return req.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
+            return req.response(
+                ResponseCode.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden"
+            )
         if not 0 <= queue_id < max(cfg.read_queue_nums, 1):
             return req.response(ResponseCode.SYSTEM_ERROR,
                                 f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
@@ -192,7 +198,9 @@ class PullProcessor:
         return req.response(ResponseCode.SYSTEM_BUSY, f"[PULL_HOLD]system busy: {self.hold.parked} pulls are "
                                                       "parked, the most this broker holds; try again later")  # fmt: skip
 
-    def _remember(self, key: tuple[str, str], flt: TagFilter | SqlFilter | FilterExpressionError) -> None:
+    def _remember(
+        self, key: tuple[str, str], flt: TagFilter | SqlFilter | FilterExpressionError
+    ) -> None:
         self._filters[key] = flt
         self._filters.move_to_end(key)
         if len(self._filters) > _FILTER_CACHE_SIZE:
@@ -214,13 +222,17 @@ class PullProcessor:
             return self._answer(req, ResponseCode.PULL_OFFSET_MOVED, hi if lo > 0 else lo, lo, hi)
         filtered_by_tag = isinstance(message_filter, TagFilter) and not message_filter.match_all
         filtered_by_sql = isinstance(message_filter, SqlFilter)
-        scan = max(max_msgs, FILTER_SCAN_UNITS) if (filtered_by_tag or filtered_by_sql) else max_msgs
+        scan = (
+            max(max_msgs, FILTER_SCAN_UNITS) if (filtered_by_tag or filtered_by_sql) else max_msgs
+        )
         units = cq.units(offset, min(hi, offset + scan))
         if len(units) == 0:
             return self._answer(req, ResponseCode.PULL_NOT_FOUND, offset, lo, hi)
         phys = units["offset"].astype(np.int64)
         sizes = units["size"].astype(np.int64)
-        keep = message_filter.mask_codes(units["tags_code"].astype(np.int64)) if filtered_by_tag else None
+        keep: np.ndarray | None = None
+        if filtered_by_tag:  # a TagFilter
+            keep = message_filter.mask_codes(units["tags_code"].astype(np.int64))  # type: ignore[union-attr]
         commitlog = store.commitlog
         mfq = commitlog.mfq
         parts: list[bytes] = []
@@ -228,7 +240,7 @@ class PullProcessor:
         nbytes = 0
         scanned = 0
         corrupt: int | None = None  # unit index of a damaged record
-        for i, (p, s) in enumerate(zip(phys.tolist(), sizes.tolist())):
+        for i, (p, s) in enumerate(zip(phys.tolist(), sizes.tolist(), strict=True)):
             if len(parts) >= max_msgs or (parts and nbytes + s > max_bytes):
                 break
             scanned = i + 1
@@ -246,7 +258,9 @@ class PullProcessor:
                     if m is None or not message_filter.matches(m.properties):
                         continue
                 elif filtered_by_tag:
-                    m = commitlog.read_record(p, s, read_body=False)  # tag codes collide: check the tag
+                    m = commitlog.read_record(
+                        p, s, read_body=False
+                    )  # tag codes collide: check the tag
                     if m is None or not message_filter.matches(m.tags):
                         continue
             except CorruptStoreError:
@@ -259,7 +273,9 @@ class PullProcessor:
         # ends before a damaged one, and a pull that starts at it is answered with its file and
         # position (as Kafka's fetch does), so a consumer stops exactly at it
         rows = np.array(served, dtype=np.int64)
-        bad = bad_units(mfq, phys[rows], sizes[rows], topic, queue_id, offset + rows, commitlog.force_prop_crc)
+        bad = bad_units(
+            mfq, phys[rows], sizes[rows], topic, queue_id, offset + rows, commitlog.force_prop_crc
+        )
         if bad.any():
             k = int(np.flatnonzero(bad)[0])
             del parts[k:]
@@ -274,7 +290,9 @@ class PullProcessor:
         if not parts:
             return self._answer(req, ResponseCode.PULL_RETRY_IMMEDIATELY, next_offset, lo, hi)
         if self.traffic is not None:
-            self.traffic.delivered(topic, req.ext_fields.get("consumerGroup", ""), len(parts), nbytes)
+            self.traffic.delivered(
+                topic, req.ext_fields.get("consumerGroup", ""), len(parts), nbytes
+            )
         return self._answer(req, ResponseCode.SUCCESS, next_offset, lo, hi, b"".join(parts))
 
     @staticmethod

@@ -62,7 +62,9 @@ _PUT_CODES = {
 }
 
 
-def decode_batch_body(body: bytes, body_max_bytes: int = L.BODY_MAX_BYTES) -> list[tuple[int, bytes, dict[str, str]]]:
+def decode_batch_body(
+    body: bytes, body_max_bytes: int = L.BODY_MAX_BYTES
+) -> list[tuple[int, bytes, dict[str, str]]]:
     """(flag, body, properties) of each message of a batch; HeaderError naming the message and
     its fault when it does not parse: sizes that overrun the message or the request, an empty
     body, a negative properties length, properties that are not text."""
@@ -74,13 +76,17 @@ def decode_batch_body(body: bytes, body_max_bytes: int = L.BODY_MAX_BYTES) -> li
         total, _magic, _crc, flag, blen = _BATCH_HEAD.unpack_from(body, pos)
         end = pos + total
         if total < _BATCH_HEAD.size + 2 or end > n:
-            raise HeaderError(f"batch message at byte {pos} has a bad size ({total}; {n - pos} bytes left)")
+            raise HeaderError(
+                f"batch message at byte {pos} has a bad size ({total}; {n - pos} bytes left)"
+            )
         p = pos + _BATCH_HEAD.size
         if blen <= 0 or p + blen + 2 > end:
             raise HeaderError(f"batch message at byte {pos} has a bad body length ({blen}; its size is {total})"
                               if blen else f"batch message at byte {pos} has an empty body")  # fmt: skip
         if blen > body_max_bytes:
-            raise HeaderError(f"batch message at byte {pos} has a body of {blen} bytes; the limit is {body_max_bytes}")
+            raise HeaderError(
+                f"batch message at byte {pos} has a body of {blen} bytes; the limit is {body_max_bytes}"
+            )
         mbody = body[p : p + blen]
         (plen,) = _PROPS_LEN.unpack_from(body, p + blen)
         q = p + blen + 2
@@ -90,7 +96,9 @@ def decode_batch_body(body: bytes, body_max_bytes: int = L.BODY_MAX_BYTES) -> li
         try:
             props = decode_properties(body[q : q + plen]) if plen else {}
         except (UnicodeDecodeError, ValueError) as e:
-            raise HeaderError(f"batch message at byte {pos} has properties that do not decode: {e}") from None
+            raise HeaderError(
+                f"batch message at byte {pos} has properties that do not decode: {e}"
+            ) from None
         out.append((flag, mbody, props))
         pos = end
     return out
@@ -116,8 +124,14 @@ class SendProcessor:
         try:
             check_topic_cached(topic, allow_system=topic.startswith((RETRY_PREFIX, DLQ_PREFIX)))
         except MessageIllegalError as e:
-            code = ResponseCode.NO_PERMISSION if L.is_system_topic(topic) else ResponseCode.SYSTEM_ERROR
-            return None, req.response(code, f"Sending message to topic[{topic}] is forbidden or invalid: {e}")
+            code = (
+                ResponseCode.NO_PERMISSION
+                if L.is_system_topic(topic)
+                else ResponseCode.SYSTEM_ERROR
+            )
+            return None, req.response(
+                code, f"Sending message to topic[{topic}] is forbidden or invalid: {e}"
+            )
         try:
             cfg = self.store.topics.get_or_create(topic)
         except ConfigError:
@@ -134,19 +148,30 @@ class SendProcessor:
         except MessageIllegalError as e:
             return None, req.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
         except DiskFullError as e:  # RocketMQ's answer when its disk is full; reads go on
-            return None, req.response(ResponseCode.SERVICE_NOT_AVAILABLE, f"service not available now: {e}")
+            return None, req.response(
+                ResponseCode.SERVICE_NOT_AVAILABLE, f"service not available now: {e}"
+            )
         except RmqError as e:
             return None, req.response(ResponseCode.SYSTEM_ERROR, str(e))
         code = _PUT_CODES.get(put.status, ResponseCode.SYSTEM_ERROR)
-        if put.append is None or code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
+        if put.append is None or code not in (
+            ResponseCode.SUCCESS,
+            ResponseCode.FLUSH_DISK_TIMEOUT,
+        ):
             return None, req.response(code, f"put failed: {put.status.value}")
         return put, None
 
-    def _answer(self, req: RemotingCommand, put: Any, queue_id: int, uniq_key: str | None = None) -> RemotingCommand:
+    def _answer(
+        self, req: RemotingCommand, put: Any, queue_id: int, uniq_key: str | None = None
+    ) -> RemotingCommand:
         a = put.append
         code = _PUT_CODES[put.status]
         phys = a.phys_list()
-        msg_id = offset_msg_id(a.store_host, a.store_port, phys[0]) if len(phys) == 1 else ",".join(a.msg_ids)
+        msg_id = (
+            offset_msg_id(a.store_host, a.store_port, phys[0])
+            if len(phys) == 1
+            else ",".join(a.msg_ids)
+        )
         header = {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(a.queue_list()[0]),
                   "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}  # fmt: skip
         if uniq_key:
@@ -173,7 +198,9 @@ class SendProcessor:
             return DLQ_PREFIX + topic[len(RETRY_PREFIX) :], True
         return topic, False
 
-    def _compressed_problem(self, req: RemotingCommand, bodies: list[bytes], sys_flag: int) -> RemotingCommand | None:
+    def _compressed_problem(
+        self, req: RemotingCommand, bodies: list[bytes], sys_flag: int
+    ) -> RemotingCommand | None:
         """MESSAGE_ILLEGAL when a body flagged COMPRESSED does not inflate within the body limit
         (the readers could never serve it: refused here rather than stored as a poison record)."""
         if not sys_flag & L.FLAG_COMPRESSED:
@@ -196,12 +223,16 @@ class SendProcessor:
         born_ms = f.long("bornTimestamp")
         flag = f.int("flag")
         reconsume_times = f.int("reconsumeTimes", 0)
-        if f.bool("batch") or req.code == R.SEND_BATCH_MESSAGE:  # code 320 is a batch, flagged or not
+        if (
+            f.bool("batch") or req.code == R.SEND_BATCH_MESSAGE
+        ):  # code 320 is a batch, flagged or not
             return self._send_batch(conn, req, f)
         refused = self._compressed_problem(req, [req.body], sys_flag)
         if refused is not None:
             return refused
-        props = stamp_send(decode_properties(f.str("properties", "")), self.cluster)  # as Apache 5.x
+        props = stamp_send(
+            decode_properties(f.str("properties", "")), self.cluster
+        )  # as Apache 5.x
         props.pop(P_CRC, None)
         topic, to_dlq = self._retry_or_dlq(f, topic, reconsume_times)
         cfg, error = self._topic_config(req, topic)
@@ -216,12 +247,16 @@ class SendProcessor:
                                 f"request queueId[{f.int('queueId')}] is illegal, topic {topic} has "
                                 f"{cfg.write_queue_nums} write queues")  # fmt: skip
         host, port = _peer(conn)
-        msg = Message(topic, req.body, props, queue_id, flag, sys_flag, born_ms, host, port, reconsume_times)
+        msg = Message(
+            topic, req.body, props, queue_id, flag, sys_flag, born_ms, host, port, reconsume_times
+        )
         put, error = self._store(req, [self._item(msg)])
         if error is not None:
             return error
         if to_dlq:
-            self._dead(topic, props.get(L.P_RETRY_TOPIC, topic), "reconsumed maxReconsumeTimes times")
+            self._dead(
+                topic, props.get(L.P_RETRY_TOPIC, topic), "reconsumed maxReconsumeTimes times"
+            )
         return self._answer(req, put, queue_id, props.get(L.P_UNIQ_KEY))
 
     @staticmethod
@@ -238,9 +273,13 @@ class SendProcessor:
             return error
         queue_id = self._queue(cfg, f.int("queueId"))
         if queue_id < 0:
-            return req.response(ResponseCode.SYSTEM_ERROR, f"request queueId[{f.int('queueId')}] is illegal")
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, f"request queueId[{f.int('queueId')}] is illegal"
+            )
         if topic.startswith(RETRY_PREFIX):
-            return req.response(ResponseCode.MESSAGE_ILLEGAL, "batch request does not support retry group")
+            return req.response(
+                ResponseCode.MESSAGE_ILLEGAL, "batch request does not support retry group"
+            )
         parts = decode_batch_body(req.body, self.store.config.body_max_bytes)
         if not parts:
             return req.response(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty")
@@ -254,7 +293,11 @@ class SendProcessor:
             if L.P_DELAY in props or L.P_TRAN_MSG in props:
                 return req.response(ResponseCode.MESSAGE_ILLEGAL,
                                     "a batch holds neither delayed nor transactional messages")  # fmt: skip
-            items.append(self._item(Message(topic, body, props, queue_id, flag, sys_flag, born_ms, host, port)))
+            items.append(
+                self._item(
+                    Message(topic, body, props, queue_id, flag, sys_flag, born_ms, host, port)
+                )
+            )
         put, error = self._store(req, items)
         if error is not None:
             return error
@@ -268,7 +311,9 @@ class SendProcessor:
         max_times = f.int("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES)
         msg = self.store.look_message_by_offset(offset)
         if msg is None:
-            return req.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}"
+            )
         if not may_read(req.account, msg.topic):
             # only a message the caller could consume goes to its retry topic (which it may read)
             return req.response(ResponseCode.NO_PERMISSION, f"No SUB permission for the topic of the message at "
@@ -290,7 +335,7 @@ class SendProcessor:
         else:
             topic = RETRY_PREFIX + group
             props[L.P_DELAY] = str(delay_level or 3 + msg.reconsume_times)
-        cfg, error = self._topic_config(req, topic)
+        _cfg, error = self._topic_config(req, topic)
         if error is not None:
             return error
         new = Message(topic, msg.body, props, 0, msg.flag, msg.sys_flag,
@@ -299,12 +344,17 @@ class SendProcessor:
         if error is not None:
             return error
         if topic.startswith(DLQ_PREFIX):
-            self._dead(topic, msg.topic if not msg.topic.startswith(RETRY_PREFIX) else props[L.P_RETRY_TOPIC],
-                       "the consumer gave up on it" if delay_level < 0 else f"reconsumed {max_times} times")
+            self._dead(
+                topic,
+                msg.topic if not msg.topic.startswith(RETRY_PREFIX) else props[L.P_RETRY_TOPIC],
+                "the consumer gave up on it"
+                if delay_level < 0
+                else f"reconsumed {max_times} times",
+            )
         return req.response(ResponseCode.SUCCESS)
 
     def _dead(self, dlq: str, origin: str, why: str) -> None:
-        group = dlq[len(DLQ_PREFIX):]
+        group = dlq[len(DLQ_PREFIX) :]
         log.info("DLQ: a message of topic %s moved to %s (%s)", origin, dlq, why)
         traffic = getattr(self.core, "traffic", None)
         if traffic is not None:

@@ -26,7 +26,12 @@ from rmq_spark.store.encode import V4_SYS_FLAG_MASK, encode_v4_record, place_v4_
 from rmq_spark.store.message import MessageExt, host_bytes
 from rmq_spark.store.properties import encode_properties
 
-__all__ = ["CompositeChecker", "RemotingTransactionChecker", "end_transaction_handler", "record_bytes"]
+__all__ = [
+    "CompositeChecker",
+    "RemotingTransactionChecker",
+    "end_transaction_handler",
+    "record_bytes",
+]
 
 log = logging.getLogger("rmq_spark.remoting.transaction")
 
@@ -65,14 +70,20 @@ def end_transaction_handler(core: Any) -> Any:
     def handle(conn: Connection, req: RemotingCommand) -> RemotingCommand:
         svc = core.transactions
         if svc is None:
-            return req.response(ResponseCode.SYSTEM_ERROR, "the transaction service is not installed")
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, "the transaction service is not installed"
+            )
         f = fields_of(req.ext_fields)
         kind = f.int("commitOrRollback")
         action = _ACTIONS.get(kind)
         if action is None:
-            return req.response(ResponseCode.SYSTEM_ERROR, f"commitOrRollback {kind} is not 0, 8 or 12")
+            return req.response(
+                ResponseCode.SYSTEM_ERROR, f"commitOrRollback {kind} is not 0, 8 or 12"
+            )
         if action is TransactionAction.UNKNOWN:
-            return req.response(ResponseCode.SUCCESS)  # nothing decided yet: the check-back asks later
+            return req.response(
+                ResponseCode.SUCCESS
+            )  # nothing decided yet: the check-back asks later
         if req.account is not None and not req.account.admin:
             # deciding a half publishes (or discards) a message of its real topic: PUB on it, as gRPC
             half = core.store.look_message_by_offset(f.long("commitLogOffset"))
@@ -119,7 +130,9 @@ class RemotingTransactionChecker:
         }
         body = record_bytes(half, self.store_port)
         for conn in conns:
-            if conn.send_oneway(RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, dict(header), body)):
+            if conn.send_oneway(
+                RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE, dict(header), body)
+            ):
                 return True
         return False
 

@@ -9,31 +9,37 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rmq_spark.errors import DiskFullError
-
-from rmq_spark.store import layout as L
-from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
-from rmq_spark.services.transaction.halves import message_of
-from rmq_spark.store.message import Message
-from rmq_spark.store.encode import Row
-from rmq_spark.store.encoded import SMALL_BATCH
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.services.redelivery.records import DELIVERY_REQUEST_KEYS
 from rmq_spark.services.schedule.service import ScheduleService, store_rules
 from rmq_spark.services.timer.service import TimerService
-from rmq_spark.services.transaction.service import TransactionService
-from rmq_spark.store.index.service import IndexService
-from rmq_spark.services.config import BrokerConfig
 from rmq_spark.services.traffic import Traffic
+from rmq_spark.services.transaction.halves import message_of
+from rmq_spark.services.transaction.service import TransactionService
+from rmq_spark.store import layout as L
+from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
+from rmq_spark.store.encode import Row
+from rmq_spark.store.encoded import SMALL_BATCH
+from rmq_spark.store.index.service import IndexService
+from rmq_spark.store.message import Message
 from rmq_spark.store.store import MessageStore, PutResult
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger("rmq_spark.services")
 
 # the services, built in this order, each ``Cls(store, config, clock)``.  Transactions come first:
 # a transactional message that also asks for a delay is stored as a half as it is, and the delay
 # and timer hooks run on its real message when it is committed.
-SERVICES = (("transactions", TransactionService), ("schedule", ScheduleService), ("timer", TimerService))
+SERVICES = (
+    ("transactions", TransactionService),
+    ("schedule", ScheduleService),
+    ("timer", TimerService),
+)
 # the properties without which every service's put hook returns its message unchanged: TRAN_MSG
 # for transactions, the delay and timer requests for the others
 HOOK_KEYS = frozenset((L.P_TRAN_MSG, *DELIVERY_REQUEST_KEYS))
@@ -55,6 +61,11 @@ def stamp_send(props: dict[str, str], cluster: str = DEFAULT_CLUSTER) -> dict[st
 
 
 class BrokerCore:
+    # set from SERVICES in __init__
+    transactions: TransactionService
+    schedule: ScheduleService
+    timer: TimerService
+
     def __init__(
         self,
         root: str,
@@ -107,8 +118,10 @@ class BrokerCore:
         """Store producer messages (after the services' put hooks) as one write.  A message no
         hook acts on may come as a checked row (``store.put_rows``: no Message object made)."""
         first = messages[0]
-        if first.__class__ is tuple and len(messages) <= SMALL_BATCH and (
-            len(messages) == 1 or all(m.__class__ is tuple for m in messages)
+        if (
+            first.__class__ is tuple
+            and len(messages) <= SMALL_BATCH
+            and (len(messages) == 1 or all(m.__class__ is tuple for m in messages))
         ):
             put = self.store.put_rows(messages)  # type: ignore[arg-type]
         else:
@@ -135,7 +148,7 @@ class BrokerCore:
             stop()
         self.store.crash()
 
-    def __enter__(self) -> BrokerCore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from rmq_spark.store import layout as L
 
-__all__ = ["Traffic", "message_type", "SIZE_BUCKETS", "RPC_BUCKETS_MS"]
+__all__ = ["RPC_BUCKETS_MS", "SIZE_BUCKETS", "Traffic", "message_type"]
 
 # rocketmq_message_size: le_1_kb, le_4_kb, le_512_kb, le_1_mb, le_2_mb, le_4_mb, le_overflow
 SIZE_BUCKETS = (1024.0, 4096.0, 512 * 1024.0, 1 << 20, 2 << 20, 4 << 20)
@@ -67,13 +67,15 @@ class Traffic:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._all_cells: list[dict[tuple[str, str], list[int]]] = []  # every thread's cells
-        self.messages_out: dict[tuple[str, str], list[int]] = {}  # (topic, group) -> [messages, bytes]
+        self.messages_out: dict[
+            tuple[str, str], list[int]
+        ] = {}  # (topic, group) -> [messages, bytes]
         self.dlq: dict[tuple[str, str], int] = {}  # (topic, group) -> messages
         self.rpc: dict[tuple[str, str, str], _Histogram] = {}  # (protocol, code, response) -> ms
 
     def _cells(self) -> dict[tuple[str, str], list[int]]:
         try:
-            return self._local.cells  # type: ignore[no-any-return]
+            return self._local.cells
         except AttributeError:
             cells: dict[tuple[str, str], list[int]] = {}
             self._local.cells = cells
@@ -172,7 +174,7 @@ class Traffic:
                     if m is None:
                         merged[key] = cell
                     else:
-                        merged[key] = [a + b for a, b in zip(m, cell)]
+                        merged[key] = [a + b for a, b in zip(m, cell, strict=True)]
             return {
                 "in": {k: (v[0], v[1]) for k, v in merged.items()},
                 "sizes": {k: (v[2:], float(v[1])) for k, v in merged.items()},

@@ -38,6 +38,7 @@ import errno
 import fcntl
 import os
 import struct
+from typing import Any
 
 from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
@@ -52,20 +53,24 @@ __all__ = [
     "inflate_bodies",
     "is_apache_store",
     "lock_like_apache",
+    "segment_sizes",
     "topic_queue_nums",
 ]
 
 # files only Apache RocketMQ writes in a store root (4.x: config/consumerFilter.json and
-# subscriptionGroup.json; 5.x adds the timer wheel, rocksdbstore/ and compaction/)
+# subscriptionGroup.json; 5.x adds config/timermetrics, rocksdbstore/ and compaction/).  The timer
+# progress files (config/timercheck, timerlog/, timerwheel) are no marker: rmq-broker writes them too
+# (rmq_spark.services.timer.progress)
 _MARKERS = (
     os.path.join(L.CONFIG_DIR, "consumerFilter.json"),
     os.path.join(L.CONFIG_DIR, "subscriptionGroup.json"),
-    os.path.join(L.CONFIG_DIR, "timercheck"),
-    "timerwheel",
+    os.path.join(L.CONFIG_DIR, "timermetrics"),
     "rocksdbstore",
     "compaction",
 )
 BATCH_CQ_SEGMENT_BYTES = 300_000 * 46  # mappedFileSizeConsumeQueue of a batch ConsumeQueue
+CQ_EXT_DIR = "consumequeue_ext"  # StorePathConfigHelper.getStorePathConsumeQueueExt
+MIN_SEGMENT_BYTES = 4096  # the smallest CommitLog segment the store takes
 
 
 class ApacheStoreError(StoreError):
@@ -77,12 +82,16 @@ def is_apache_store(root: str) -> bool:
     return any(os.path.exists(os.path.join(root, m)) for m in _MARKERS)
 
 
-def topic_queue_nums(root: str) -> dict[str, dict]:
+def topic_queue_nums(root: str) -> dict[str, dict[str, Any]]:
     """``config/topics.json`` (or its ``.bak``): topic -> its config object (readQueueNums,
     attributes, ...); empty when the broker never wrote one."""
     data = read_json(os.path.join(root, L.CONFIG_DIR, L.TOPICS_FILE)) or {}
     table = data.get("topicConfigTable") if isinstance(data, dict) else None
-    return {str(t): c for t, c in table.items() if isinstance(c, dict)} if isinstance(table, dict) else {}
+    return (
+        {str(t): c for t, c in table.items() if isinstance(c, dict)}
+        if isinstance(table, dict)
+        else {}
+    )
 
 
 def check_apache_store(root: str, topics: list[str] | None = None) -> None:
@@ -103,15 +112,22 @@ def check_apache_store(root: str, topics: list[str] | None = None) -> None:
             "broker with 'namesrvAddr' instead"
         )
     configs = topic_queue_nums(root)
-    for topic in topics if topics is not None else sorted(os.listdir(cq)) if os.path.isdir(cq) else []:
+    for topic in (
+        topics if topics is not None else sorted(os.listdir(cq)) if os.path.isdir(cq) else []
+    ):
         attrs = configs.get(topic, {}).get("attributes") or {}
         batch = str(attrs.get("queue.type", attrs.get("+queue.type", ""))).lower() == "batchcq"
-        batch = batch or os.path.isdir(os.path.join(root, "batchconsumequeue", topic))  # where Apache keeps them
+        batch = batch or os.path.isdir(
+            os.path.join(root, "batchconsumequeue", topic)
+        )  # where Apache keeps them
         d = os.path.join(cq, topic)
         if not batch and os.path.isdir(d):
             for q in os.listdir(d):
                 files = sorted(os.listdir(os.path.join(d, q))) if q.isdigit() else []
-                if files and os.path.getsize(os.path.join(d, q, files[0])) == BATCH_CQ_SEGMENT_BYTES:
+                if (
+                    files
+                    and os.path.getsize(os.path.join(d, q, files[0])) == BATCH_CQ_SEGMENT_BYTES
+                ):
                     batch = True
                     break
         if batch:
@@ -130,7 +146,11 @@ _ROCKSDB_SUFFIXES = (".sst", ".log")
 
 
 def _is_rocksdb_file(name: str) -> bool:
-    return name in _ROCKSDB_FILES or name.startswith(_ROCKSDB_PREFIXES) or name.endswith(_ROCKSDB_SUFFIXES)
+    return (
+        name in _ROCKSDB_FILES
+        or name.startswith(_ROCKSDB_PREFIXES)
+        or name.endswith(_ROCKSDB_SUFFIXES)
+    )
 
 
 def _nonempty_dir(path: str) -> bool:
@@ -161,7 +181,10 @@ def check_servable(root: str) -> None:
     (``cleanup.policy=COMPACTION``, ``compaction/compactionLog/``), a DLedger CommitLog
     (``{group}-{selfId}/data/``), controller mode (``epochFileCheckpoint``, ``brokerIdentity``),
     the tiered store (``config/tieredStoreMetadata.json``, ``tiered_index_file/``), and
-    ConsumeQueues without a CommitLog (``storePathCommitLog`` elsewhere, multi-path)."""
+    ConsumeQueues without a CommitLog (``storePathCommitLog`` elsewhere, multi-path), and a
+    ConsumeQueue extension (``consumequeue_ext/``, ``enableConsumeQueueExt``: the units' tag
+    codes are addresses in it, so filtering by tag hash and Apache's later reads of units this
+    broker appended would both go wrong)."""
     if not os.path.isdir(root):
         return
 
@@ -175,11 +198,16 @@ def check_servable(root: str) -> None:
     if os.path.isdir(cq):
         for name in sorted(os.listdir(cq)):
             if _is_rocksdb_file(name) and os.path.isfile(os.path.join(cq, name)):
-                refuse("ConsumeQueues in RocksDB (storeType=defaultRocksDB)", os.path.join(cq, name))
+                refuse(
+                    "ConsumeQueues in RocksDB (storeType=defaultRocksDB)", os.path.join(cq, name)
+                )
     config = os.path.join(root, L.CONFIG_DIR)
     for sub in ("topics", "consumerOffsets", "subscriptionGroups", "rdb"):
         if os.path.isdir(os.path.join(config, sub)):
-            refuse("RocksDB configuration (configManagerVersion / RocksDB config managers)", os.path.join(config, sub))
+            refuse(
+                "RocksDB configuration (configManagerVersion / RocksDB config managers)",
+                os.path.join(config, sub),
+            )
     batch = os.path.join(root, "batchconsumequeue")
     if _nonempty_dir(batch):
         refuse("batch ConsumeQueues (queue.type=BatchCQ)", batch)
@@ -189,10 +217,19 @@ def check_servable(root: str) -> None:
             continue
         qtype = str(attrs.get("queue.type", attrs.get("+queue.type", ""))).lower()
         if qtype == "batchcq":
-            refuse(f"topic {topic!r} with a batch ConsumeQueue", "attribute queue.type=BatchCQ in config/topics.json")
+            refuse(
+                f"topic {topic!r} with a batch ConsumeQueue",
+                "attribute queue.type=BatchCQ in config/topics.json",
+            )
         policy = str(attrs.get("cleanup.policy", attrs.get("+cleanup.policy", ""))).lower()
         if policy == "compaction":
-            refuse(f"compaction topic {topic!r}", "attribute cleanup.policy=COMPACTION in config/topics.json")
+            refuse(
+                f"compaction topic {topic!r}",
+                "attribute cleanup.policy=COMPACTION in config/topics.json",
+            )
+    cq_ext = os.path.join(root, CQ_EXT_DIR)
+    if _has_data_file(cq_ext):  # its units' tag codes are ext addresses, not tag hashes
+        refuse("a ConsumeQueue extension (enableConsumeQueueExt=true)", cq_ext)
     compaction_log = os.path.join(root, "compaction", "compactionLog")
     if _has_data_file(compaction_log):
         refuse("compaction topics", compaction_log)
@@ -201,10 +238,16 @@ def check_servable(root: str) -> None:
             refuse("a controller-mode (auto-switch HA) broker's state", os.path.join(root, name))
     for name in (os.path.join(L.CONFIG_DIR, "tieredStoreMetadata.json"), "tiered_index_file"):
         if os.path.exists(os.path.join(root, name)):
-            refuse("a tiered store (messageStorePlugIn TieredMessageStore)", os.path.join(root, name))
+            refuse(
+                "a tiered store (messageStorePlugIn TieredMessageStore)", os.path.join(root, name)
+            )
     for name in sorted(os.listdir(root)):
         d = os.path.join(root, name)
-        if "-" in name and os.path.isdir(os.path.join(d, "data")) and os.path.isdir(os.path.join(d, "index")):
+        if (
+            "-" in name
+            and os.path.isdir(os.path.join(d, "data"))
+            and os.path.isdir(os.path.join(d, "index"))
+        ):
             refuse("a DLedger CommitLog (enableDLegerCommitLog=true)", d)
     cl = os.path.join(root, L.COMMITLOG_DIR)
     if not os.path.isdir(cl) and is_apache_store(root) and os.path.isdir(cq) and _has_data_file(cq):
@@ -213,6 +256,78 @@ def check_servable(root: str) -> None:
             "paths)",
             cl,
         )
+
+
+def _segment_files(directory: str) -> list[tuple[int, str, int]]:
+    """(start offset, path, size) of the segment files of ``directory`` (20-digit names), in
+    offset order; a zero-length file (a segment being created) is left out."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if len(n) == 20 and n.isdigit())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for n in names:
+        path = os.path.join(directory, n)
+        size = os.path.getsize(path)
+        if size:
+            out.append((int(n), path, size))
+    return out
+
+
+def segment_sizes(root: str) -> tuple[int | None, int | None]:
+    """The CommitLog segment size in bytes and the ConsumeQueue file size in units (20 bytes)
+    the files under ``root`` were written with: Apache RocketMQ's ``mappedFileSizeCommitLog`` /
+    ``mappedFileSizeConsumeQueue`` (1 GiB and 300,000 units unless broker.conf says otherwise),
+    or this store's own; None where no file tells.  A segment's name is its start offset and
+    its size is the store's segment size, so the files must agree: every CommitLog segment one
+    size, each starting where the one before ends, every ConsumeQueue file one size, a multiple
+    of 20 bytes.  Otherwise :class:`ApacheStoreError` names the file and what was found.  Reads
+    only.  The store takes them for a store Apache wrote (:func:`is_apache_store`); in one of its
+    own a segment of another size than configured stays corruption."""
+    cl_bytes = None
+    files = _segment_files(os.path.join(root, L.COMMITLOG_DIR))
+    for i, (offset, path, size) in enumerate(files):
+        if cl_bytes is None:
+            if size < MIN_SEGMENT_BYTES:
+                raise ApacheStoreError(
+                    f"{path}: CommitLog segment of {size} bytes, less than {MIN_SEGMENT_BYTES}: a segment "
+                    "cut short, not a mappedFileSizeCommitLog; the store cannot be served as it is"
+                )
+            cl_bytes, first = size, path
+        elif size != cl_bytes:
+            raise ApacheStoreError(
+                f"{path}: CommitLog segment of {size} bytes, but {first} is {cl_bytes}: one store's "
+                "segments are all one size (mappedFileSizeCommitLog); the store cannot be served as it is"
+            )
+        if i and offset != files[i - 1][0] + cl_bytes:
+            before = files[i - 1][0]
+            raise ApacheStoreError(
+                f"{path}: CommitLog segment starts at {offset}, but the one before starts at {before} "
+                f"and segments are {cl_bytes} bytes (mappedFileSizeCommitLog): expected {before + cl_bytes}"
+            )
+    cq_bytes = None
+    cq = os.path.join(root, L.CONSUMEQUEUE_DIR)
+    for topic in sorted(os.listdir(cq)) if os.path.isdir(cq) else []:
+        tdir = os.path.join(cq, topic)
+        for q in sorted(os.listdir(tdir)) if os.path.isdir(tdir) else []:
+            qfiles = _segment_files(os.path.join(tdir, q))
+            if not qfiles:
+                continue
+            _, path, size = qfiles[0]
+            if size % L.CQ_UNIT_BYTES:
+                raise ApacheStoreError(
+                    f"{path}: ConsumeQueue file of {size} bytes, not a whole number of "
+                    f"{L.CQ_UNIT_BYTES}-byte units (mappedFileSizeConsumeQueue)"
+                )
+            if cq_bytes is None:
+                cq_bytes, first = size, path
+            elif size != cq_bytes:
+                raise ApacheStoreError(
+                    f"{path}: ConsumeQueue file of {size} bytes, but {first} is {cq_bytes}: one store's "
+                    "ConsumeQueue files are all one size (mappedFileSizeConsumeQueue); the store cannot be "
+                    "served as it is"
+                )
+    return cl_bytes, (cq_bytes // L.CQ_UNIT_BYTES if cq_bytes else None)
 
 
 _FLOCK = struct.Struct("@hhqqi4x")  # struct flock on 64-bit Linux: type, whence, start, len, pid

@@ -51,7 +51,9 @@ class StoreCheckpoint:
         try:
             if os.fstat(self._fd).st_size != CHECKPOINT_BYTES:
                 os.ftruncate(self._fd, CHECKPOINT_BYTES)
-            allocate(self._fd, 0, CHECKPOINT_BYTES, self.path)  # a full disk: an error, not a SIGBUS
+            allocate(
+                self._fd, 0, CHECKPOINT_BYTES, self.path
+            )  # a full disk: an error, not a SIGBUS
         except BaseException:
             os.close(self._fd)
             raise
@@ -73,15 +75,21 @@ class StoreCheckpoint:
                 magic,
             ) = _FIELDS.unpack_from(self._mm, 0)
             crc = _CRC.unpack_from(self._mm, _FIELDS.size)[0]
-            sound = (magic == CHECKPOINT_MAGIC and crc == crc32(self._mm[: _FIELDS.size])) or magic == CHECKPOINT_MAGIC_V1
+            sound = (
+                magic == CHECKPOINT_MAGIC and crc == crc32(self._mm[: _FIELDS.size])
+            ) or magic == CHECKPOINT_MAGIC_V1
             if not sound:
                 if magic != bytes(8):  # not RocketMQ's (nor a fresh file): damaged
                     log.error(
                         "%s: the checkpoint is damaged (magic %r, CRC %08x), or Apache RocketMQ rewrote its "
                         "fields; recovery checks the whole CommitLog",
-                        self.path, magic, crc,
+                        self.path,
+                        magic,
+                        crc,
                     )
-                    self.physic_msg_timestamp = self.logics_msg_timestamp = self.index_msg_timestamp = 0
+                    self.physic_msg_timestamp = self.logics_msg_timestamp = (
+                        self.index_msg_timestamp
+                    ) = 0
                 else:
                     self.written_by_apache = self.physic_msg_timestamp > 0
                 # our offsets are unknown

@@ -89,7 +89,9 @@ class AppendResult:
     @property
     def msg_ids(self) -> list[str]:
         """offsetMsgIds of the records."""
-        return offset_msg_ids(self.store_host, self.store_port, self.phys_offsets).astype("U").tolist()
+        return (
+            offset_msg_ids(self.store_host, self.store_port, self.phys_offsets).astype("U").tolist()
+        )
 
 
 class CommitLog:
@@ -210,13 +212,13 @@ class CommitLog:
         base = mf.from_offset + mf.wrote_position
         if mf.wrote_position + total > mf.allocated_bytes:  # a full disk: fail before offsets
             mf.ensure_allocated(mf.wrote_position + total)
-        rel, qids, sflags = batch._rel_pos, batch._queue_ids, batch._sys_flags
+        rel, qids, sflags = batch._rel_pos, batch._queue_ids, batch._sys_flags  # noqa: SLF001 - the encoded batch is the CommitLog's own input
         if rel.__class__ is not list or qids.__class__ is not list or sflags.__class__ is not list:
             rel, qids, sflags = as_list(rel), as_list(qids), as_list(sflags)
         phys = [base + rel[0]] if len(rel) == 1 else [base + r for r in rel]
         qoffs = []
         table = self.queue_table
-        for topic, qid, sf in zip(batch.topics, qids, sflags):
+        for topic, qid, sf in zip(batch.topics, qids, sflags, strict=True):
             tran = sf & L.TRANSACTION_MASK
             if tran == L.TRANSACTION_NOT_TYPE or tran == L.TRANSACTION_COMMIT_TYPE:
                 key = (topic, qid)
@@ -232,7 +234,9 @@ class CommitLog:
         self._write(mf, batch.buf, base)
         return self._results(batch, phys, qoffs, now, base, base + total, len(phys))
 
-    def append_one(self, buf: bytearray, topic: str, queue_id: int, sys_flag: int, prop_crc: bool) -> tuple[int, int, int] | None:
+    def append_one(
+        self, buf: bytearray, topic: str, queue_id: int, sys_flag: int, prop_crc: bool
+    ) -> tuple[int, int, int] | None:
         """Append one :func:`~rmq_spark.store.record.encode_v4_record` record at the end of the current
         segment (caller holds ``put_lock``): its (physical offset, queue offset, store time), or
         None, nothing changed, when it does not fit there (:meth:`append` rolls the segment)."""
@@ -273,10 +277,12 @@ class CommitLog:
     def _results(  # type: ignore[no-untyped-def]
         self, batch: EncodedBatch, phys, qoffs, now: int, base: int, end: int, n: int
     ) -> tuple[AppendResult, DispatchBatch]:
-        tags = batch._tags_codes
-        if self._tags_code_for is not None and any(t in batch.topics for t in self._tags_code_topics):
+        tags = batch._tags_codes  # noqa: SLF001 - the encoded batch is the CommitLog's own input
+        if self._tags_code_for is not None and any(
+            t in batch.topics for t in self._tags_code_topics
+        ):
             tags = list(as_list(tags))
-            for i, (t, p) in enumerate(zip(batch.topics, batch.properties)):
+            for i, (t, p) in enumerate(zip(batch.topics, batch.properties, strict=True)):
                 code = self._tags_code_for(t, p, now)
                 if code is not None:
                     tags[i] = code
@@ -285,12 +291,12 @@ class CommitLog:
         result = AppendResult(base, end - base, phys, qoffs, now, self.store_host, self.store_port)
         dispatch = DispatchBatch(
             phys,
-            batch._sizes,
+            batch._sizes,  # noqa: SLF001
             batch.topics,
-            batch._queue_ids,
+            batch._queue_ids,  # noqa: SLF001
             qoffs,
             tags,
-            batch._sys_flags,
+            batch._sys_flags,  # noqa: SLF001
             [now] * n if n <= SMALL_BATCH else np.full(n, now, dtype=np.int64),
             batch.keys,
             batch.uniq_keys,
@@ -316,7 +322,9 @@ class CommitLog:
         return self.mfq.flushed_offset
 
     # --- reads ----------------------------------------------------------------------------------------
-    def read_record(self, offset: int, size: int | None = None, read_body: bool = True) -> MessageExt | None:
+    def read_record(
+        self, offset: int, size: int | None = None, read_body: bool = True
+    ) -> MessageExt | None:
         """The record at ``offset``, checked (:func:`verify_record`: CRCs, size, position) before
         it is decoded.  None when ``offset`` is outside the log.  Damage raises
         :class:`CorruptStoreError` naming the segment and position; so does any mismatch when the

@@ -5,6 +5,14 @@
 anything is changed, and the loader holds the file to it at start, so nothing a request can write
 leaves the broker unable to start.  Creating many topics at once (a heartbeat naming many new
 groups creates each one's retry topic) is one write of the file: :meth:`TopicConfigManager.create_many`.
+
+Writes stay short as the table grows: each entry is kept encoded
+(:class:`~rmq_spark.store.jsonfile.Encoded`), so a rewrite encodes only the new and changed entries
+and joins the rest; and writes asked for close together share one (a group commit: whoever writes
+takes every change made so far, and a caller whose change a finished write holds returns without
+writing).  Every change is still durable before its call returns.  How many retry topics
+heartbeats may create is bounded (:data:`RETRY_TOPICS_AUTO_MAX`, Apache's auto-created
+subscription groups): see :meth:`TopicConfigManager.get_or_create_many`.
 """
 
 from __future__ import annotations
@@ -13,18 +21,20 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from rmq_spark.errors import ConfigError, MessageIllegalError
 from rmq_spark.store import layout as L
-from rmq_spark.store.jsonfile import JsonObject, write_json_atomic
+from rmq_spark.store.jsonfile import Encoded, EncodedTable, JsonObject, write_json_atomic
 from rmq_spark.store.validation import check_topic
 
 __all__ = [
     "MAX_QUEUE_NUMS",
     "MESSAGE_TYPES",
     "PERM_MAX",
+    "RETRY_TOPICS_AUTO_MAX",
     "TopicConfig",
     "TopicConfigManager",
     "check_topic_config",
@@ -38,6 +48,9 @@ MAX_QUEUE_NUMS = L.QUEUE_NUMS_MAX
 PERM_MAX = L.PERM_PRIORITY | L.PERM_READ | L.PERM_WRITE | L.PERM_INHERIT  # PermName's bits: 0 to 15
 MESSAGE_TYPE_ATTR = "+message.type"
 _MANY_LOGGED = 10  # create_many: a line per topic up to this many, then one line for all
+# retry topics (one per consumer group: Apache's auto-created subscription groups) that consumers'
+# heartbeats may create, broker-wide; past it a new group's is not created (an admin still can)
+RETRY_TOPICS_AUTO_MAX = 10_000
 
 
 @dataclass
@@ -61,7 +74,7 @@ class TopicConfig:
     def writable(self) -> bool:
         return bool(self.perm & L.PERM_WRITE)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         attrs = dict(self.attributes)
         attrs[MESSAGE_TYPE_ATTR] = self.message_type
         return {
@@ -76,7 +89,7 @@ class TopicConfig:
         }
 
     @classmethod
-    def from_json(cls, d: dict | JsonObject) -> TopicConfig:
+    def from_json(cls, d: dict[str, Any] | JsonObject) -> TopicConfig:
         """A topic's entry of ``topics.json``: each value's type checked by the getters, then the
         whole entry held to :func:`topic_config_problem` (ConfigError naming the key)."""
         o = d if isinstance(d, JsonObject) else JsonObject("topics.json", d)
@@ -126,7 +139,10 @@ def topic_config_problem(cfg: TopicConfig, check_name: bool = True) -> tuple[str
         if problem is not None:
             return key, problem
     if cfg.message_type not in MESSAGE_TYPES:
-        return f"attributes.{MESSAGE_TYPE_ATTR}", f"{cfg.message_type!r} is not one of {', '.join(MESSAGE_TYPES)}"
+        return (
+            f"attributes.{MESSAGE_TYPE_ATTR}",
+            f"{cfg.message_type!r} is not one of {', '.join(MESSAGE_TYPES)}",
+        )
     if not isinstance(cfg.order, bool):
         return "order", f"{cfg.order!r} is not a boolean"
     if not isinstance(cfg.attributes, dict) or not all(
@@ -149,28 +165,40 @@ def check_topic_config(cfg: TopicConfig) -> None:
 
 
 class TopicConfigManager:
-    def __init__(self, root: str, auto_create: bool = True, default_queue_nums: int = 4) -> None:
+    def __init__(self, root: str, auto_create: bool = True, default_queue_nums: int = 4,
+                 retry_topics_auto_max: int = RETRY_TOPICS_AUTO_MAX) -> None:  # fmt: skip
         self.path = os.path.join(root, L.CONFIG_DIR, L.TOPICS_FILE)
         self.auto_create = auto_create
         self.default_queue_nums = default_queue_nums
+        self.retry_topics_auto_max = retry_topics_auto_max
         # queue counts of the system topics the services above the store write (one queue unless
         # a service registers more: the schedule topic has one per delay level)
         self.system_queue_nums: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the table, its encoded entries and the change count
         self.topics: dict[str, TopicConfig] = {}
+        self._encoded = EncodedTable()  # each topic's entry as the file holds it
+        self._retry_topics = 0  # of self.topics
+        self._retry_limit_logged = False
         self._version = 0
+        # the group commit: changes made (under _lock), changes a finished write holds (under
+        # _write_lock, which one writer holds at a time)
+        self._write_lock = threading.Lock()
+        self._changes = 0
+        self._written = 0
         data = JsonObject.load(self.path)
         if data is not None:
             table = data.obj("topicConfigTable")
             for name in table.data:
                 cfg = TopicConfig.from_json(table.obj(name))
                 if cfg.topic_name != name:
-                    raise table.obj(name).error("topicName", f"{cfg.topic_name!r} is not the entry's name {name!r}")
+                    raise table.obj(name).error(
+                        "topicName", f"{cfg.topic_name!r} is not the entry's name {name!r}"
+                    )
                 try:
                     check_topic(name, allow_system=True)
                 except MessageIllegalError as e:
                     raise table.error(name, str(e)) from None
-                self.topics[name] = cfg
+                self._put(cfg)
             self._version = data.obj("dataVersion").int("counter", 0, 0)
 
     def register_system_topic(self, topic: str, queue_nums: int) -> None:
@@ -187,13 +215,16 @@ class TopicConfigManager:
             return cfg
         return self.create(self._new_config(topic), system=True)
 
-    def get_or_create_many(self, topics: Iterable[str], *, skip_invalid: bool = False) -> dict[str, TopicConfig]:
+    def get_or_create_many(self, topics: Iterable[str], *, skip_invalid: bool = False,
+                           bounded: bool = False) -> dict[str, TopicConfig]:  # fmt: skip
         """:meth:`get_or_create` of each of ``topics`` with one write of the file for all those
         created (a heartbeat naming many new groups: their retry topics), durable on return.
         Every name is checked first: one that is refused (MessageIllegalError naming it;
         ConfigError when auto-creation is off) creates none of them -- or, with
         ``skip_invalid``, a name that is not a topic's is left out of the answer and the others
-        are created."""
+        are created.  With ``bounded`` (a heartbeat's), new retry topics are created only while
+        the table holds fewer than ``retry_topics_auto_max``: those past it are left out of the
+        answer (the first time, a warning is logged)."""
         out: dict[str, TopicConfig] = {}
         new: list[TopicConfig] = []
         for topic in topics:
@@ -210,14 +241,21 @@ class TopicConfigManager:
                 new.append(cfg)
             out[topic] = cfg
         if new:
-            for cfg in self.create_many(new):
-                out[cfg.topic_name] = cfg
+            limit = self.retry_topics_auto_max if bounded else None
+            made = {c.topic_name: c for c in self.create_many(new, retry_max=limit)}
+            for cfg in new:
+                if cfg.topic_name in made:
+                    out[cfg.topic_name] = made[cfg.topic_name]
+                else:
+                    del out[cfg.topic_name]
         return out
 
     def _new_config(self, topic: str) -> TopicConfig:
         """The config a topic is auto-created with (ConfigError when it may not be)."""
         check_topic(topic, allow_system=True)
-        if L.is_system_topic(topic) or topic.startswith((L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX)):
+        if L.is_system_topic(topic) or topic.startswith(
+            (L.RETRY_GROUP_TOPIC_PREFIX, L.DLQ_GROUP_TOPIC_PREFIX)
+        ):
             n = self.system_queue_nums.get(topic, 1)
             return TopicConfig(topic, n, n)
         if not self.auto_create:
@@ -231,59 +269,129 @@ class TopicConfigManager:
         Which topics a request may create (not the system ones) is the caller's rule."""
         return self.create_many([cfg])[0]
 
-    def create_many(self, cfgs: Iterable[TopicConfig]) -> list[TopicConfig]:
+    def create_many(
+        self, cfgs: Iterable[TopicConfig], *, retry_max: int | None = None
+    ) -> list[TopicConfig]:
         """Create or update each of ``cfgs`` (a later one of a name wins) with one write of the
         file for all of them, durable on return; each is held to :func:`check_topic_config`
-        first, so one that is refused changes none.  Returns the configs now in force, in order."""
+        first, so one that is refused changes none.  Returns the configs now in force, in order.
+        With ``retry_max``, a new retry topic that would make the table hold more is not created
+        (nor returned)."""
         cfgs = list(cfgs)
         for cfg in cfgs:
             check_topic_config(cfg)
-        changed: list[tuple[TopicConfig, TopicConfig | None]] = []
+        encoded = [Encoded(cfg.topic_name, cfg.to_json()) for cfg in cfgs]  # outside the lock
+        changed: list[tuple[TopicConfig, TopicConfig | None, Encoded | None]] = []
+        refused = 0
         with self._lock:
             out = []
-            for cfg in cfgs:
+            for cfg, enc in zip(cfgs, encoded, strict=True):
                 existing = self.topics.get(cfg.topic_name)
                 if existing is not None and existing == cfg:
                     out.append(existing)
                     continue
-                self.topics[cfg.topic_name] = cfg
-                changed.append((cfg, existing))
+                if (
+                    existing is None
+                    and retry_max is not None
+                    and self._retry_topics >= retry_max
+                    and cfg.topic_name.startswith(L.RETRY_GROUP_TOPIC_PREFIX)
+                ):
+                    refused += 1
+                    continue
+                changed.append((cfg, existing, self._encoded.get(cfg.topic_name)))
+                self._put(cfg, enc)
                 out.append(cfg)
-            if changed:
-                try:
-                    self._persist()
-                except BaseException:
-                    for cfg, existing in reversed(changed):  # not durable: not in force either
-                        if existing is None:
-                            self.topics.pop(cfg.topic_name, None)
-                        else:
-                            self.topics[cfg.topic_name] = existing
-                    raise
-        for cfg, existing in changed[:_MANY_LOGGED]:
+            change = self._changes = self._changes + 1 if changed else self._changes
+            first_refusal = refused and not self._retry_limit_logged
+            self._retry_limit_logged = self._retry_limit_logged or bool(refused)
+        if first_refusal:
+            log.warning(
+                "the topic table holds %d retry topics, the most consumers' heartbeats may create: "
+                "new consumer groups' retry topics are not created (%d refused; logged once)",
+                retry_max,
+                refused,
+            )
+        if changed:
+            self._commit(change, lambda: self._undo(changed))
+        for cfg, existing, _ in changed[:_MANY_LOGGED]:
             log.info("topic %s %s: %d read / %d write queues, perm %d", cfg.topic_name, "updated" if existing else "created",
                      cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm)  # fmt: skip
         if len(changed) > _MANY_LOGGED:
-            log.info("%d more topics created or updated (%s ...)", len(changed) - _MANY_LOGGED,
-                     ", ".join(c.topic_name for c, _ in changed[_MANY_LOGGED : _MANY_LOGGED + 5]))  # fmt: skip
+            shown = ", ".join(c.topic_name for c, _, _ in changed[_MANY_LOGGED : _MANY_LOGGED + 5])
+            more = len(changed) - _MANY_LOGGED
+            log.info("%d more topics created or updated (%s ...)", more, shown)
         return out
 
     def delete(self, topic: str) -> None:
         check_topic(topic, allow_system=True)
         with self._lock:
-            if self.topics.pop(topic, None) is not None:
-                self._persist()
-                log.info("topic %s deleted", topic)
+            existing = self.topics.get(topic)
+            if existing is None:
+                return
+            encoded = self._encoded[topic]
+            self._drop(topic)
+            self._changes += 1
+            change = self._changes
 
-    def _persist(self) -> None:
-        self._version += 1
-        write_json_atomic(
-            self.path,
-            {
-                "dataVersion": {
-                    "counter": self._version,
-                    "stateVersion": 0,
-                    "timestamp": int(time.time() * 1000),
-                },
-                "topicConfigTable": {k: v.to_json() for k, v in sorted(self.topics.items())},
-            },
-        )
+        def undo() -> None:
+            if topic not in self.topics:
+                self._put(existing, encoded)
+
+        self._commit(change, undo)
+        log.info("topic %s deleted", topic)
+
+    # --- the table and its file -----------------------------------------------------------------
+    def _put(self, cfg: TopicConfig, encoded: Encoded | None = None) -> None:
+        """(under _lock, or while loading) ``cfg`` in force, with its encoded entry."""
+        name = cfg.topic_name
+        if name not in self.topics and name.startswith(L.RETRY_GROUP_TOPIC_PREFIX):
+            self._retry_topics += 1
+        self.topics[name] = cfg
+        self._encoded.put(encoded if encoded is not None else Encoded(name, cfg.to_json()))
+
+    def _drop(self, name: str) -> None:
+        if self.topics.pop(name, None) is not None and name.startswith(L.RETRY_GROUP_TOPIC_PREFIX):
+            self._retry_topics -= 1
+        self._encoded.pop(name, None)
+
+    def _undo(self, changed: list[tuple[TopicConfig, TopicConfig | None, Encoded | None]]) -> None:
+        """(under _lock) changes whose write failed: out of force, unless changed again since."""
+        for cfg, existing, encoded in reversed(changed):
+            if self.topics.get(cfg.topic_name) is not cfg:
+                continue
+            if existing is None:
+                self._drop(cfg.topic_name)
+            else:
+                self._put(existing, encoded)
+
+    def _commit(self, change: int, undo: Callable[[], None]) -> None:
+        """Return once a write holding change number ``change`` is durable.  Writes are one at a
+        time; a writer takes every change made so far, so callers that waited behind it find
+        their change written and return at once.  A write that fails raises to its writer, after
+        ``undo()`` (under both locks: no other write can take the change in between); changes of
+        others it held are written by their own callers, which try again."""
+        with self._write_lock:
+            if self._written >= change:
+                return
+            with self._lock:
+                upto = self._changes
+                self._version += 1
+                version = self._version
+                table = EncodedTable(self._encoded)  # a snapshot: write_json_atomic sorts it
+            try:
+                write_json_atomic(
+                    self.path,
+                    {
+                        "dataVersion": {
+                            "counter": version,
+                            "stateVersion": 0,
+                            "timestamp": int(time.time() * 1000),
+                        },
+                        "topicConfigTable": table,
+                    },
+                )
+            except BaseException:
+                with self._lock:
+                    undo()
+                raise
+            self._written = upto

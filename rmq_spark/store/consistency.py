@@ -59,7 +59,7 @@ def bad_units(
     rows = inside if order is None else inside[order]
     seg = seg_idx[rows]
     cuts = np.flatnonzero(seg[1:] != seg[:-1]) + 1
-    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)]):
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)], strict=True):
         r = rows[a:b]
         mf = files[int(seg[a])]
         buf = np.frombuffer(mf.mm, dtype=np.uint8)
@@ -71,7 +71,9 @@ def bad_units(
     return bad
 
 
-def why_bad(commitlog: MappedFileQueue, phys: int, size: int, force_prop_crc: bool) -> tuple[str, int, str]:
+def why_bad(
+    commitlog: MappedFileQueue, phys: int, size: int, force_prop_crc: bool
+) -> tuple[str, int, str]:
     """(CommitLog file, position, reason) of one unit :func:`bad_units` flagged."""
     mf = commitlog.find(phys) if commitlog.files else None
     if mf is None or size <= 0:
@@ -152,13 +154,17 @@ def check_consume_queues(
     sizes = np.concatenate(all_sizes) if all_sizes else np.empty(0, np.int64)
     order = np.argsort(phys, kind="stable")
     phys, sizes = phys[order], sizes[order]
-    starts = np.concatenate([[commitlog.min_offset], phys + sizes])  # where the next unit should start
+    starts = np.concatenate(
+        [[commitlog.min_offset], phys + sizes]
+    )  # where the next unit should start
     nexts = np.concatenate([phys, [end]])
     overlap = np.flatnonzero(nexts < starts)
     if len(overlap):
         i = int(overlap[0])
-        return [f"{commitlog.directory}: two units name the bytes at CommitLog offset {int(nexts[i])}"]
-    for a, b in zip(starts[nexts > starts].tolist(), nexts[nexts > starts].tolist()):
+        return [
+            f"{commitlog.directory}: two units name the bytes at CommitLog offset {int(nexts[i])}"
+        ]
+    for a, b in zip(starts[nexts > starts].tolist(), nexts[nexts > starts].tolist(), strict=True):
         problem = _walk_gap(commitlog, a, b, force_prop_crc, deleted or {})
         if problem:
             return [problem]
@@ -166,7 +172,11 @@ def check_consume_queues(
 
 
 def _walk_gap(
-    commitlog: MappedFileQueue, start: int, stop: int, force_prop_crc: bool, deleted: Mapping[str, int]
+    commitlog: MappedFileQueue,
+    start: int,
+    stop: int,
+    force_prop_crc: bool,
+    deleted: Mapping[str, int],
 ) -> str:
     """Records in ``[start, stop)`` that no unit names must be ones that get none."""
     offset = start
@@ -175,7 +185,9 @@ def _walk_gap(
         if mf is None:
             return f"{commitlog.directory}: CommitLog offset {offset} is not in any segment"
         pos = offset - mf.from_offset
-        kind, size, reason = R.check_record(mf.mm, pos, mf.wrote_position, True, force_prop_crc, mf.size_bytes)
+        kind, size, reason = R.check_record(
+            mf.mm, pos, mf.wrote_position, True, force_prop_crc, mf.size_bytes
+        )
         if kind == R.RecordCheck.BLANK:
             offset = mf.end_offset
             continue

@@ -96,7 +96,11 @@ class ConsumeQueue:
                 f"consume queue {self.topic}/{self.queue_id}: unit {first_queue_offset} would "
                 f"leave a gap after {cur}"
             )
-        if n - skip <= 4 and self.mfq.files and self.mfq.files[-1].remaining_bytes >= (n - skip) * U:
+        if (
+            n - skip <= 4
+            and self.mfq.files
+            and self.mfq.files[-1].remaining_bytes >= (n - skip) * U
+        ):
             mf = self.mfq.files[-1]
             for k in range(skip, n):  # a few units: struct beats numpy's per-call cost
                 pos = mf.wrote_position
@@ -114,9 +118,8 @@ class ConsumeQueue:
         done = 0
         total = len(units)
         while done < total:
-            mf = self.mfq.last_file()
-            if mf is None or mf.remaining_bytes < U:
-                mf = self.mfq.new_file()
+            tail = self.mfq.last_file()
+            mf = self.mfq.new_file() if tail is None or tail.remaining_bytes < U else tail
             k = min(total - done, mf.remaining_bytes // U)
             pos = mf.wrote_position
             mf.write(raw[done * U : (done + k) * U].tobytes(), publish=False)
@@ -213,8 +216,13 @@ class ConsumeQueue:
             del arr, valid
             mf.wrote_position = mf.flushed_position = n_valid * U
             if len(bad) and self.damage is None:
-                rest = np.frombuffer(mf.mm, dtype=np.uint8, count=mf.data_bytes)[(n_valid + 1) * U :]
-                later = any(np.frombuffer(f.mm, dtype=np.uint8, count=f.data_bytes).any() for f in files[i + 1 :])
+                rest = np.frombuffer(mf.mm, dtype=np.uint8, count=mf.data_bytes)[
+                    (n_valid + 1) * U :
+                ]
+                later = any(
+                    np.frombuffer(f.mm, dtype=np.uint8, count=f.data_bytes).any()
+                    for f in files[i + 1 :]
+                )
                 if rest.any() or later:  # units follow the bad one: not a torn tail
                     self.damage = (
                         f"{mf.path}: unit {mf.from_offset // U + n_valid} of {self.topic}/{self.queue_id} "
@@ -223,8 +231,8 @@ class ConsumeQueue:
                 del rest
             if n_valid < mf.size_bytes // U:
                 # later files (if any) are past a hole: drop them
-                for later in files[i + 1 :]:
-                    later.destroy()
+                for dropped in files[i + 1 :]:
+                    dropped.destroy()
                 del files[i + 1 :]
                 break
         if self.mfq.writable:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -71,7 +72,7 @@ class DeletedTopics:
     def is_deleted(self, topic: str, phys: int) -> bool:
         return phys < self.below.get(topic, -1)
 
-    def deleted_mask(self, topics: list[str], phys: np.ndarray) -> np.ndarray | None:
+    def deleted_mask(self, topics: Sequence[str], phys: np.ndarray) -> np.ndarray | None:
         """Mask of the records (``topics``, CommitLog offsets ``phys``) that are deleted ones;
         None when there is none."""
         below = self.below

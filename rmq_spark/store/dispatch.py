@@ -7,7 +7,8 @@ put path straight from the encoder (no re-parse) and by recovery from a scan of 
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,7 +20,7 @@ class Column:
     per-call cost would dominate there); it becomes an array of ``dtype`` on first read.  Stored in
     the owner's ``_<name>`` slot."""
 
-    __slots__ = ("slot", "dtype")
+    __slots__ = ("dtype", "slot")
 
     def __init__(self, dtype: type) -> None:
         self.dtype = dtype
@@ -41,7 +42,7 @@ class Column:
         setattr(obj, self.slot, value)
 
 
-def as_list(value) -> list:  # type: ignore[no-untyped-def]
+def as_list(value: Any) -> list[Any]:
     """A column's values as a list of Python ints (no copy when it is still a list)."""
     if value.__class__ is list:
         return value
@@ -53,8 +54,18 @@ class DispatchBatch:
     converted when first read)."""
 
     __slots__ = (
-        "_phys", "_sizes", "topics", "_queue_ids", "_queue_offsets", "_tags_codes", "_sys_flags",
-        "_store_timestamps", "keys", "uniq_keys", "properties", "_end",
+        "_end",
+        "_phys",
+        "_queue_ids",
+        "_queue_offsets",
+        "_sizes",
+        "_store_timestamps",
+        "_sys_flags",
+        "_tags_codes",
+        "keys",
+        "properties",
+        "topics",
+        "uniq_keys",
     )  # fmt: skip
     phys = Column(np.int64)  # CommitLog offsets
     sizes = Column(np.int32)  # record sizes
@@ -68,15 +79,15 @@ class DispatchBatch:
         self,
         phys: np.ndarray | list[int],
         sizes: np.ndarray | list[int],
-        topics: list[str],
+        topics: Sequence[str],
         queue_ids: np.ndarray | list[int],
         queue_offsets: np.ndarray | list[int],
-        tags_codes: np.ndarray | list[int],
+        tags_codes: np.ndarray | Sequence[int],
         sys_flags: np.ndarray | list[int],
         store_timestamps: np.ndarray | list[int],
-        keys: list[str | None] | None = None,
-        uniq_keys: list[str | None] | None = None,
-        properties: list[dict[str, str]] | None = None,
+        keys: Sequence[str | None] | None = None,
+        uniq_keys: Sequence[str | None] | None = None,
+        properties: Sequence[dict[str, str]] | None = None,
         end_offset: int | None = None,
     ) -> None:
         self._phys = phys
@@ -114,7 +125,7 @@ class DispatchBatch:
         """The records at ``idx`` (ascending), as a batch of their own."""
         at = idx.tolist()
 
-        def pick(values: list) -> list:  # type: ignore[type-arg]
+        def pick(values: Any) -> Any:  # a list, or an IdColumn
             if not values:
                 return values
             take = getattr(values, "take", None)  # an IdColumn takes its rows of digits
@@ -130,19 +141,32 @@ class DispatchBatch:
         """Record indexes per (topic, queueId), in CommitLog order."""
         return group_by_queue(self.topics, self.queue_ids)
 
-    def column_list(self, name: str) -> list:
+    def column_list(self, name: str) -> list[int]:
         """One numpy column (``"phys"``, ``"store_timestamps"``, ...) as a list of Python ints,
         without building the array when the batch still holds a list."""
         return as_list(getattr(self, "_" + name))
 
-    def lists(self) -> tuple[list, list, list, list, list, list]:
+    def lists(self) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
         """(phys, sizes, tags_codes, queue_offsets, queue_ids, sys_flags) as lists of Python ints
         (no numpy round trip for a batch built from lists)."""
-        cols = (self._phys, self._sizes, self._tags_codes, self._queue_offsets, self._queue_ids, self._sys_flags)
+        cols = (
+            self._phys,
+            self._sizes,
+            self._tags_codes,
+            self._queue_offsets,
+            self._queue_ids,
+            self._sys_flags,
+        )
         phys, sizes, tags, qoffs, qids, flags = cols
-        if (phys.__class__ is list and sizes.__class__ is list and tags.__class__ is list
-                and qoffs.__class__ is list and qids.__class__ is list and flags.__class__ is list):
-            return cols  # a put of a few records: the usual case
+        if (
+            phys.__class__ is list
+            and sizes.__class__ is list
+            and tags.__class__ is list
+            and qoffs.__class__ is list
+            and qids.__class__ is list
+            and flags.__class__ is list
+        ):
+            return cols  # type: ignore[return-value]  # a put of a few records: the usual case (lists)
         return tuple(map(as_list, cols))  # type: ignore[return-value]
 
 
@@ -151,7 +175,9 @@ SMALL_DISPATCH = 128
 GROUP_TOPICS_VECTORISED = 8  # group_by_queue of a large batch of up to this many topics: numpy
 
 
-def group_by_queue(topics: list[str], queue_ids: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
+def group_by_queue(
+    topics: Sequence[str], queue_ids: np.ndarray
+) -> dict[tuple[str, int], np.ndarray]:
     """Record indexes per (topic, queueId), in order (one pass in numpy when a batch is for one
     topic, the common case)."""
     n = len(topics)
@@ -165,7 +191,8 @@ def group_by_queue(topics: list[str], queue_ids: np.ndarray) -> dict[tuple[str, 
         order = np.argsort(inverse, kind="stable")
         bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
         return {
-            (topics[0], int(q)): order[bounds[k] : bounds[k + 1]] for k, q in enumerate(uniq.tolist())
+            (topics[0], int(q)): order[bounds[k] : bounds[k + 1]]
+            for k, q in enumerate(uniq.tolist())
         }
     names = list(dict.fromkeys(topics))
     if len(names) <= GROUP_TOPICS_VECTORISED and n > SMALL_DISPATCH:
@@ -183,7 +210,7 @@ def group_by_queue(topics: list[str], queue_ids: np.ndarray) -> dict[tuple[str, 
             for k, u in enumerate(uniq.tolist())
         }
     out: dict[tuple[str, int], list[int]] = {}
-    for i, (t, q) in enumerate(zip(topics, np.asarray(queue_ids).tolist())):
+    for i, (t, q) in enumerate(zip(topics, np.asarray(queue_ids).tolist(), strict=True)):
         out.setdefault((t, q), []).append(i)
     return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
 
@@ -196,8 +223,6 @@ class Dispatcher(Protocol):
     a one-record put to it that way (no batch object)."""
 
     def dispatch(self, batch: DispatchBatch) -> None: ...
-
-
 
 
 class ConsumeQueueDispatcher:
@@ -214,9 +239,7 @@ class ConsumeQueueDispatcher:
         if mask.all():
             idx_groups = batch.groups()
         else:
-            idx_groups = {
-                k: v[mask[v]] for k, v in batch.groups().items() if mask[v].any()
-            }
+            idx_groups = {k: v[mask[v]] for k, v in batch.groups().items() if mask[v].any()}
         for (topic, qid), idx in idx_groups.items():
             cq = self._store.consume_queue(topic, qid, create=True)
             cq.put_units(
@@ -227,7 +250,15 @@ class ConsumeQueueDispatcher:
             )
 
     def dispatch_one(  # type: ignore[no-untyped-def]
-        self, phys: int, size: int, topic: str, queue_id: int, queue_offset: int, tags_code: int, sys_flag: int, *_
+        self,
+        phys: int,
+        size: int,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        tags_code: int,
+        sys_flag: int,
+        *_,
     ) -> None:
         tran = sys_flag & L.TRANSACTION_MASK
         if tran != L.TRANSACTION_NOT_TYPE and tran != L.TRANSACTION_COMMIT_TYPE:

@@ -2,13 +2,17 @@
 vectorized with numpy and Arrow (:func:`encode_columns`), from lists of Python values with struct
 (:func:`encode_lists`, :func:`encode_messages`), and one IPv4 record for the broker's one-message send
 (:func:`encode_v4_record` / :func:`place_v4_record`).  Every encoder writes the same bytes for the same message
-(``tests/store/test_put_paths.py`` holds them to it)."""
+(``tests/store/test_put_paths.py`` holds them to it).
+
+Why this module is long: one concept, the record encoders, whose fast paths stand beside the
+general one they must match byte for byte; its imports, wrapped one name a line, take 22 lines."""
 
 from __future__ import annotations
 
 import functools
 import struct
 from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +22,7 @@ from zlib_ng.zlib_ng import crc32
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import as_list
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
-from rmq_spark.store.message import host_bytes, tags_code
+from rmq_spark.store.message import Message, host_bytes, tags_code
 from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER, PROP_CRC_PREFIX
 from rmq_spark.store.record import (
     HEADER_V4,
@@ -49,23 +53,33 @@ def _assemble_large(  # type: ignore[no-untyped-def]
     n = len(bodies)
     out = bytearray(total)
     arr = np.frombuffer(out, dtype=np.uint8)
-    sizes = POS_BODY_V4 + body_lens + (tails.shape[1] if isinstance(tails, np.ndarray) else np.fromiter(map(len, tails), np.int64, n))
+    sizes = (
+        POS_BODY_V4
+        + body_lens
+        + (
+            tails.shape[1]
+            if isinstance(tails, np.ndarray)
+            else np.fromiter(map(len, tails), np.int64, n)
+        )
+    )
     starts = np.cumsum(sizes) - sizes
     arr[starts[:, None] + np.arange(POS_BODY_V4)] = headers.view(np.uint8).reshape(n, POS_BODY_V4)
     mv = memoryview(out)
-    for p, b in zip((starts + POS_BODY_V4).tolist(), bodies):
+    for p, b in zip((starts + POS_BODY_V4).tolist(), bodies, strict=True):
         mv[p : p + len(b)] = b
     tail_at = starts + POS_BODY_V4 + body_lens
     if isinstance(tails, np.ndarray):
         arr[tail_at[:, None] + np.arange(tails.shape[1])] = tails
     else:
-        for p, t in zip(tail_at.tolist(), tails):
+        for p, t in zip(tail_at.tolist(), tails, strict=True):
             mv[p : p + len(t)] = t
     del arr, mv
     return out
 
 
-def _assemble_uniform(headers: np.ndarray, bodies: Sequence[bytes] | np.ndarray, body_len: int, tails2d: np.ndarray) -> bytearray:
+def _assemble_uniform(
+    headers: np.ndarray, bodies: Sequence[bytes] | np.ndarray, body_len: int, tails2d: np.ndarray
+) -> bytearray:
     """Records of one size (equal bodies, equal tails) as rows of a 2-D array: three strided
     copies, no per-record call.  ``bodies``: a list, or already an (n, body_len) uint8 array."""
     n = len(bodies)
@@ -91,9 +105,15 @@ def _equal_bodies(bodies: pa.Array) -> np.ndarray | None:
     width = np.int64 if bodies.type == pa.large_binary() else np.int32
     offsets = np.frombuffer(bodies.buffers()[1], dtype=width)[bodies.offset : bodies.offset + n + 1]
     length = int(offsets[1] - offsets[0])
-    if length <= 0 or int(offsets[-1] - offsets[0]) != n * length or not bool((np.diff(offsets) == length).all()):
+    if (
+        length <= 0
+        or int(offsets[-1] - offsets[0]) != n * length
+        or not bool((np.diff(offsets) == length).all())
+    ):
         return None
-    return np.frombuffer(bodies.buffers()[2], dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])].reshape(n, length)
+    return np.frombuffer(bodies.buffers()[2], dtype=np.uint8)[
+        int(offsets[0]) : int(offsets[-1])
+    ].reshape(n, length)
 
 
 def encode_columns(
@@ -113,9 +133,9 @@ def encode_columns(
     store_host: bytes = b"\x7f\x00\x00\x01",
     store_port: int = 0,
     prop_crc: bool = False,
-    tags_codes: np.ndarray | None = None,
+    tags_codes: np.ndarray | Sequence[int] | None = None,
     keys: list[str | None] | None = None,
-    uniq_keys: list[str | None] | None = None,
+    uniq_keys: Sequence[str | None] | None = None,
     body_crcs: np.ndarray | None = None,
 ) -> EncodedBatch:
     """Encode ``n`` records into one buffer. Per-record arguments are sequences of length ``n``
@@ -133,7 +153,12 @@ def encode_columns(
         if body_rows is None:
             bodies = bodies.to_pylist()
     if isinstance(encoded_properties, pa.Array) and n > SMALL_BATCH:
-        assert isinstance(topics, str) and tags_codes is not None and keys is not None and uniq_keys is not None
+        assert (
+            isinstance(topics, str)
+            and tags_codes is not None
+            and keys is not None
+            and uniq_keys is not None
+        )
     elif isinstance(encoded_properties, pa.Array):
         encoded_properties = encoded_properties.to_pylist()
     if 0 < n <= SMALL_BATCH and not isinstance(encoded_properties, np.ndarray):
@@ -143,7 +168,7 @@ def encode_columns(
             store_host, store_port, prop_crc, tags_codes,
         )  # fmt: skip
     shared_topic = isinstance(topics, str)
-    topic_list = [topics] * n if shared_topic else list(topics)  # type: ignore[list-item]
+    topic_list = [topics] * n if isinstance(topics, str) else list(topics)
     sflags = _col(sys_flags, n, np.int32) & ~(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6)
     if isinstance(born_hosts, (bytes, bytearray)):
         bhosts: list[bytes] | None = None
@@ -162,7 +187,7 @@ def encode_columns(
         magics = np.full(n, L.MAGIC_V2 if v2 else L.MAGIC_V1, dtype=np.uint32)
         topic_field = (_SHORT.pack(len(tb)) if v2 else bytes((len(tb),))) + tb
     if shared_topic and fixed_props:
-        props2d = encoded_properties  # type: ignore[assignment]
+        props2d = cast(np.ndarray, encoded_properties)  # fixed_props
         plen = props2d.shape[1] + (PROP_CRC_BYTES if prop_crc else 0)
         head = np.frombuffer(topic_field + _SHORT.pack(plen), dtype=np.uint8)
         width = len(head) + plen
@@ -170,7 +195,9 @@ def encode_columns(
         tails2d[:, : len(head)] = head
         tails2d[:, len(head) : len(head) + props2d.shape[1]] = props2d
         if prop_crc:
-            tails2d[:, width - PROP_CRC_BYTES :] = np.frombuffer(PROP_CRC_PLACEHOLDER, dtype=np.uint8)
+            tails2d[:, width - PROP_CRC_BYTES :] = np.frombuffer(
+                PROP_CRC_PLACEHOLDER, dtype=np.uint8
+            )
         tails = None
         tail_lens = np.full(n, width, dtype=np.int64)
         props_bytes = None
@@ -182,7 +209,9 @@ def encode_columns(
                                                     pa.scalar(b"", pa.binary()))  # fmt: skip
         plens = pc.binary_length(props_arr).to_numpy(zero_copy_only=False).astype(np.int64)
         prefix = np.asarray(plens, dtype=">u2").view(np.uint8).reshape(n, 2)
-        prefix_arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(2), n, [None, pa.py_buffer(prefix.copy())])
+        prefix_arr = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(2), n, [None, pa.py_buffer(prefix.copy())]
+        )
         tails_arrow = pc.binary_join_element_wise(
             pa.scalar(topic_field, pa.binary()), prefix_arr.cast(pa.binary()), props_arr, pa.scalar(b"", pa.binary())
         )  # fmt: skip
@@ -216,12 +245,16 @@ def encode_columns(
     if body_crcs is not None and len(body_crcs) == n:
         crcs = np.asarray(body_crcs, dtype=np.int64)
     elif body_rows is not None:
-        items = body_rows.reshape(-1).view(f"V{body_rows.shape[1]}")  # a void item a body: crc32 reads those fastest
+        items = body_rows.reshape(-1).view(
+            f"V{body_rows.shape[1]}"
+        )  # a void item a body: crc32 reads those fastest
         crcs = np.fromiter(map(crc32, items), np.int64, n) & 0x7FFFFFFF
     else:
         crcs = np.array(list(map(crc32, bodies)), dtype=np.int64) & 0x7FFFFFFF
     if tags_codes is None:
-        tags_codes = np.fromiter((tags_code(p.get(L.P_TAGS)) for p in properties), dtype=np.int64, count=n)
+        tags_codes = np.fromiter(
+            (tags_code(p.get(L.P_TAGS)) for p in properties), dtype=np.int64, count=n
+        )
     qids = _col(queue_ids, n, np.int32)
 
     if n > SMALL_BATCH and not v6_born.any() and len(store_host) == 4:
@@ -251,10 +284,13 @@ def encode_columns(
         if body_rows is not None and total >= n * LARGE_RECORD_BYTES:
             bodies = bodies.to_pylist()  # type: ignore[union-attr]
         if total >= n * LARGE_RECORD_BYTES:
-            big_tails = tails2d if props_bytes is None else (tail_list.to_pylist() if arrow_tails else tail_list)
+            listed = tail_list.to_pylist() if arrow_tails else tail_list  # type: ignore[attr-defined]
+            big_tails = tails2d if props_bytes is None else listed
             buf = _assemble_large(h, bodies, body_lens, big_tails, total)
         elif props_bytes is None and n and int(body_lens.min()) == int(body_lens.max()):
-            buf = _assemble_uniform(h, body_rows if body_rows is not None else bodies, int(body_lens[0]), tails2d)
+            buf = _assemble_uniform(
+                h, body_rows if body_rows is not None else bodies, int(body_lens[0]), tails2d
+            )
         else:
             if props_bytes is None:
                 tails = pa.FixedSizeBinaryArray.from_buffers(
@@ -269,7 +305,10 @@ def encode_columns(
             ).cast(pa.binary())
             # one C++ pass interleaves header, body and tail of every record
             joined = pc.binary_join_element_wise(
-                headers, bodies if isinstance(bodies, pa.Array) else pa.array(bodies, pa.binary()), tails, pa.scalar(b"", pa.binary())
+                headers,
+                bodies if isinstance(bodies, pa.Array) else pa.array(bodies, pa.binary()),
+                tails,
+                pa.scalar(b"", pa.binary()),
             )
             buf = bytearray(memoryview(joined.buffers()[2])[:total]) if n else bytearray()
         store_ts_pos = np.full(n, POS_STORE_TIMESTAMP_V4, dtype=np.int64)
@@ -296,7 +335,17 @@ def encode_columns(
             sizes[i] = size
             store_ts_pos[i] = POS_BORN_HOST + len(hosts[i]) + 4
             chunks.append(
-                _HEAD1.pack(size, int(magics[i]), int(crcs[i]), int(qids[i]), int(flg[i]), 0, 0, sf, int(bts[i]))
+                _HEAD1.pack(
+                    size,
+                    int(magics[i]),
+                    int(crcs[i]),
+                    int(qids[i]),
+                    int(flg[i]),
+                    0,
+                    0,
+                    sf,
+                    int(bts[i]),
+                )
                 + hosts[i]
                 + _INT.pack(int(bports[i]))
                 + _TS.pack(0)
@@ -327,16 +376,34 @@ def encode_columns(
         tags_codes=tags_codes,
         sys_flags=sflags,
         # fixed-width properties (put_bodies) share one dict: its keys, and UNIQ_KEYs set by the caller
-        keys=[p.get(L.P_KEYS) for p in properties] if not fixed_props else [properties[0].get(L.P_KEYS) if n else None] * n,
-        uniq_keys=[p.get(L.P_UNIQ_KEY) for p in properties] if not fixed_props else [properties[0].get(L.P_UNIQ_KEY) if n else None] * n,
+        keys=[p.get(L.P_KEYS) for p in properties]
+        if not fixed_props
+        else [properties[0].get(L.P_KEYS) if n else None] * n,
+        uniq_keys=[p.get(L.P_UNIQ_KEY) for p in properties]
+        if not fixed_props
+        else [properties[0].get(L.P_UNIQ_KEY) if n else None] * n,
         properties=list(properties),
         prop_crc=prop_crc,
     )
 
 
 def _encode_columns_few(  # type: ignore[no-untyped-def]
-    topics, queue_ids, bodies, properties, encoded_properties, flags, sys_flags, born_timestamps,
-    born_hosts, born_ports, reconsume_times, prepared_offsets, store_host, store_port, prop_crc, tags_codes,
+    topics,
+    queue_ids,
+    bodies,
+    properties,
+    encoded_properties,
+    flags,
+    sys_flags,
+    born_timestamps,
+    born_hosts,
+    born_ports,
+    reconsume_times,
+    prepared_offsets,
+    store_host,
+    store_port,
+    prop_crc,
+    tags_codes,
 ) -> EncodedBatch:
     """:func:`encode_columns` of a few records in plain Python with struct (the same bytes: numpy's
     per-call cost dominates at this size)."""
@@ -344,8 +411,14 @@ def _encode_columns_few(  # type: ignore[no-untyped-def]
     if properties is None or len(properties) != n:
         raise ValueError("properties must give one dict per record")
     topic_list = [topics] * n if isinstance(topics, str) else list(topics)
-    hosts = [bytes(born_hosts)] * n if isinstance(born_hosts, (bytes, bytearray)) else list(born_hosts)
-    codes = as_list(tags_codes) if tags_codes is not None else [tags_code(p.get(L.P_TAGS)) for p in properties]
+    hosts = (
+        [bytes(born_hosts)] * n if isinstance(born_hosts, (bytes, bytearray)) else list(born_hosts)
+    )
+    codes = (
+        as_list(tags_codes)
+        if tags_codes is not None
+        else [tags_code(p.get(L.P_TAGS)) for p in properties]
+    )
     return _encode_rows(
         topic_list, _lst(queue_ids, n), bodies, properties, [bytes(p) for p in encoded_properties],
         _lst(flags, n), _lst(sys_flags, n), _lst(born_timestamps, n), hosts, _lst(born_ports, n),
@@ -353,9 +426,13 @@ def _encode_columns_few(  # type: ignore[no-untyped-def]
     )  # fmt: skip
 
 
-def encode_messages(  # type: ignore[no-untyped-def]
-    msgs: Sequence, encoded_properties: list[bytes], born_default_ms: int, store_host: bytes,
-    store_port: int, prop_crc: bool,
+def encode_messages(
+    msgs: Sequence[Message],
+    encoded_properties: list[bytes],
+    born_default_ms: int,
+    store_host: bytes,
+    store_port: int,
+    prop_crc: bool,
 ) -> EncodedBatch:
     """Records of a few checked :class:`~rmq_spark.store.message.Message` objects (their
     properties already encoded; ``born_default_ms`` for a message without a born time)."""
@@ -382,13 +459,23 @@ V4_SYS_FLAG_MASK = ~(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6)
 _FIXED_PARTS = POS_BODY_V4 + 2  # + the body, + PROPERTIES_LENGTH's properties
 
 
-def encode_lists(  # type: ignore[no-untyped-def]
-    topics: Sequence[str], queue_ids: Sequence[int], bodies: Sequence[bytes],
-    properties: Sequence[dict[str, str]], encoded_properties: Sequence[bytes],
-    tags_codes: Sequence[int], flags: Sequence[int], sys_flags: Sequence[int],
-    born_timestamps: Sequence[int], born_hosts: Sequence[str], born_ports: Sequence[int],
-    reconsume_times: Sequence[int], prepared_offsets: Sequence[int], store_host: bytes,
-    store_port: int, prop_crc: bool,
+def encode_lists(
+    topics: Sequence[str],
+    queue_ids: Sequence[int],
+    bodies: Sequence[bytes],
+    properties: Sequence[dict[str, str]],
+    encoded_properties: Sequence[bytes],
+    tags_codes: Sequence[int],
+    flags: Sequence[int],
+    sys_flags: Sequence[int],
+    born_timestamps: Sequence[int],
+    born_hosts: Sequence[str],
+    born_ports: Sequence[int],
+    reconsume_times: Sequence[int],
+    prepared_offsets: Sequence[int],
+    store_host: bytes,
+    store_port: int,
+    prop_crc: bool,
 ) -> EncodedBatch:
     """Records of a few checked messages given as columns (lists or tuples of Python values;
     bodies bytes, born hosts as text, properties encoded with their UNIQ_KEY), encoded one by one
@@ -401,14 +488,29 @@ def encode_lists(  # type: ignore[no-untyped-def]
 
 
 def _encode_rows(  # type: ignore[no-untyped-def]
-    topic_list, qids, bodies, properties, encoded_properties, flg, sfl, bts, hosts, bports, rts, prep,
-    store_host, store_port, prop_crc, codes,
+    topic_list,
+    qids,
+    bodies,
+    properties,
+    encoded_properties,
+    flg,
+    sfl,
+    bts,
+    hosts,
+    bports,
+    rts,
+    prep,
+    store_host,
+    store_port,
+    prop_crc,
+    codes,
 ) -> EncodedBatch:
     """The record loop of a few records, every argument a list of Python values."""
     store_v6 = len(store_host) == 16
     store_field = store_host + _INT.pack(store_port)
     crc_tail = PROP_CRC_PLACEHOLDER if prop_crc else b""
-    chunks, sizes, ts_pos, flags_out, rel, at = [], [], [], [], [], 0
+    chunks: list[bytes] = []
+    sizes, ts_pos, flags_out, rel, at = [], [], [], [], 0
     keep, fixed = V4_SYS_FLAG_MASK, _FIXED_PARTS
     for i, body in enumerate(bodies):
         magic, tfield = _topic_field(topic_list[i])
@@ -455,10 +557,21 @@ def _encode_rows(  # type: ignore[no-untyped-def]
     )
 
 
-def encode_v4_record(  # type: ignore[no-untyped-def]
-    topic: str, queue_id: int, body: bytes, encoded_properties: bytes, flag: int, sys_flag: int,
-    born_ms: int, born_host: bytes, born_port: int, reconsume_times: int, prepared_offset: int,
-    store_host: bytes, store_port: int, prop_crc: bool,
+def encode_v4_record(
+    topic: str,
+    queue_id: int,
+    body: bytes,
+    encoded_properties: bytes,
+    flag: int,
+    sys_flag: int,
+    born_ms: int,
+    born_host: bytes,
+    born_port: int,
+    reconsume_times: int,
+    prepared_offset: int,
+    store_host: bytes,
+    store_port: int,
+    prop_crc: bool,
 ) -> bytearray | None:
     """One checked record with IPv4 born and store hosts (``sys_flag`` masked with
     ``V4_SYS_FLAG_MASK``), as :func:`encode_lists` encodes it; QUEUEOFFSET, PHYSICALOFFSET,
@@ -476,7 +589,9 @@ def encode_v4_record(  # type: ignore[no-untyped-def]
     return bytearray().join((head, body, tfield, _SHORT.pack(len(pb)), pb))
 
 
-def place_v4_record(buf: bytearray, queue_offset: int, phys: int, store_ts_ms: int, prop_crc: bool) -> None:
+def place_v4_record(
+    buf: bytearray, queue_offset: int, phys: int, store_ts_ms: int, prop_crc: bool
+) -> None:
     """Write the offsets and store time of an :func:`encode_v4_record` record (and its CRC)."""
     _QP.pack_into(buf, POS_QUEUE_OFFSET, queue_offset, phys)
     _TS.pack_into(buf, POS_STORE_TIMESTAMP_V4, store_ts_ms)
@@ -500,7 +615,7 @@ def _topic_field(topic: str) -> tuple[int, bytes]:
     return L.MAGIC_V1, bytes((len(tb),)) + tb
 
 
-def _lst(value, n: int) -> list:  # type: ignore[no-untyped-def]
+def _lst(value: Any, n: int) -> list[int]:
     if isinstance(value, (int, np.integer)):
         return [int(value)] * n
     out = value.tolist() if isinstance(value, np.ndarray) else [int(v) for v in value]
@@ -516,4 +631,3 @@ def _col(value, n: int, dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
     if arr.shape != (n,):
         raise ValueError(f"expected {n} values, got {arr.shape}")
     return arr
-

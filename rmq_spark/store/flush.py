@@ -44,7 +44,7 @@ class AsyncFlushService(threading.Thread):
 
 
 class _Waiter:
-    __slots__ = ("offset", "lock", "lead")
+    __slots__ = ("lead", "lock", "offset")
 
     def __init__(self, offset: int) -> None:
         self.offset = offset

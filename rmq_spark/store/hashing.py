@@ -66,9 +66,15 @@ def java_string_hashes_arrow(strings: pa.Array) -> np.ndarray:
     n = len(strings)
     if n == 0:
         return np.empty(0, dtype=np.int32)
-    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int32)[strings.offset : strings.offset + n + 1]
+    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int32)[
+        strings.offset : strings.offset + n + 1
+    ]
     data = strings.buffers()[2]
-    units = np.frombuffer(data, dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])] if data is not None else np.empty(0, np.uint8)
+    units = (
+        np.frombuffer(data, dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])]
+        if data is not None
+        else np.empty(0, np.uint8)
+    )
     if len(units) and int(units.max()) >= 0x80:
         return java_string_hashes(strings.to_pylist())
     return _hashes_of_units(units, np.diff(offsets).astype(np.int64))
@@ -113,7 +119,11 @@ def java_string_hashes_of_rows(prefix: str, rows: np.ndarray) -> np.ndarray:
     of ASCII bytes (a batch's unique ids behind ``topic#``): one matrix product, no string made."""
     n, w = rows.shape
     pow31 = _pow31(w + 1)
-    out = rows.astype(np.uint32) @ pow31[w - 1 :: -1].astype(np.uint32) if w else np.zeros(n, dtype=np.uint32)
+    out = (
+        rows.astype(np.uint32) @ pow31[w - 1 :: -1].astype(np.uint32)
+        if w
+        else np.zeros(n, dtype=np.uint32)
+    )
     head = (java_string_hash(prefix) & 0xFFFFFFFF) * int(pow31[w]) & 0xFFFFFFFF
     out += np.uint32(head)
     return out.view(np.int32)

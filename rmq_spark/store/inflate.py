@@ -257,7 +257,9 @@ def inflate_bodies(bodies: pa.Array, sys_flags: np.ndarray, limit: int = L.BODY_
     out: list[bytes] = []
     poison: list[tuple[int, str]] = []
     cut, inflated = len(bodies), 0
-    for data, flag, row in zip(packed, flags_all[compressed].tolist(), compressed.tolist()):
+    for data, flag, row in zip(
+        packed, flags_all[compressed].tolist(), compressed.tolist(), strict=True
+    ):
         try:
             body = inflate_body(data, flag, limit)
         except InflateError as e:

@@ -12,10 +12,15 @@ A file that parses is read through :class:`JsonObject`, whose typed getters chec
 is taken: a wrong type or an out-of-range value is a :class:`~rmq_spark.errors.ConfigError` naming
 the file and the key (``config file .../topics.json: key 'topicConfigTable.T.readQueueNums': -5 is
 not between 1 and 1024``), never a bare ``TypeError`` from deep inside a loader.
+
+A big table (topics.json's) can be kept encoded entry by entry (:class:`EncodedTable`): it is
+written from its entries' cached text, for the file and for the checksum alike, so a rewrite
+encodes only the entries that changed and joins strings for the rest.
 """
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import os
@@ -30,26 +35,95 @@ from rmq_spark.store.mapped import is_no_space, make_dirs, no_space
 log = logging.getLogger("rmq_spark.store")
 
 CHECKSUM_KEY = "rmqSparkCrc32"
-_UNQUOTED_INT_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
-
-
-def _checksum(data: Any) -> str:
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return f"{crc32(canonical.encode()):08x}"
+_UNQUOTED_INT_KEY = re.compile(r"([{,]\s*)(-?\d+)(\s*:)")
 
 
 # levels of the file laid out one key a line (the tables' entries: a topic, a topic@group); below
 # them each value is one line.  json.dumps with ``indent`` runs Python's pure encoder: 3,000 topics
 # took 0.5 s a write, most of a heartbeat naming 1,000 new groups; this layout takes the C encoder.
 _LAID_OUT_LEVELS = 2
-_ONE_LINE = json.JSONEncoder(sort_keys=True, ensure_ascii=True)
+
+
+def _not_json(value: Any) -> Any:
+    if isinstance(value, Encoded):
+        raise ValueError(
+            f"the encoded entry {value.key!r} outside an EncodedTable: an EncodedTable at "
+            f"level {_LAID_OUT_LEVELS - 1} holds it"
+        )
+    raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
+
+
+_ONE_LINE = json.JSONEncoder(sort_keys=True, ensure_ascii=True, default=_not_json)
+# the checksum's form: json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=_not_json
+)
+
+
+class Encoded:
+    """One entry of a table (a topic's config under its name), encoded once both ways
+    :func:`write_json_atomic` writes it: ``line``, the line the file holds (an entry of the last
+    laid-out level: its value is one line), and ``canonical``, ``"key":value`` as the checksum
+    reads it.  Kept in an :class:`EncodedTable`."""
+
+    __slots__ = ("canonical", "key", "line")
+
+    def __init__(self, key: str, value: Any) -> None:
+        self.key = key
+        name = _CANONICAL.encode(key)
+        self.line: str = f"{_PAD * _LAID_OUT_LEVELS}{name}: {_ONE_LINE.encode(value)}"
+        self.canonical: str = f"{name}:{_CANONICAL.encode(value)}"
+
+
+class EncodedTable(dict[str, Encoded]):
+    """A table whose entries are kept encoded (each under its own key: :meth:`put`).  Placed in
+    ``data`` at the last laid-out level (topics.json's ``topicConfigTable``), it is written as
+    the plain table would be, byte for byte and with the same checksum, by joining its entries'
+    text: a rewrite encodes nothing but the entries that changed."""
+
+    def put(self, entry: Encoded) -> None:
+        self[entry.key] = entry
+
+
+_PAD = "  "
+
+
+def _joined(table: EncodedTable, level: int, canonical: bool) -> str:
+    if level != _LAID_OUT_LEVELS - 1:
+        top = _LAID_OUT_LEVELS - 1
+        raise ValueError(f"an EncodedTable at level {level}: it is written only at level {top}")
+    if not table:
+        return "{}"
+    if canonical:
+        return "{" + ",".join([table[k].canonical for k in sorted(table)]) + "}"
+    return "{\n" + ",\n".join([table[k].line for k in sorted(table)]) + "\n" + _PAD * level + "}"
+
+
+def _canonical(value: Any, level: int = 0) -> str:
+    """``value`` in the checksum's form (json.dumps sorted and compact); the laid-out levels
+    joined from their entries, so an :class:`EncodedTable` is its entries' cached text."""
+    if value.__class__ is EncodedTable:
+        return _joined(value, level, canonical=True)
+    laid_out = isinstance(value, dict) and value and level < _LAID_OUT_LEVELS
+    if laid_out and all(k.__class__ is str for k in value):
+        key = _CANONICAL.encode
+        items = [f"{key(k)}:{_canonical(value[k], level + 1)}" for k in sorted(value)]
+        return "{" + ",".join(items) + "}"
+    return _CANONICAL.encode(value)
+
+
+def _checksum(data: Any) -> str:
+    return f"{crc32(_canonical(data).encode()):08x}"
 
 
 def _layout(value: Any, level: int = 0) -> str:
+    if value.__class__ is EncodedTable:
+        return _joined(value, level, canonical=False)
     if isinstance(value, dict) and value and level < _LAID_OUT_LEVELS:
-        pad = "  " * (level + 1)
-        items = (f"{pad}{_ONE_LINE.encode(str(k))}: {_layout(value[k], level + 1)}" for k in sorted(value))  # fmt: skip
-        return "{\n" + ",\n".join(items) + "\n" + "  " * level + "}"
+        pad = _PAD * (level + 1)
+        key = _ONE_LINE.encode
+        items = [f"{pad}{key(str(k))}: {_layout(value[k], level + 1)}" for k in sorted(value)]
+        return "{\n" + ",\n".join(items) + "\n" + _PAD * level + "}"
     return _ONE_LINE.encode(value)
 
 
@@ -115,19 +189,30 @@ def read_json(path: str) -> Any | None:
             errors.append(f"{candidate}: checksum {want!r} does not match its content")
             continue
         if errors or unchecked:
-            log.error("%s is damaged (%s); its copy %s is read", path, "; ".join(errors) or "no checksum", candidate)
+            log.error(
+                "%s is damaged (%s); its copy %s is read",
+                path,
+                "; ".join(errors) or "no checksum",
+                candidate,
+            )
         return data
     if unchecked and not ours:
         return unchecked[0]
     if errors or unchecked:
-        raise CorruptStoreError("; ".join(errors) or f"{path}: no copy has a valid checksum", path, 0)
+        raise CorruptStoreError(
+            "; ".join(errors) or f"{path}: no copy has a valid checksum", path, 0
+        )
     return None
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number"
-    )
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+    }.get(type(value), "a number")
 
 
 class JsonObject:
@@ -152,7 +237,9 @@ class JsonObject:
 
     def error(self, name: str, problem: str) -> ConfigError:
         key = self._name(name)
-        return ConfigError(f"config file {self.path}: " + (f"key {key!r}: " if key else "") + problem)
+        return ConfigError(
+            f"config file {self.path}: " + (f"key {key!r}: " if key else "") + problem
+        )
 
     def __contains__(self, name: str) -> bool:
         return name in self.data
@@ -172,8 +259,10 @@ class JsonObject:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(name, f"{value!r} is not an integer")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
-            bounds = f"between {lo} and {hi}" if lo is not None and hi is not None else (
-                f"at least {lo}" if lo is not None else f"at most {hi}"
+            bounds = (
+                f"between {lo} and {hi}"
+                if lo is not None and hi is not None
+                else (f"at least {lo}" if lo is not None else f"at most {hi}")
             )
             raise self.error(name, f"{value} is not {bounds}")
         return value
@@ -184,7 +273,7 @@ class JsonObject:
             raise self.error(name, f"{value!r} is not a string")
         return value
 
-    def bool(self, name: str, default: bool) -> bool:
+    def bool(self, name: builtins.str, default: bool) -> bool:
         value = self.data.get(name, default)
         if isinstance(value, str) and value.lower() in ("true", "false"):
             value = value.lower() == "true"
@@ -192,7 +281,7 @@ class JsonObject:
             raise self.error(name, f"{value!r} is not a boolean")
         return value
 
-    def str_map(self, name: str) -> dict[str, str]:
+    def str_map(self, name: builtins.str) -> dict[builtins.str, builtins.str]:
         """An object of string values (absent or null: empty)."""
         nested = self.obj(name)
         out = {}

@@ -89,8 +89,14 @@ def recover(
                 mf.mm, pos, max(pos, mf.data_bytes), check_crc=True,
                 force_prop_crc=found is not None and found[0] <= at < found[1], segment_end=mf.size_bytes,
             )  # fmt: skip
-            if kind == RecordCheck.VALID and _PHYS.unpack_from(mf.mm, pos + POS_PHYSICAL_OFFSET)[0] != at:
-                kind, reason = RecordCheck.INVALID, f"the record says it is at offset {_PHYS.unpack_from(mf.mm, pos + POS_PHYSICAL_OFFSET)[0]}"
+            if (
+                kind == RecordCheck.VALID
+                and _PHYS.unpack_from(mf.mm, pos + POS_PHYSICAL_OFFSET)[0] != at
+            ):
+                kind, reason = (
+                    RecordCheck.INVALID,
+                    f"the record says it is at offset {_PHYS.unpack_from(mf.mm, pos + POS_PHYSICAL_OFFSET)[0]}",
+                )
             if kind == RecordCheck.VALID:
                 collector.add(mf.mm, pos, at)
                 pos += size
@@ -110,7 +116,9 @@ def recover(
         mf = cl.mfq.find(end) or cl.mfq.files[-1]
         later = valid_record_after(cl, mf, end - mf.from_offset, False, collector.last_store_ts)
         if later is not None and torn_write(cl, end, collector.last_store_ts):
-            stop_reason += f"; the rest of the write in flight at the crash {cl.inflight.found} is cut"
+            stop_reason += (
+                f"; the rest of the write in flight at the crash {cl.inflight.found} is cut"
+            )
         elif later is not None:
             # a valid record follows: the log was written past here, this is damage inside it,
             # not a torn tail (whatever the checkpoint says)
@@ -121,7 +129,12 @@ def recover(
             if unit is not None:
                 proof = unit
                 confirmed_offset = max(confirmed_offset, end + 1)
-    if not proof and durable_store_ts > 0 and collector.last_store_ts < durable_store_ts and scan_from <= cl.mfq.min_offset:
+    if (
+        not proof
+        and durable_store_ts > 0
+        and collector.last_store_ts < durable_store_ts
+        and scan_from <= cl.mfq.min_offset
+    ):
         proof = (
             f"the checkpoint says records stored up to {durable_store_ts} (ms) were flushed, the last record "
             f"found was stored at {collector.last_store_ts}"
@@ -163,10 +176,15 @@ def torn_write(cl: Any, offset: int, since_ts: int = 0) -> bool:
     if found is None or not found[0] <= offset < found[1]:
         return False
     seg = cl.mfq.find(found[1] - 1)
-    return seg is not None and valid_record_after(cl, seg, found[1] - 1 - seg.from_offset, False, since_ts) is None
+    return (
+        seg is not None
+        and valid_record_after(cl, seg, found[1] - 1 - seg.from_offset, False, since_ts) is None
+    )
 
 
-def valid_record_after(cl: Any, mf: Any, pos: int, force_prop_crc: bool = False, since_ts: int = 0) -> int | None:
+def valid_record_after(
+    cl: Any, mf: Any, pos: int, force_prop_crc: bool = False, since_ts: int = 0
+) -> int | None:
     """The CommitLog offset of the first valid record after ``pos`` of segment ``mf`` (in it
     or in a later segment), None if there is none: then what stopped a scan at ``pos`` is
     the end of the log (a torn tail), else damage inside it.  Candidates are found by their
@@ -177,7 +195,7 @@ def valid_record_after(cl: Any, mf: Any, pos: int, force_prop_crc: bool = False,
     after a cut as they were, so older records may lie past a later, shorter append."""
     magics = [struct.pack(">I", m) for m in (L.MAGIC_V1, L.MAGIC_V2)]
     files = cl.mfq.files
-    for seg in files[files.index(mf):]:
+    for seg in files[files.index(mf) :]:
         start = pos + 1 if seg is mf else 0
         hits = []
         limit = seg.data_bytes  # never into a hole (see mapped.data_end)
@@ -187,7 +205,8 @@ def valid_record_after(cl: Any, mf: Any, pos: int, force_prop_crc: bool = False,
                 kind, _, _ = check_record(seg.mm, at - 4, limit, True, force_prop_crc)
                 if (
                     kind == RecordCheck.VALID
-                    and _PHYS.unpack_from(seg.mm, at - 4 + POS_PHYSICAL_OFFSET)[0] == seg.from_offset + at - 4
+                    and _PHYS.unpack_from(seg.mm, at - 4 + POS_PHYSICAL_OFFSET)[0]
+                    == seg.from_offset + at - 4
                     and store_timestamp_at(seg.mm, at - 4) >= since_ts
                 ):
                     hits.append(at - 4)
@@ -233,8 +252,14 @@ def _record_at(cl: Any, phys: int, size: int) -> bool:
     if seg is None or size <= 0:
         return False
     pos = phys - seg.from_offset
-    kind, total, _ = check_record(seg.mm, pos, max(pos, seg.data_bytes), True, False, seg.size_bytes)
-    return kind == RecordCheck.VALID and total == size and _PHYS.unpack_from(seg.mm, pos + POS_PHYSICAL_OFFSET)[0] == phys
+    kind, total, _ = check_record(
+        seg.mm, pos, max(pos, seg.data_bytes), True, False, seg.size_bytes
+    )
+    return (
+        kind == RecordCheck.VALID
+        and total == size
+        and _PHYS.unpack_from(seg.mm, pos + POS_PHYSICAL_OFFSET)[0] == phys
+    )
 
 
 class _BatchCollector:
@@ -261,11 +286,15 @@ class _BatchCollector:
         self.last_store_ts = max(self.last_store_ts, rows[-1].store_timestamp_ms)
         self.on_batch(
             DispatchBatch(
-                phys=np.fromiter((m.commitlog_offset for m in rows), dtype=np.int64, count=len(rows)),
+                phys=np.fromiter(
+                    (m.commitlog_offset for m in rows), dtype=np.int64, count=len(rows)
+                ),
                 sizes=np.fromiter((m.store_size for m in rows), dtype=np.int32, count=len(rows)),
                 topics=[m.topic for m in rows],
                 queue_ids=np.fromiter((m.queue_id for m in rows), dtype=np.int32, count=len(rows)),
-                queue_offsets=np.fromiter((m.queue_offset for m in rows), dtype=np.int64, count=len(rows)),
+                queue_offsets=np.fromiter(
+                    (m.queue_offset for m in rows), dtype=np.int64, count=len(rows)
+                ),
                 tags_codes=np.zeros(len(rows), dtype=np.int64),  # filled by the store
                 sys_flags=np.fromiter((m.sys_flag for m in rows), dtype=np.int32, count=len(rows)),
                 store_timestamps=np.fromiter(

@@ -11,9 +11,9 @@ import errno
 import mmap
 import os
 import re
+from collections.abc import Iterator
 
 import numpy as np
-from collections.abc import Iterator
 
 from rmq_spark.errors import CorruptStoreError, DiskFullError, StoreError
 from rmq_spark.store import layout as L
@@ -31,7 +31,9 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 def no_space(path: str, e: OSError) -> DiskFullError:
     """The :class:`DiskFullError` for an ENOSPC / EDQUOT writing ``path``."""
-    return DiskFullError(f"{path}: no space left on the device ({e.strerror or e}); writes fail, reads go on", path)
+    return DiskFullError(
+        f"{path}: no space left on the device ({e.strerror or e}); writes fail, reads go on", path
+    )
 
 
 def is_no_space(e: OSError) -> bool:
@@ -159,7 +161,12 @@ class MappedFile:
     def remaining_bytes(self) -> int:
         return self.size_bytes - self.wrote_position
 
-    def write(self, data: bytes | bytearray | memoryview, position: int | None = None, publish: bool = True) -> None:
+    def write(
+        self,
+        data: bytes | bytearray | memoryview,
+        position: int | None = None,
+        publish: bool = True,
+    ) -> None:
         """Write ``data`` at ``position`` (default: the end) and, with ``publish``, move
         ``wrote_position`` past it: readers take ``[0, wrote_position)`` as complete, so a writer
         that still has bytes to fill in publishes afterwards by setting ``wrote_position``."""

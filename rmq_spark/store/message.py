@@ -25,13 +25,13 @@ from rmq_spark.store.hashing import java_string_hash
 __all__ = [
     "Message",
     "MessageExt",
-    "java_string_hash",
-    "tags_code",
-    "offset_msg_id",
-    "decode_offset_msg_id",
     "UniqIdGenerator",
-    "new_uniq_id",
+    "decode_offset_msg_id",
     "host_bytes",
+    "java_string_hash",
+    "new_uniq_id",
+    "offset_msg_id",
+    "tags_code",
 ]
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
@@ -95,7 +95,9 @@ def offset_msg_ids(store_host: bytes, store_port: int, offsets: np.ndarray) -> n
 
 
 # byte -> its two upper-case hex digits as a little-endian uint16 (high nibble first in memory)
-_HEX_PAIRS = (_HEX[np.arange(256) >> 4].astype("<u2") | (_HEX[np.arange(256) & 0x0F].astype("<u2") << 8)).astype("<u2")
+_HEX_PAIRS = (
+    _HEX[np.arange(256) >> 4].astype("<u2") | (_HEX[np.arange(256) & 0x0F].astype("<u2") << 8)
+).astype("<u2")
 
 
 def hex_rows(raw: np.ndarray) -> np.ndarray:
@@ -120,7 +122,7 @@ class IdColumn(Sequence[str]):
     ``present``: which records have an id (None: all); the others read as None (a commit's op
     message before its real messages)."""
 
-    __slots__ = ("digits", "present", "_strs")
+    __slots__ = ("_strs", "digits", "present")
 
     def __init__(self, digits: np.ndarray, present: np.ndarray | None = None) -> None:
         self.digits = digits
@@ -139,7 +141,7 @@ class IdColumn(Sequence[str]):
             self._strs = strs
         return self._strs
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
         if isinstance(i, slice):
             return IdColumn(self.digits[i], None if self.present is None else self.present[i])
         if self._strs is None:  # one id: its digits alone (the whole list is made by a walk)
@@ -172,7 +174,9 @@ class IdColumn(Sequence[str]):
         return IdColumn(np.concatenate(digits), np.concatenate(present) if holes else None)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+        return (
+            isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+        )
 
     __hash__ = None  # type: ignore[assignment]
 

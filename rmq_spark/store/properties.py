@@ -13,7 +13,14 @@ import numpy as np
 import pyarrow as pa
 
 from rmq_spark.store import layout as L
-from rmq_spark.store.views import _at, _binary_as_string, _fixed_strings, _owner, _tiled_offsets, _views
+from rmq_spark.store.views import (
+    _at,
+    _binary_as_string,
+    _fixed_strings,
+    _owner,
+    _tiled_offsets,
+    _views,
+)
 
 CRC_KEY = "__CRC32#"
 # optional whole-record CRC (RocketMQ's enabledAppendPropCRC): the last 20 bytes of the properties
@@ -31,7 +38,8 @@ def encode_properties(props: Mapping[str, str | None]) -> bytes:
     if not props:
         return b""
     try:  # the common case, twice as fast: every value a string and no transient key
-        text = "\x02".join(map("\x01".join, props.items())) + "\x02"
+        # a None value raises TypeError here: the general path below
+        text = "\x02".join(map("\x01".join, props.items())) + "\x02"  # type: ignore[arg-type]
         if L.TRANSIENT_PREFIX not in text:
             return text.encode("utf-8")
     except TypeError:  # a value that is not a string: None is dropped, others str()-ed
@@ -47,7 +55,11 @@ def encode_properties(props: Mapping[str, str | None]) -> bytes:
 def decode_properties(data: bytes | str) -> dict[str, str]:
     """RocketMQ's ``string2messageProperties``: segments split on \\x02; a segment needs a
     non-empty key and a non-empty value around its first \\x01, otherwise it is dropped."""
-    text = data.decode("utf-8", errors="replace") if isinstance(data, (bytes, bytearray, memoryview)) else data
+    text = (
+        data.decode("utf-8", errors="replace")
+        if isinstance(data, (bytes, bytearray, memoryview))
+        else data
+    )
     out: dict[str, str] = {}
     if not text:
         return out
@@ -83,7 +95,9 @@ class ParsedProperties:
         props = props.cast(pa.binary())
         self.n = n = len(props)
         bufs = props.buffers()
-        offs = np.frombuffer(bufs[1], dtype=np.int32)[props.offset : props.offset + n + 1].astype(np.int64)
+        offs = np.frombuffer(bufs[1], dtype=np.int32)[props.offset : props.offset + n + 1].astype(
+            np.int64
+        )
         self._data_buf = bufs[2] if bufs[2] is not None else pa.py_buffer(b"")
         data = np.frombuffer(self._data_buf, dtype=np.uint8)
         starts, ends = offs[:-1], offs[1:].copy()
@@ -122,7 +136,9 @@ class ParsedProperties:
             sep = ones  # the usual case: exactly one \x01 in each segment
         else:
             i = np.searchsorted(ones, seg_start)
-            sep = np.where(i < len(ones), ones[np.minimum(i, max(len(ones) - 1, 0))] if len(ones) else 0, -1)
+            sep = np.where(
+                i < len(ones), ones[np.minimum(i, max(len(ones) - 1, 0))] if len(ones) else 0, -1
+            )
         ok = (sep > seg_start) & (sep < seg_end - 1)
         self.rec = seg_rec[ok]
         self.k_start, self.k_len = seg_start[ok], sep[ok] - seg_start[ok]
@@ -145,13 +161,17 @@ class ParsedProperties:
             self._key_heads = heads
         return self._key_heads
 
-    def _strings(self, start: np.ndarray, length: np.ndarray, validity: np.ndarray | None = None) -> pa.Array:
+    def _strings(
+        self, start: np.ndarray, length: np.ndarray, validity: np.ndarray | None = None
+    ) -> pa.Array:
         m = len(start)
         views = _views(self._data, start, length, 0)
         vbuf = None
         if validity is not None and not validity.all():
             vbuf = pa.py_buffer(np.packbits(validity, bitorder="little").tobytes())
-        arr = pa.Array.from_buffers(pa.binary_view(), m, [vbuf, pa.py_buffer(views.tobytes()), self._data_buf])
+        arr = pa.Array.from_buffers(
+            pa.binary_view(), m, [vbuf, pa.py_buffer(views.tobytes()), self._data_buf]
+        )
         return _binary_as_string(arr.cast(pa.binary()))
 
     def map_array(self) -> pa.MapArray:
@@ -159,7 +179,9 @@ class ParsedProperties:
         offsets = np.zeros(self.n + 1, dtype=np.int32)
         np.cumsum(counts, out=offsets[1:])
         return pa.MapArray.from_arrays(
-            pa.array(offsets), self._strings(self.k_start, self.k_len), self._strings(self.v_start, self.v_len)
+            pa.array(offsets),
+            self._strings(self.k_start, self.k_len),
+            self._strings(self.v_start, self.v_len),
         )
 
     def lookup(self, key: str) -> pa.Array:
@@ -169,7 +191,9 @@ class ParsedProperties:
         cand = np.flatnonzero((self._heads() == np.uint64(head)) & (self.k_len == len(kb)))
         if len(cand) and len(kb) > 8:  # the rest of a long key, on the candidates only
             rest = kb[8:]
-            eq = (self._data[(self.k_start[cand] + 8)[:, None] + np.arange(len(rest))] == rest).all(axis=1)
+            eq = (self._data[(self.k_start[cand] + 8)[:, None] + np.arange(len(rest))] == rest).all(
+                axis=1
+            )
             cand = cand[eq]
         if len(cand) == 0:  # common for TIMER_OUT_MS, __transactionId__: no views to build
             return pa.nulls(self.n, pa.string())
@@ -180,7 +204,6 @@ class ParsedProperties:
         length[self.rec[cand]] = self.v_len[cand]
         present[self.rec[cand]] = True
         return self._strings(start, length, present)
-
 
 
 class UniformProperties:
@@ -196,7 +219,7 @@ class UniformProperties:
         self._segments = segments  # (key, key bytes, value start, value end) in string order
 
     @classmethod
-    def of(cls, mat: np.ndarray) -> "UniformProperties | None":
+    def of(cls, mat: np.ndarray) -> UniformProperties | None:
         """The layout of row 0, if every row follows it (else None: parse them one by one)."""
         n, width = mat.shape
         if n == 0 or width == 0:
@@ -205,7 +228,10 @@ class UniformProperties:
         raw = row.tobytes()
         end = width
         const = (row == 1) | (row == 2)  # bytes every row must repeat: separators, keys, CRC key
-        if width >= _CRC_BYTES and raw[width - _CRC_BYTES : width - _CRC_BYTES + len(_CRC_PREFIX)] == _CRC_PREFIX:
+        if (
+            width >= _CRC_BYTES
+            and raw[width - _CRC_BYTES : width - _CRC_BYTES + len(_CRC_PREFIX)] == _CRC_PREFIX
+        ):
             end = width - _CRC_BYTES
             const[end : end + len(_CRC_PREFIX)] = True
         segments = []
@@ -216,7 +242,9 @@ class UniformProperties:
             sep = raw.find(b"\x01", s, e)
             if s < sep < e - 1:
                 const[s:sep] = True
-                segments.append((raw[s:sep].decode("utf-8", "surrogateescape"), raw[s:sep], sep + 1, e))
+                segments.append(
+                    (raw[s:sep].decode("utf-8", "surrogateescape"), raw[s:sep], sep + 1, e)
+                )
             s = e + 1
         # every row equals row 0 on the constant bytes (whole-matrix passes: contiguous, SIMD) ...
         diff = np.bitwise_xor(mat, row)
@@ -247,20 +275,35 @@ class UniformProperties:
     def map_array(self) -> pa.MapArray:
         n, segs = self.n, self._segments
         k = len(segs)
-        offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32) if k else np.zeros(n + 1, dtype=np.int32))
+        offsets = pa.array(
+            np.arange(0, n * k + 1, k, dtype=np.int32) if k else np.zeros(n + 1, dtype=np.int32)
+        )
         if k == 0:
             empty = pa.array([], pa.string())
             return pa.MapArray.from_arrays(offsets, empty, empty)
         key_bytes = b"".join(kb for _, kb, _, _ in segs)
         keys = pa.Array.from_buffers(
-            pa.string(), n * k,
-            [None, pa.py_buffer(_tiled_offsets(n, [len(kb) for _, kb, _, _ in segs])),
-             pa.py_buffer(np.tile(np.frombuffer(key_bytes, np.uint8), n))],
+            pa.string(),
+            n * k,
+            [
+                None,
+                pa.py_buffer(_tiled_offsets(n, [len(kb) for _, kb, _, _ in segs])),
+                pa.py_buffer(np.tile(np.frombuffer(key_bytes, np.uint8), n)),
+            ],
         )
-        vals = np.concatenate([self._values(i) for i in range(k)], axis=1) if k > 1 else np.ascontiguousarray(self._values(0))
+        vals = (
+            np.concatenate([self._values(i) for i in range(k)], axis=1)
+            if k > 1
+            else np.ascontiguousarray(self._values(0))
+        )
         items = pa.Array.from_buffers(
-            pa.string(), n * k,
-            [None, pa.py_buffer(_tiled_offsets(n, [ve - vs for _, _, vs, ve in segs])), pa.py_buffer(vals)],
+            pa.string(),
+            n * k,
+            [
+                None,
+                pa.py_buffer(_tiled_offsets(n, [ve - vs for _, _, vs, ve in segs])),
+                pa.py_buffer(vals),
+            ],
         )
         return pa.MapArray.from_arrays(offsets, keys, items)
 
@@ -275,7 +318,9 @@ def parse_properties(props: pa.Array) -> pa.MapArray:
 _DELAY_LEVEL_KEY = "DELAY"
 
 
-def deliver_times_ms(parsed: ParsedProperties, store_ts_ms: np.ndarray) -> pa.Array:
+def deliver_times_ms(
+    parsed: ParsedProperties | UniformProperties, store_ts_ms: np.ndarray
+) -> pa.Array:
     """The ``deliverTimestamp`` column's milliseconds (int64, null where a message was not
     delayed): a timer message's ``TIMER_OUT_MS`` (its record and its delivered copy, as Apache
     stores them); for a delivered delay-level copy (``DELAY`` set, no ``TIMER_OUT_MS``: Apache
@@ -294,4 +339,3 @@ def deliver_times_ms(parsed: ParsedProperties, store_ts_ms: np.ndarray) -> pa.Ar
         use_store = pc.and_kleene(pc.is_null(ms), delayed)
         ms = pc.if_else(use_store, pa.array(np.asarray(store_ts_ms, dtype=np.int64)), ms)
     return ms
-

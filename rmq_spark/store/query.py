@@ -25,7 +25,7 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.index.service import IndexService
 from rmq_spark.store.message import MessageExt, decode_offset_msg_id
 
-__all__ = ["Boundary", "MessageIdError", "MessageQuery", "MAX_TIME_MS"]
+__all__ = ["MAX_TIME_MS", "Boundary", "MessageIdError", "MessageQuery"]
 
 MAX_TIME_MS = 2**63 - 1
 DEFAULT_KEY_LIMIT = 64  # maxMsgsNumBatch
@@ -88,9 +88,7 @@ class MessageQuery:
         is ``uniq_id``; None if there is none."""
         index = self._require_index()
         if topic is None:
-            topics = sorted(
-                {t for t, _ in self.store.queue_keys()} | set(self.store.topics.topics)
-            )
+            topics = sorted({t for t, _ in self.store.queue_keys()} | set(self.store.topics.topics))
             topics = [t for t in topics if not L.is_system_topic(t)]
         else:
             topics = [topic]
@@ -105,7 +103,8 @@ class MessageQuery:
                     if m is None or m.topic != t or m.uniq_key != uniq_id or deleted(t, phy):
                         continue
                     if best is None or (m.store_timestamp_ms, m.commitlog_offset) < (
-                        best.store_timestamp_ms, best.commitlog_offset
+                        best.store_timestamp_ms,
+                        best.commitlog_offset,
                     ):
                         best = m
                 if len(offsets) < want:

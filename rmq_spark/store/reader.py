@@ -14,13 +14,16 @@ of :data:`MESSAGE_SCHEMA` (MessageExt's fields), with no Python work per message
 :class:`StoreReader` opens a store directory read-only, so that another process can read
 while the broker appends; :meth:`StoreReader.read_chunks` yields a range as
 batches bounded in rows and bytes.
+
+Why this module is long: one concept, reading a queue's range into Arrow columns, with its
+filtered and unfiltered paths side by side; its imports, wrapped one name a line, take 18 lines.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,15 +32,14 @@ import pyarrow.compute as pc
 
 from rmq_spark.errors import StoreError
 from rmq_spark.store import layout as L
+from rmq_spark.store import record as R
 from rmq_spark.store.consistency import check_units
 from rmq_spark.store.consumequeue import CQ_UNIT, ConsumeQueue
 from rmq_spark.store.inflate import inflate_bodies, record_places
 from rmq_spark.store.mapped import MappedFileQueue
 from rmq_spark.store.message import offset_msg_ids
-from rmq_spark.store import record as R
 from rmq_spark.store.properties import ParsedProperties, UniformProperties, deliver_times_ms
 from rmq_spark.store.views import _at, _fixed_strings, _gather, _views
-
 
 TS = pa.timestamp("us", tz="UTC")
 MESSAGE_SCHEMA = pa.schema(
@@ -63,7 +65,9 @@ SOURCE_SCHEMA = MESSAGE_SCHEMA  # its former name, still imported by tests/store
 
 def empty_batch(columns: Sequence[str] | None = None) -> pa.RecordBatch:
     fields = [f for f in MESSAGE_SCHEMA if columns is None or f.name in columns]
-    return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in fields], schema=pa.schema(fields))
+    return pa.RecordBatch.from_arrays(
+        [pa.array([], type=f.type) for f in fields], schema=pa.schema(fields)
+    )
 
 
 # header fields read by the source: record byte position with IPv4 hosts, type, and how many of
@@ -104,7 +108,11 @@ class _Headers:
 
     def _shift(self, rows: np.ndarray, hosts_before: int) -> np.ndarray:
         sf = self.sys_flag[rows]
-        shift = np.where(sf & L.FLAG_BORNHOST_V6, 12, 0) if hosts_before >= 1 else np.zeros(len(rows), np.int64)
+        shift = (
+            np.where(sf & L.FLAG_BORNHOST_V6, 12, 0)
+            if hosts_before >= 1
+            else np.zeros(len(rows), np.int64)
+        )
         if hosts_before >= 2:
             shift = shift + np.where(sf & L.FLAG_STOREHOST_V6, 12, 0)
         return shift.astype(np.int64)
@@ -115,7 +123,12 @@ class _Headers:
         out = self._head[name].astype(np.int64 if dtype == ">i8" else np.int32)
         v6 = self._v6
         if len(v6) and hosts_before:
-            out[v6] = _gather(self._buf, self._pos[v6] + at + self._shift(v6, hosts_before), np.dtype(dtype).itemsize, dtype)
+            out[v6] = _gather(
+                self._buf,
+                self._pos[v6] + at + self._shift(v6, hosts_before),
+                np.dtype(dtype).itemsize,
+                dtype,
+            )
         return out
 
 
@@ -139,7 +152,7 @@ class _Columns:
         seg_idx = (phys - commitlog.min_offset) // commitlog.segment_bytes
         cuts = np.flatnonzero(seg_idx[1:] != seg_idx[:-1]) + 1
         self.parts: list[_Part] = []
-        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(phys)]):
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(phys)], strict=True):
             mf = commitlog.files[int(seg_idx[a])]
             buf = np.frombuffer(mf.mm, dtype=np.uint8)
             pos = phys[a:b] - mf.from_offset
@@ -155,16 +168,21 @@ class _Columns:
     def field(self, name: str) -> np.ndarray:
         return self.cat(lambda p: p.head.field(name))
 
-    def bytes_column(self, starts: Callable[[_Part], np.ndarray], lengths: Callable[[_Part], np.ndarray]) -> pa.Array:
+    def bytes_column(
+        self, starts: Callable[[_Part], np.ndarray], lengths: Callable[[_Part], np.ndarray]
+    ) -> pa.Array:
         """Byte ranges as a ``binary`` array: a fixed-width numpy gather when all have one length,
         else binary_view structs over the mapped files and one C++ cast (the gather)."""
         n = sum(len(starts(p)) for p in self.parts)
         lens = [lengths(p) for p in self.parts]
         lo = min(int(x.min()) for x in lens)
         hi = max(int(x.max()) for x in lens)
-        if lo == hi and 0 < hi and n * hi < 2**31:
+        if lo == hi and hi > 0 and n * hi < 2**31:
             return _fixed_strings(self.fixed_block(starts, hi), pa.binary())
-        views = [_views(p.buf, starts(p), ln, i) for i, (p, ln) in enumerate(zip(self.parts, lens))]
+        views = [
+            _views(p.buf, starts(p), ln, i)
+            for i, (p, ln) in enumerate(zip(self.parts, lens, strict=True))
+        ]
         v = views[0] if len(views) == 1 else np.concatenate(views)
         buffers = [pa.py_buffer(p.mm) for p in self.parts]
         arr = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(v), *buffers])
@@ -179,7 +197,11 @@ class _Columns:
         lens = [p.props_len for p in self.parts]
         width = int(lens[0][0])
         n = sum(len(x) for x in lens)
-        if 0 < width and n * width < 2**31 and all(int(x.min()) == width == int(x.max()) for x in lens):
+        if (
+            width > 0
+            and n * width < 2**31
+            and all(int(x.min()) == width == int(x.max()) for x in lens)
+        ):
             mat = self.fixed_block(lambda p: p.props_start, width)
             uniform = UniformProperties.of(mat)
             if uniform is not None:
@@ -232,8 +254,10 @@ def read_units_arrow(
     tag_check = tag_filter is not None and not getattr(tag_filter, "match_all", False)
     if tag_check:
         codes = units["tags_code"].astype(np.int64)
-        keep = np.asarray(tag_filter.mask_codes(codes), dtype=bool)  # type: ignore[union-attr]
-        keep |= codes < -(2**31)  # a ConsumeQueue-ext address (Apache): the TAGS filter below decides
+        keep = np.asarray(tag_filter.mask_codes(codes), dtype=np.bool_)  # type: ignore[union-attr]  # tag_check: not None
+        keep |= codes < -(
+            2**31
+        )  # a ConsumeQueue-ext address (Apache): the TAGS filter below decides
         phys, qoffs = phys[keep], qoffs[keep]
     n = len(phys)
     if n == 0:
@@ -246,7 +270,15 @@ def read_units_arrow(
         sizes = units["size"].astype(np.int64)
         if tag_check:
             sizes = sizes[keep]
-        check_units(commitlog, phys, sizes if order is None else sizes[order], topic, queue_id, qoffs, force_prop_crc)
+        check_units(
+            commitlog,
+            phys,
+            sizes if order is None else sizes[order],
+            topic,
+            queue_id,
+            qoffs,
+            force_prop_crc,
+        )
     want = set(MESSAGE_SCHEMA.names if columns is None else columns)
     need = set(want)
     if tag_check:
@@ -263,8 +295,12 @@ def read_units_arrow(
     if "body" in need:
         values["body"] = cols.bytes_column(lambda p: p.head.body_start, lambda p: p.head.body_len)
         sys_flags = cols.cat(lambda p: p.head.sys_flag)
-        if (sys_flags & L.FLAG_COMPRESSED).any():  # a client compressed it (Apache's, bodies > 4 KiB)
-            where = record_places(commitlog, phys, f"{topic}/{queue_id}", qoffs)  # a poison record's (logged)
+        if (
+            sys_flags & L.FLAG_COMPRESSED
+        ).any():  # a client compressed it (Apache's, bodies > 4 KiB)
+            where = record_places(
+                commitlog, phys, f"{topic}/{queue_id}", qoffs
+            )  # a poison record's (logged)
             budget = max_inflated if order is None else None
             values["body"] = inflate_bodies(values["body"], sys_flags, where=where, budget=budget)
     if "bornTimestamp" in need:
@@ -285,7 +321,9 @@ def read_units_arrow(
             uniq = parsed.lookup(L.P_UNIQ_KEY)
             if uniq.null_count:  # no client id: the offset msgId, as RocketMQ shows it
                 ids = offset_msg_ids(store_host or b"\x7f\x00\x00\x01", store_port, phys)
-                uniq = pc.coalesce(uniq, _fixed_strings(ids.view(np.uint8).reshape(n, ids.itemsize)))
+                uniq = pc.coalesce(
+                    uniq, _fixed_strings(ids.view(np.uint8).reshape(n, ids.itemsize))
+                )
             values["msgId"] = uniq
         if "deliverTimestamp" in need:
             deliver_ms = deliver_times_ms(parsed, cols.field("store_ts"))
@@ -339,8 +377,22 @@ def read_queue_arrow(
     first = max(start, cq.min_offset)
     units = cq.units(first, end)
     used: list[int] = []
-    batch = read_units_arrow(commitlog, units, topic, queue_id, first, tag_filter, sql_filter, store_host,
-                             store_port, columns, verify, force_prop_crc, max_inflated=max_inflated, consumed=used)
+    batch = read_units_arrow(
+        commitlog,
+        units,
+        topic,
+        queue_id,
+        first,
+        tag_filter,
+        sql_filter,
+        store_host,
+        store_port,
+        columns,
+        verify,
+        force_prop_crc,
+        max_inflated=max_inflated,
+        consumed=used,
+    )
     if next_offset is not None:
         next_offset[:] = [max(first + (used[0] if used else len(units)), start + 1)]
     return batch
@@ -349,7 +401,12 @@ def read_queue_arrow(
 class StoreReader:
     """Read-only view of a store directory, safe beside a writer in another process."""
 
-    def __init__(self, root: str, cq_segment_units: int = L.CQ_SEGMENT_UNITS, commitlog_segment_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        cq_segment_units: int = L.CQ_SEGMENT_UNITS,
+        commitlog_segment_bytes: int | None = None,
+    ) -> None:
         self.root = os.path.abspath(root)
         cl_dir = os.path.join(self.root, L.COMMITLOG_DIR)
         if commitlog_segment_bytes is None:
@@ -373,7 +430,13 @@ class StoreReader:
             if not os.path.isdir(d):
                 return None
             units = _detect_segment_bytes(d)
-            cq = ConsumeQueue(self.root, topic, queue_id, (units or self.cq_segment_units * 20) // 20, writable=False)
+            cq = ConsumeQueue(
+                self.root,
+                topic,
+                queue_id,
+                (units or self.cq_segment_units * 20) // 20,
+                writable=False,
+            )
             self._cqs[(topic, queue_id)] = cq
         cq.refresh()
         return cq
@@ -471,7 +534,9 @@ class StoreReader:
                 raise StoreError(f"queue {topic}/{queue_id} does not exist in {self.root}")
             return
         if end > cq.max_offset:
-            raise StoreError(f"queue {topic}/{queue_id} holds offsets up to {cq.max_offset}, asked for {end}")
+            raise StoreError(
+                f"queue {topic}/{queue_id} holds offsets up to {cq.max_offset}, asked for {end}"
+            )
         self.commitlog.refresh()
         first = max(start, cq.min_offset)
         units = cq.units(first, end)
@@ -481,7 +546,9 @@ class StoreReader:
                 used: list[int] = []
                 batch = read_units_arrow(self.commitlog, units[a:min(b, a + step)], topic, queue_id, first + a,
                                          tag_filter, sql_filter, max_inflated=max_bytes, consumed=used)  # fmt: skip
-                step = step if used[0] == min(b - a, step) else 2 * used[0]  # cut: ask for about that many
+                step = (
+                    step if used[0] == min(b - a, step) else 2 * used[0]
+                )  # cut: ask for about that many
                 a += used[0]
                 if batch.num_rows:
                     yield batch
@@ -501,8 +568,8 @@ def chunk_bounds(sizes: np.ndarray, max_rows: int, max_bytes: int) -> list[tuple
         return []
     before = np.cumsum(sizes, dtype=np.int64) - sizes.astype(np.int64)  # bytes ahead of each record
     cuts = np.flatnonzero(np.diff(before // max(max_bytes, 1))) + 1
-    out = []
-    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
+    out: list[tuple[int, int]] = []
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n], strict=True):
         out.extend((s, min(b, s + max_rows)) for s in range(a, b, max_rows))
     return out
 
@@ -516,5 +583,13 @@ def _detect_segment_bytes(directory: str) -> int | None:
     return None
 
 
-__all__: Sequence[str] = ["MESSAGE_SCHEMA", "StoreReader", "check_units", "read_queue_arrow", "read_units_arrow",
-                          "chunk_bounds", "empty_batch", "CQ_UNIT"]  # fmt: skip
+__all__: Sequence[str] = [
+    "CQ_UNIT",
+    "MESSAGE_SCHEMA",
+    "StoreReader",
+    "check_units",
+    "chunk_bounds",
+    "empty_batch",
+    "read_queue_arrow",
+    "read_units_arrow",
+]  # fmt: skip

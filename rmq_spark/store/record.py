@@ -23,7 +23,8 @@ an 8-byte BLANK record (TOTALSIZE = the remaining space, MAGIC = BLANK).
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 from zlib_ng.zlib_ng import crc32  # hardware-accelerated CRC32, same polynomial as java.util.zip
@@ -32,7 +33,6 @@ from rmq_spark.store import layout as L
 from rmq_spark.store.message import MessageExt, offset_msg_id
 from rmq_spark.store.properties import (
     PROP_CRC_BYTES,
-    PROP_CRC_PLACEHOLDER,
     PROP_CRC_PREFIX,
     decode_properties,
 )
@@ -63,9 +63,13 @@ HEADER_V4 = np.dtype(
 assert HEADER_V4.itemsize == 88
 
 
+# a structured dtype: both are set
+_FIELDS: Mapping[str, tuple[Any, ...]] = HEADER_V4.fields or {}
+_NAMES: tuple[str, ...] = HEADER_V4.names or ()
+
 
 def _pos(field: str) -> int:
-    return int(HEADER_V4.fields[field][1])
+    return int(_FIELDS[field][1])
 
 
 # byte positions inside a record, derived from HEADER_V4 (IPv4 born and store hosts; each field
@@ -102,7 +106,6 @@ def body_len_pos(sys_flag: int) -> int:
     )
 
 
-
 _INT = struct.Struct(">i")
 _SHORT = struct.Struct(">H")
 _BLANK = struct.Struct(">iI")
@@ -112,7 +115,7 @@ _MID = struct.Struct(">iqi")  # reconsume, prepared offset, body len (after stor
 _PHYS = struct.Struct(">q")
 _MIN_RECORD_BYTES = POS_BODY_V4 + 1 + 2  # a v1 record with an empty body, topic and properties
 _CHECK_HEAD = np.dtype(
-    {name: HEADER_V4.fields[name] for name in HEADER_V4.names[: HEADER_V4.names.index("sys_flag") + 1]}
+    {name: _FIELDS[name] for name in _NAMES[: _NAMES.index("sys_flag") + 1]}  # type: ignore[call-overload]  # numpy's stubs lack the fields-dict form
 )  # TOTALSIZE .. SYSFLAG: the fields before the first host, gathered at once
 _POW10 = 10 ** np.arange(10, dtype=np.int64)  # the record CRC's digits, least significant first
 
@@ -129,7 +132,28 @@ def record_length(
     born = 20 if sys_flag & L.FLAG_BORNHOST_V6 else 8
     store = 20 if sys_flag & L.FLAG_STOREHOST_V6 else 8
     topic_field = 2 if magic == L.MAGIC_V2 else 1
-    return 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born + 8 + store + 4 + 8 + 4 + body_len + topic_field + topic_len + 2 + props_len
+    return (
+        4
+        + 4
+        + 4
+        + 4
+        + 4
+        + 8
+        + 8
+        + 4
+        + 8
+        + born
+        + 8
+        + store
+        + 4
+        + 8
+        + 4
+        + body_len
+        + topic_field
+        + topic_len
+        + 2
+        + props_len
+    )
 
 
 class Tail(NamedTuple):
@@ -183,7 +207,11 @@ class RecordCheck:
 
 
 def check_record(  # type: ignore[no-untyped-def]
-    buf, pos: int, limit: int, check_crc: bool = True, force_prop_crc: bool = False,
+    buf,
+    pos: int,
+    limit: int,
+    check_crc: bool = True,
+    force_prop_crc: bool = False,
     segment_end: int | None = None,
 ) -> tuple[int, int, str]:
     """Validate the record at ``pos`` of ``buf`` (readable up to ``limit``), the way Apache
@@ -230,9 +258,11 @@ def check_record(  # type: ignore[no-untyped-def]
         if crc != crc32(buf[body_start : body_start + body_len]) & 0x7FFFFFFF:
             return RecordCheck.INVALID, 0, "body CRC mismatch"
         end = pos + total
-        has_prop_crc = props_len >= PROP_CRC_BYTES and bytes(
-            buf[end - PROP_CRC_BYTES : end - PROP_CRC_BYTES + len(PROP_CRC_PREFIX)]
-        ) == PROP_CRC_PREFIX
+        has_prop_crc = (
+            props_len >= PROP_CRC_BYTES
+            and bytes(buf[end - PROP_CRC_BYTES : end - PROP_CRC_BYTES + len(PROP_CRC_PREFIX)])
+            == PROP_CRC_PREFIX
+        )
         if has_prop_crc:
             digits = bytes(buf[end - 10 - 1 : end - 1])
             if not digits.isdigit() or buf[end - 1] != 2:
@@ -264,7 +294,9 @@ def properties_damage(props: bytes) -> str:
     except UnicodeDecodeError:
         return "the properties are not UTF-8 (a damaged record)"
     if len(props) >= PROP_CRC_BYTES:
-        near = sum(a != b for a, b in zip(props[-PROP_CRC_BYTES:], PROP_CRC_PLACEHOLDER[: len(PROP_CRC_PREFIX)]))
+        # the name's bytes where the property's name would stand, against the name
+        named = props[-PROP_CRC_BYTES:][: len(PROP_CRC_PREFIX)]
+        near = sum(a != b for a, b in zip(named, PROP_CRC_PREFIX, strict=True))
         if near <= 3:  # no broker writes a name this close to it: the property, damaged
             return "record CRC property damaged"
     return ""
@@ -277,7 +309,9 @@ def verify_record(  # type: ignore[no-untyped-def]
     (of ``size`` bytes when given), or ``""`` when they are: :func:`check_record` with its CRCs,
     then TOTALSIZE and PHYSICALOFFSET held to what the index says.  The check of every read that
     serves a client (zeroed or overwritten records are never decoded into messages)."""
-    kind, total, reason = check_record(buf, pos, limit, check_crc=True, force_prop_crc=force_prop_crc)
+    kind, total, reason = check_record(
+        buf, pos, limit, check_crc=True, force_prop_crc=force_prop_crc
+    )
     if kind == RecordCheck.END:
         return "zero bytes where a record should be"
     if kind != RecordCheck.VALID:
@@ -290,7 +324,7 @@ def verify_record(  # type: ignore[no-untyped-def]
     return ""
 
 
-def check_records(  # type: ignore[no-untyped-def]
+def check_records(
     buf: np.ndarray,
     limit: int,
     pos: np.ndarray,
@@ -366,7 +400,9 @@ def check_records(  # type: ignore[no-untyped-def]
         ok &= has_prop
     digits = tail["digits"] - np.uint8(48)
     ok &= ~has_prop | ((digits <= 9).all(axis=1) & (tail["end"] == 2))
-    bare = np.flatnonzero(ok & ~has_prop & (props_len > 0))  # Apache's records: their properties checked
+    bare = np.flatnonzero(
+        ok & ~has_prop & (props_len > 0)
+    )  # Apache's records: their properties checked
     for r in bare.tolist():
         a = int(props_len_at[r]) + 2
         if properties_damage(bytes(buf[a : a + int(props_len[r])])):
@@ -379,7 +415,9 @@ def check_records(  # type: ignore[no-untyped-def]
     return ~ok
 
 
-_CRC_TAIL = np.dtype([("prefix", f"S{len(PROP_CRC_PREFIX)}"), ("digits", "u1", (10,)), ("end", "u1")])
+_CRC_TAIL = np.dtype(
+    [("prefix", f"S{len(PROP_CRC_PREFIX)}"), ("digits", "u1", (10,)), ("end", "u1")]
+)
 assert _CRC_TAIL.itemsize == PROP_CRC_BYTES and b"\x00" not in PROP_CRC_PREFIX
 GATHER_CRC_BYTES = 4096  # ranges up to this long are copied out together, longer ones read in place
 
@@ -414,8 +452,10 @@ def crc32_ranges(buf: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         else:
             groups = [(int(size), np.flatnonzero(inverse == i)) for i, size in enumerate(sizes)]
     if not groups or any(size > GATHER_CRC_BYTES or size <= 0 for size, _ in groups):
-        mv = memoryview(buf)
-        out[:] = np.fromiter(map(crc32, map(mv.__getitem__, map(slice, lo.tolist(), hi.tolist()))), np.int64, n)
+        mv = memoryview(buf)  # type: ignore[arg-type]  # bytes, a mmap or a uint8 ndarray: all buffers
+        out[:] = np.fromiter(
+            map(crc32, map(mv.__getitem__, map(slice, lo.tolist(), hi.tolist()))), np.int64, n
+        )
     else:
         for size, idx in groups:
             starts = lo if idx is None else lo[idx]

@@ -35,7 +35,7 @@ class RowProperties:
     """``blobs``: each record's encoded properties (binary, no UNIQ_KEY); ``tags_codes``, ``keys``:
     what the store takes from them."""
 
-    __slots__ = ("blobs", "tags_codes", "keys")
+    __slots__ = ("blobs", "keys", "tags_codes")
 
     def __init__(self, blobs: pa.Array, tags_codes: np.ndarray, keys: list[str | None]) -> None:
         self.blobs = blobs
@@ -48,17 +48,20 @@ class RowProperties:
     def take(self, idx: np.ndarray) -> RowProperties:
         """The rows at ``idx``."""
         at = idx.tolist()
-        return RowProperties(self.blobs.take(pa.array(idx)), self.tags_codes[idx], [self.keys[i] for i in at])
+        return RowProperties(
+            self.blobs.take(pa.array(idx)), self.tags_codes[idx], [self.keys[i] for i in at]
+        )
 
     def joined(self, *parts: bytes | pa.Array) -> pa.Array:
         """Each row's properties followed by ``parts`` (bytes shared by all rows, or a binary
         array of one value per row), as one binary array."""
-        cols = [self.blobs] + [pa.scalar(p, pa.binary()) if isinstance(p, bytes) else p for p in parts]
+        cols = [self.blobs] + [
+            pa.scalar(p, pa.binary()) if isinstance(p, bytes) else p for p in parts
+        ]
         return pc.binary_join_element_wise(*cols, _EMPTY)
 
     def max_bytes(self) -> int:
         return int(pc.max(pc.binary_length(self.blobs)).as_py() or 0) if len(self.blobs) else 0
-
 
 
 def decoded(blobs: pa.Array) -> Sequence[dict[str, str]]:
@@ -69,9 +72,9 @@ def decoded(blobs: pa.Array) -> Sequence[dict[str, str]]:
 def id_column(ids: np.ndarray) -> pa.Array:
     """An (n, 32) array of ASCII hex ids as an Arrow binary column."""
     n = len(ids)
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n, [None, pa.py_buffer(np.ascontiguousarray(ids))]).cast(
-        pa.binary()
-    )
+    return pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(32), n, [None, pa.py_buffer(np.ascontiguousarray(ids))]
+    ).cast(pa.binary())
 
 
 class _Decoded(Sequence):  # type: ignore[type-arg]
@@ -81,7 +84,7 @@ class _Decoded(Sequence):  # type: ignore[type-arg]
     def __len__(self) -> int:
         return len(self._blobs)
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         return decode_properties(self._blobs[i].as_py())
@@ -106,7 +109,9 @@ def _map_entries(props: pa.Array) -> pa.Array:
     n = len(props)
     if props.null_count == n or len(props.keys) == 0:
         return pa.array([b""] * n, pa.binary())
-    entry_type = pa.struct([pa.field("key", props.type.key_type, nullable=False), ("value", props.type.item_type)])
+    entry_type = pa.struct(
+        [pa.field("key", props.type.key_type, nullable=False), ("value", props.type.item_type)]
+    )
     as_list = props.cast(pa.list_(entry_type))
     entries = as_list.flatten()  # the slice's entries, none of a null map
     keys, values = entries.field(0).cast(pa.binary()), entries.field(1).cast(pa.binary())
@@ -135,10 +140,12 @@ def row_properties(
         cols.append(_map_entries(properties))
     named = {k: v for k, v in (named or {}).items() if v is not None and v.null_count < n}
     for name, values in named.items():
-        cols.append(_named(name, values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values))
+        cols.append(
+            _named(name, values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values)
+        )
     tail = b"".join(f"{k}\x01{v}\x02".encode() for k, v in (shared or {}).items())
     if tail:
-        cols.append(pa.scalar(tail, pa.binary()))  # type: ignore[arg-type]
+        cols.append(pa.scalar(tail, pa.binary()))
     if not cols:
         blobs = pa.array([b""] * n, pa.binary())
     elif len(cols) == 1 and isinstance(cols[0], pa.Array):

@@ -17,7 +17,8 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from rmq_spark.errors import (
     StoreLockedError,
 )
 from rmq_spark.store import layout as L
-from rmq_spark.store.apache import check_servable, lock_like_apache
+from rmq_spark.store.apache import check_servable, is_apache_store, lock_like_apache, segment_sizes
 from rmq_spark.store.checkpoint import StoreCheckpoint
 from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
 from rmq_spark.store.commitlog import AppendResult, CommitLog
@@ -38,23 +39,36 @@ from rmq_spark.store.config import TopicConfigManager
 from rmq_spark.store.consistency import check_consume_queues
 from rmq_spark.store.consumequeue import ConsumeQueue
 from rmq_spark.store.deleted import DeletedTopics
-from rmq_spark.store.dispatch import ConsumeQueueDispatcher, DispatchBatch, Dispatcher, as_list, group_by_queue
-from rmq_spark.store.flush import AsyncFlushService, GroupCommitService
-from rmq_spark.store.mapped import is_no_space, make_dirs
-from rmq_spark.store.message import Message, MessageExt, host_bytes, IdColumn, new_uniq_ids, new_uniq_ids_array, tags_code
-from rmq_spark.store.properties import encode_properties
-from rmq_spark.store.offsets import ConsumerOffsetManager
-from rmq_spark.store.rowprops import RowProperties, decoded, id_column
+from rmq_spark.store.dispatch import (
+    ConsumeQueueDispatcher,
+    DispatchBatch,
+    Dispatcher,
+    as_list,
+    group_by_queue,
+)
 from rmq_spark.store.encode import (
     V4_SYS_FLAG_MASK,
+    Row,
     encode_columns,
     encode_lists,
     encode_messages,
     encode_v4_record,
-    Row,
 )
 from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
-from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER
+from rmq_spark.store.flush import AsyncFlushService, GroupCommitService
+from rmq_spark.store.mapped import is_no_space, make_dirs
+from rmq_spark.store.message import (
+    IdColumn,
+    Message,
+    MessageExt,
+    host_bytes,
+    new_uniq_ids,
+    new_uniq_ids_array,
+    tags_code,
+)
+from rmq_spark.store.offsets import ConsumerOffsetManager
+from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER, encode_properties
+from rmq_spark.store.rowprops import RowProperties, decoded, id_column
 from rmq_spark.store.status import GetStatus, PutStatus
 from rmq_spark.store.validation import (
     check_bodies,
@@ -64,7 +78,11 @@ from rmq_spark.store.validation import (
     check_topic_cached,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 log = logging.getLogger("rmq_spark.store")
+
 
 @dataclass
 class StoreConfig:
@@ -84,7 +102,7 @@ class StoreConfig:
     # a CRC of the whole record in the __CRC32# property (RocketMQ's enabledAppendPropCRC): lets
     # recovery detect a torn record anywhere, not only in its body
     append_prop_crc: bool = True
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.flush not in ("async", "sync"):
@@ -99,7 +117,7 @@ class StoreConfig:
 class PutResult:
     status: PutStatus
     append: AppendResult | None = None
-    uniq_keys: list[str] = field(default_factory=list)
+    uniq_keys: Sequence[str | None] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -142,6 +160,11 @@ class MessageStore:
         self.clock = clock
         self.tags_code_rules: dict[str, TagsCodeRule] = dict(tags_code_rules or {})
         check_servable(self.root)  # what it cannot serve is refused before anything is written
+        # an Apache store's own segment sizes (its broker.conf's) win over the configured ones
+        cl, cq = segment_sizes(self.root) if is_apache_store(self.root) else (None, None)
+        cl, cq = cl or self.config.commitlog_segment_bytes, cq or self.config.cq_segment_units
+        if (cl, cq) != (self.config.commitlog_segment_bytes, self.config.cq_segment_units):
+            self.config = replace(self.config, commitlog_segment_bytes=cl, cq_segment_units=cq)
         make_dirs(self.root)
         self._lock_fd = _lock_directory(self.root)
         self._closed = False
@@ -212,7 +235,7 @@ class MessageStore:
         )
         self._flush_service.start()
 
-    def __enter__(self) -> MessageStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -310,15 +333,21 @@ class MessageStore:
             for cq in self._cqs.values():
                 cq.destroy()
             self._cqs.clear()
-            self.deleted.prune(1 << 62)  # no record left: a tombstone would hide new ones at offset 0
+            self.deleted.prune(
+                1 << 62
+            )  # no record left: a tombstone would hide new ones at offset 0
             return
         self._drop_deleted_queues()
         has_cqs = any(cq.max_offset > 0 for cq in self._cqs.values())
         scan_from = min(cp.dispatched_offset, cp.confirm_phy_offset) if has_cqs else cl.min_offset
         try:
             end = cl.recover(
-                scan_from, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch,
-                force_prop_crc=self.config.append_prop_crc, consume_queues=list(self._cqs.values()),
+                scan_from,
+                cp.confirm_phy_offset,
+                self.config.truncate_corrupt,
+                self._redispatch,
+                force_prop_crc=self.config.append_prop_crc,
+                consume_queues=list(self._cqs.values()),
                 durable_store_ts=cp.physic_msg_timestamp if cp.written_by_apache else 0,
             )
         except ValueError:
@@ -327,17 +356,24 @@ class MessageStore:
                 cq.destroy()
             self._cqs.clear()
             end = cl.recover(
-                cl.min_offset, cp.confirm_phy_offset, self.config.truncate_corrupt, self._redispatch,
+                cl.min_offset,
+                cp.confirm_phy_offset,
+                self.config.truncate_corrupt,
+                self._redispatch,
                 force_prop_crc=self.config.append_prop_crc,
             )
         for cq in self._cqs.values():
             if cq.max_phys_end > end:
                 cq.truncate_dirty(end)
         problems = [cq.damage for cq in self._cqs.values() if cq.damage]
-        problems += check_consume_queues(self._cqs, cl.mfq, end, cl.force_prop_crc, self.deleted.below)
+        problems += check_consume_queues(
+            self._cqs, cl.mfq, end, cl.force_prop_crc, self.deleted.below
+        )
         if problems:
             for problem in problems:
-                log.error("%s; the ConsumeQueues are rebuilt from the CommitLog, checked again", problem)
+                log.error(
+                    "%s; the ConsumeQueues are rebuilt from the CommitLog, checked again", problem
+                )
             self._rebuild_consume_queues(end)
         cl.queue_table = {k: cq.max_offset for k, cq in self._cqs.items()}
         self.deleted.prune(cl.min_offset)
@@ -353,7 +389,13 @@ class MessageStore:
             cq.destroy()
         self._cqs.clear()
         cl = self.commitlog
-        cl.recover(cl.min_offset, end, self.config.truncate_corrupt, self._redispatch, force_prop_crc=self.config.append_prop_crc)
+        cl.recover(
+            cl.min_offset,
+            end,
+            self.config.truncate_corrupt,
+            self._redispatch,
+            force_prop_crc=self.config.append_prop_crc,
+        )
 
     def _drop_deleted_queues(self) -> None:
         """ConsumeQueues still holding units of a deleted topic (the broker stopped between the
@@ -375,7 +417,9 @@ class MessageStore:
         batch.tags_codes = np.fromiter(
             (
                 self._special_tags_code(t, p, int(ts)) or tags_code(p.get(L.P_TAGS))
-                for t, p, ts in zip(batch.topics, batch.properties, batch.store_timestamps)
+                for t, p, ts in zip(
+                    batch.topics, batch.properties, batch.store_timestamps, strict=True
+                )
             ),
             dtype=np.int64,
             count=len(batch),
@@ -393,7 +437,7 @@ class MessageStore:
             self.commitlog.mfq.files[-1].wrote_position  # noqa: B018 - segments stay as they are
             saved = [(mf.wrote_position, mf.flushed_position) for mf in self.commitlog.mfq.files]
             self.commitlog.recover(self.commitlog.min_offset, 0, True, self._redispatch)
-            for mf, (w, f) in zip(self.commitlog.mfq.files, saved):
+            for mf, (w, f) in zip(self.commitlog.mfq.files, saved, strict=True):
                 mf.wrote_position, mf.flushed_position = w, f
             assert self.commitlog.max_offset == end
 
@@ -407,7 +451,9 @@ class MessageStore:
         check_topic(topic, allow_system=True)  # the name becomes a path below: never "..", "/x", ""
         base = os.path.join(self.root, L.CONSUMEQUEUE_DIR)
         tdir = os.path.join(base, topic)
-        if os.path.dirname(os.path.normpath(tdir)) != base:  # pragma: no cover - a valid name stays inside
+        if (
+            os.path.dirname(os.path.normpath(tdir)) != base
+        ):  # pragma: no cover - a valid name stays inside
             raise MessageIllegalError(f"topic {topic!r} names no directory of {base}")
         cl = self.commitlog
         with cl.put_lock:
@@ -442,7 +488,7 @@ class MessageStore:
         self._check_messages(msgs, allow_system)
         missing = [m.properties for m in msgs if L.P_UNIQ_KEY not in m.properties]
         if missing:
-            for props, uid in zip(missing, new_uniq_ids(len(missing))):
+            for props, uid in zip(missing, new_uniq_ids(len(missing)), strict=True):
                 props[L.P_UNIQ_KEY] = uid
         props_enc = [encode_properties(m.properties) for m in msgs]
         limit = L.PROPERTY_MAX_BYTES - len(self._crc_reserve)
@@ -452,7 +498,9 @@ class MessageStore:
         now = self.clock.now_ms()
         cfg = self.config
         if len(msgs) <= SMALL_BATCH:
-            batch = encode_messages(msgs, props_enc, now, self._store_host, cfg.store_port, cfg.append_prop_crc)
+            batch = encode_messages(
+                msgs, props_enc, now, self._store_host, cfg.store_port, cfg.append_prop_crc
+            )
         else:
             topics = [m.topic for m in msgs]
             batch = encode_columns(
@@ -545,13 +593,13 @@ class MessageStore:
         if not rows:
             raise StoreError("put_rows needs at least one row")
         cfg = self.config
-        cols = list(zip(*rows))
+        cols = list(zip(*rows, strict=True))
         encs = cols[4]
         reserve = PROP_CRC_BYTES if cfg.append_prop_crc else 0
         if max(map(len, encs)) + reserve > L.PROPERTY_MAX_BYTES:
             for e in encs:
                 check_properties_size(e + bytes(reserve))
-        return encode_lists(*cols, self._store_host, cfg.store_port, cfg.append_prop_crc)
+        return encode_lists(*cols, self._store_host, cfg.store_port, cfg.append_prop_crc)  # type: ignore[arg-type, call-arg]  # the 13 columns of Row, as encode_lists takes them
 
     def _check_messages(self, msgs: Sequence[Message], allow_system: bool) -> None:
         """Topic names, bodies and queue ids (before anything is changed or written)."""
@@ -618,7 +666,7 @@ class MessageStore:
         props2d[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
         props2d[:, len(prefix) : len(prefix) + 32] = uniq2d
         props2d[:, -1] = 2
-        uniq = IdColumn(uniq2d)
+        id_col = IdColumn(uniq2d)
         batch = encode_columns(
             topic,
             queue_id,
@@ -631,11 +679,16 @@ class MessageStore:
             prop_crc=self.config.append_prop_crc,
             tags_codes=np.full(n, tags_code(base.get(L.P_TAGS)), dtype=np.int64),
         )
-        batch.uniq_keys = uniq
-        return self._put_encoded(batch, uniq)
+        batch.uniq_keys = id_col
+        return self._put_encoded(batch, id_col)
 
     def _put_row_properties(
-        self, topic: str, queue_id: int, bodies: Sequence[bytes], props: RowProperties, born_timestamp_ms: int
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: Sequence[bytes],
+        props: RowProperties,
+        born_timestamp_ms: int,
     ) -> PutResult:
         n = len(bodies)
         if len(props) != n:
@@ -658,7 +711,7 @@ class MessageStore:
         records). ``batch.uniq_keys`` are its messages' unique ids."""
         return self._put_encoded(batch, list(batch.uniq_keys))
 
-    def _put_encoded(self, batch: EncodedBatch, uniq_keys: list[str]) -> PutResult:
+    def _put_encoded(self, batch: EncodedBatch, uniq_keys: Sequence[str | None]) -> PutResult:
         if self._closed:
             raise StoreError(f"store {self.root} is shut down")
         cl = self.commitlog
@@ -675,7 +728,7 @@ class MessageStore:
                 return PutResult(PutStatus.FLUSH_DISK_TIMEOUT, result, uniq_keys)
         return PutResult(PutStatus.PUT_OK, result, uniq_keys)
 
-    def _reserve_units(self, topics: list[str], queue_ids, sys_flags) -> None:  # type: ignore[no-untyped-def]
+    def _reserve_units(self, topics: Sequence[str], queue_ids: Any, sys_flags: Any) -> None:
         """The ConsumeQueue segments the records about to be appended need, made before the
         append (caller holds the put lock): on a full disk the put fails here, nothing written,
         no queue offset taken."""
@@ -686,7 +739,7 @@ class MessageStore:
             for key, idx in group_by_queue(topics, np.asarray(queue_ids)).items():
                 counts[key] = int(consumable[idx].sum())
         else:
-            for t, q, f in zip(topics, as_list(queue_ids), as_list(sys_flags)):
+            for t, q, f in zip(topics, as_list(queue_ids), as_list(sys_flags), strict=True):
                 tran = f & L.TRANSACTION_MASK
                 if tran == L.TRANSACTION_NOT_TYPE or tran == L.TRANSACTION_COMMIT_TYPE:
                     counts[(t, q)] = counts.get((t, q), 0) + 1
@@ -697,6 +750,7 @@ class MessageStore:
                 if cq is None:
                     with self.publish_lock:  # snapshots iterate the queues under it
                         cq = self.consume_queue(*key, create=True)
+                assert cq is not None  # create=True makes it
                 cq.reserve(table.get(key, 0), n)
 
     def _publish(self, dispatch: DispatchBatch) -> None:
@@ -712,7 +766,9 @@ class MessageStore:
                 else:
                     listener()
 
-    def add_listener(self, listener: Callable[..., None], topic: str | None = None, *, batch: bool = True) -> None:
+    def add_listener(
+        self, listener: Callable[..., None], topic: str | None = None, *, batch: bool = True
+    ) -> None:
         """Called after each dispatched batch (outside the publish lock) with the DispatchBatch:
         long polling, services; with ``topic``, only after batches holding a record of that topic;
         with ``batch=False`` called with no argument (a waker: a one-record put makes no batch)."""
@@ -760,7 +816,9 @@ class MessageStore:
             if flush is not None:
                 flush()
         self.checkpoint.logics_msg_timestamp = self.commitlog.last_store_timestamp_ms
-        self.checkpoint.dispatched_offset = min(dispatched, self.checkpoint.confirm_phy_offset or dispatched)
+        self.checkpoint.dispatched_offset = min(
+            dispatched, self.checkpoint.confirm_phy_offset or dispatched
+        )
         self.checkpoint.flush()
 
     # --- reads --------------------------------------------------------------------------------------------
@@ -772,7 +830,9 @@ class MessageStore:
         cq = self._cqs.get((topic, queue_id))
         return cq.max_offset if cq else 0
 
-    def max_offsets_snapshot(self, topics: Iterable[str] | None = None) -> dict[str, dict[int, int]]:
+    def max_offsets_snapshot(
+        self, topics: Iterable[str] | None = None
+    ) -> dict[str, dict[int, int]]:
         """Max offsets of every queue of ``topics`` (all topics if None), taken under the publish
         lock: a batch put is in a snapshot entirely or not at all."""
         wanted = None if topics is None else set(topics)
@@ -796,7 +856,9 @@ class MessageStore:
             return 0
         return cq.offset_by_time(timestamp_ms, self.commitlog.store_timestamp)
 
-    def look_message_by_offset(self, commitlog_offset: int, size: int | None = None) -> MessageExt | None:
+    def look_message_by_offset(
+        self, commitlog_offset: int, size: int | None = None
+    ) -> MessageExt | None:
         if not self.commitlog.min_offset <= commitlog_offset < self.commitlog.max_offset:
             return None
         return self.commitlog.read_record(commitlog_offset, size)
@@ -841,7 +903,10 @@ class MessageStore:
             if len(units) == 0:
                 break
             for phys, size, tcode in zip(
-                units["offset"].tolist(), units["size"].tolist(), units["tags_code"].tolist()
+                units["offset"].tolist(),
+                units["size"].tolist(),
+                units["tags_code"].tolist(),
+                strict=True,
             ):
                 if len(out) >= max_msgs or (out and nbytes + size > max_bytes):
                     break
@@ -850,7 +915,11 @@ class MessageStore:
                     continue
                 try:  # a damaged record ends the batch before it; a read that starts at it raises
                     m = self.commitlog.read_record(phys, size)  # (file and position), as Kafka does
-                    if m is not None and (m.topic != topic or m.queue_id != queue_id or m.queue_offset != next_offset - 1):
+                    if m is not None and (
+                        m.topic != topic
+                        or m.queue_id != queue_id
+                        or m.queue_offset != next_offset - 1
+                    ):
                         raise self._wrong_unit(cq, next_offset - 1, m)
                 except CorruptStoreError:
                     if next_offset - 1 == offset:
@@ -894,7 +963,7 @@ class MessageStore:
             pos,
         )
 
-    def read_arrow(self, topic: str, queue_id: int, start: int, end: int, **kw: object):  # type: ignore[no-untyped-def]
+    def read_arrow(self, topic: str, queue_id: int, start: int, end: int, **kw: Any) -> Any:
         """Messages ``[start, end)`` of one queue as a ``pyarrow.RecordBatch`` (source schema)."""
         from rmq_spark.store.reader import read_queue_arrow
 
@@ -902,7 +971,7 @@ class MessageStore:
         if cq is None:
             from rmq_spark.store.reader import empty_batch
 
-            return empty_batch(kw.get("columns"))  # type: ignore[arg-type]
+            return empty_batch(kw.get("columns"))
         kw.setdefault("force_prop_crc", self.commitlog.force_prop_crc)
         return read_queue_arrow(self.commitlog.mfq, cq, topic, queue_id, start, end, **kw)
 
@@ -921,7 +990,9 @@ def _lock_directory(root: str) -> int:
             f"store directory {root} is in use by another process (pid {owner}); "
             "one broker owns a store at a time"
         ) from None
-    holder = lock_like_apache(fd)  # Apache RocketMQ's lock: flock and fcntl locks do not exclude each other
+    holder = lock_like_apache(
+        fd
+    )  # Apache RocketMQ's lock: flock and fcntl locks do not exclude each other
     if holder is not None:
         os.close(fd)
         raise StoreLockedError(

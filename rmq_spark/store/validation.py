@@ -87,7 +87,7 @@ def check_queue_id_value(queue_id: object, what: str = "queueId") -> int:
     try:
         if isinstance(queue_id, bool):
             raise TypeError
-        q = operator.index(queue_id)  # type: ignore[call-overload]
+        q = operator.index(queue_id)  # type: ignore[arg-type]  # any object: TypeError says why not
     except TypeError:
         raise MessageIllegalError(f"{what} {queue_id!r} is not an integer") from None
     if not 0 <= q < L.QUEUE_NUMS_MAX:

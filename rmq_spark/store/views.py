@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 
-def _at(buf: np.ndarray, dtype: str) -> np.ndarray:
+def _at(buf: np.ndarray, dtype: str | np.dtype) -> np.ndarray:
     """``buf`` seen as overlapping items of ``dtype`` starting at every byte: ``_at(buf, ">i4")[p]``
     is the big-endian int at byte ``p``, so one fancy index gathers a field of many records."""
     size = np.dtype(dtype).itemsize
@@ -59,7 +59,6 @@ def _views(buf: np.ndarray, start: np.ndarray, length: np.ndarray, buffer_index:
     return out
 
 
-
 def _owner(pos: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """For sorted byte positions, the index of the record ``[starts[i], ends[i])`` holding each
     (-1 when none).  Records are disjoint and in buffer order, so record ``i`` holds exactly
@@ -83,7 +82,10 @@ def _binary_as_string(arr: pa.Array) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(arr), arr.buffers(), arr.null_count, arr.offset)
 
 
-def _fixed_strings(block: np.ndarray, typ: pa.DataType = pa.string()) -> pa.Array:
+_STRING = pa.string()
+
+
+def _fixed_strings(block: np.ndarray, typ: pa.DataType = _STRING) -> pa.Array:
     """Rows of an (n, w) uint8 matrix as an Arrow string/binary array: one copy, no per-row work."""
     n, w = block.shape
     data = np.ascontiguousarray(block)
@@ -96,7 +98,10 @@ def _tiled_offsets(n: int, lengths: list[int]) -> np.ndarray:
     per_row, k = int(sum(lengths)), len(lengths)
     cum = np.cumsum([0, *lengths[:-1]]).astype(np.int32)
     out = np.empty(n * k + 1, dtype=np.int32)
-    np.add((np.arange(n, dtype=np.int32) * np.int32(per_row))[:, None], cum[None, :], out=out[:-1].reshape(n, k))
+    np.add(
+        (np.arange(n, dtype=np.int32) * np.int32(per_row))[:, None],
+        cum[None, :],
+        out=out[:-1].reshape(n, k),
+    )
     out[-1] = n * per_row
     return out
-

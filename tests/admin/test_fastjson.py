@@ -35,5 +35,5 @@ def test_unquoted_numeric_keys_and_plain_json():
 
 @pytest.mark.parametrize("text", ['{"a":1', '{"a" 1}', "[1,2", '{"a":1} x', '{"a":nope}'])
 def test_not_json_is_refused_with_its_position(text):
-    with pytest.raises(ValueError, match="position|end of the document"):
+    with pytest.raises(ValueError, match=r"position|end of the document"):
         fastjson.loads(text)

@@ -38,19 +38,37 @@ TOPIC, EMPTY, GROUP, FRESH_GROUP = "Orders", "Quiet", "billing", "auditors"
 ACL = {
     "accounts": [
         # the permission every row needs, and no more
-        {"accessKey": "app", "secretKey": "app-secret", "defaultTopicPerm": "DENY", "defaultGroupPerm": "DENY",
-         "topicPerms": [f"{TOPIC}=PUB|SUB", f"{EMPTY}=SUB"], "groupPerms": [f"{GROUP}=SUB", f"{FRESH_GROUP}=SUB"]},
+        {
+            "accessKey": "app",
+            "secretKey": "app-secret",
+            "defaultTopicPerm": "DENY",
+            "defaultGroupPerm": "DENY",
+            "topicPerms": [f"{TOPIC}=PUB|SUB", f"{EMPTY}=SUB"],
+            "groupPerms": [f"{GROUP}=SUB", f"{FRESH_GROUP}=SUB"],
+        },
         # signed, but allowed nothing
-        {"accessKey": "nobody", "secretKey": "nobody-secret", "defaultTopicPerm": "DENY", "defaultGroupPerm": "DENY"},
+        {
+            "accessKey": "nobody",
+            "secretKey": "nobody-secret",
+            "defaultTopicPerm": "DENY",
+            "defaultGroupPerm": "DENY",
+        },
         {"accessKey": "root", "secretKey": "root-secret", "admin": True},
         # may use every topic it is given, system topics never
-        {"accessKey": "wide", "secretKey": "wide-secret", "defaultTopicPerm": "PUB|SUB", "defaultGroupPerm": "SUB"},
+        {
+            "accessKey": "wide",
+            "secretKey": "wide-secret",
+            "defaultTopicPerm": "PUB|SUB",
+            "defaultGroupPerm": "SUB",
+        },
     ]
 }
 YEARS_AGO_S = 2 * 365 * 86400
 
 
-def headers(access_key: str = "", secret_key: str = "", now_s: float | None = None) -> list[tuple[str, str]]:
+def headers(
+    access_key: str = "", secret_key: str = "", now_s: float | None = None
+) -> list[tuple[str, str]]:
     md = [("x-mq-client-id", "rmq-access-test"), ("x-mq-request-id", "1")]
     if access_key:
         md += signed_headers(access_key, secret_key, now_s)
@@ -73,7 +91,9 @@ CREDENTIALS: dict[str, list[tuple[str, str]] | Callable[[], list[tuple[str, str]
 def broker(tmp_path_factory):
     d = tmp_path_factory.mktemp("access")
     (d / "acl.json").write_text(json.dumps(ACL))
-    b = Broker(str(d / "store"), listen="127.0.0.1:0", options=BrokerOptions(acl_path=str(d / "acl.json")))
+    b = Broker(
+        str(d / "store"), listen="127.0.0.1:0", options=BrokerOptions(acl_path=str(d / "acl.json"))
+    )
     store = b.store
     for t in (TOPIC, EMPTY):
         store.topics.get_or_create(t)
@@ -97,16 +117,25 @@ def mq(topic: str = TOPIC, qid: int = 0) -> D.MessageQueue:
 
 
 def _receive() -> S.ReceiveMessageRequest:
-    r = S.ReceiveMessageRequest(group=D.Resource(name=GROUP), message_queue=mq(EMPTY, -1), batch_size=1,
-                                filter_expression=D.FilterExpression(type=D.FilterType.TAG, expression="*"))
+    r = S.ReceiveMessageRequest(
+        group=D.Resource(name=GROUP),
+        message_queue=mq(EMPTY, -1),
+        batch_size=1,
+        filter_expression=D.FilterExpression(type=D.FilterType.TAG, expression="*"),
+    )
     r.invisible_duration.FromSeconds(30)
     r.long_polling_timeout.FromMilliseconds(0)
     return r
 
 
 def _pull() -> S.PullMessageRequest:
-    r = S.PullMessageRequest(group=D.Resource(name=GROUP), message_queue=mq(), offset=0, batch_size=1,
-                             filter_expression=D.FilterExpression(type=D.FilterType.TAG, expression="*"))
+    r = S.PullMessageRequest(
+        group=D.Resource(name=GROUP),
+        message_queue=mq(),
+        offset=0,
+        batch_size=1,
+        filter_expression=D.FilterExpression(type=D.FilterType.TAG, expression="*"),
+    )
     r.long_polling_timeout.FromMilliseconds(0)
     return r
 
@@ -128,8 +157,12 @@ def _settings() -> S.TelemetryCommand:
 
 
 def _change_invisible() -> S.ChangeInvisibleDurationRequest:
-    r = S.ChangeInvisibleDurationRequest(group=D.Resource(name=GROUP), topic=D.Resource(name=TOPIC),
-                                         receipt_handle="not-a-handle", message_id="01X")
+    r = S.ChangeInvisibleDurationRequest(
+        group=D.Resource(name=GROUP),
+        topic=D.Resource(name=TOPIC),
+        receipt_handle="not-a-handle",
+        message_id="01X",
+    )
     r.invisible_duration.FromSeconds(30)
     return r
 
@@ -137,40 +170,87 @@ def _change_invisible() -> S.ChangeInvisibleDurationRequest:
 BAD_HANDLE = [S.AckMessageEntry(message_id="01X", receipt_handle="not-a-handle")]
 MESSAGING: dict[str, tuple[Callable[[], Any], int, bool]] = {
     "QueryRoute": (lambda: S.QueryRouteRequest(topic=D.Resource(name=TOPIC)), C.OK, True),
-    "Heartbeat": (lambda: S.HeartbeatRequest(group=D.Resource(name=GROUP), client_type=D.ClientType.SIMPLE_CONSUMER),
-                  C.OK, True),
+    "Heartbeat": (
+        lambda: S.HeartbeatRequest(
+            group=D.Resource(name=GROUP), client_type=D.ClientType.SIMPLE_CONSUMER
+        ),
+        C.OK,
+        True,
+    ),
     "SendMessage": (_send, C.OK, True),
-    "QueryAssignment": (lambda: S.QueryAssignmentRequest(topic=D.Resource(name=TOPIC), group=D.Resource(name=GROUP)),
-                        C.OK, True),
+    "QueryAssignment": (
+        lambda: S.QueryAssignmentRequest(
+            topic=D.Resource(name=TOPIC), group=D.Resource(name=GROUP)
+        ),
+        C.OK,
+        True,
+    ),
     "ReceiveMessage": (_receive, C.MESSAGE_NOT_FOUND, True),
-    "AckMessage": (lambda: S.AckMessageRequest(group=D.Resource(name=GROUP), topic=D.Resource(name=TOPIC),
-                                               entries=BAD_HANDLE), C.INVALID_RECEIPT_HANDLE, True),
+    "AckMessage": (
+        lambda: S.AckMessageRequest(
+            group=D.Resource(name=GROUP), topic=D.Resource(name=TOPIC), entries=BAD_HANDLE
+        ),
+        C.INVALID_RECEIPT_HANDLE,
+        True,
+    ),
     "ForwardMessageToDeadLetterQueue": (
-        lambda: S.ForwardMessageToDeadLetterQueueRequest(group=D.Resource(name=GROUP), topic=D.Resource(name=TOPIC),
-                                                         receipt_handle="not-a-handle", message_id="01X"),
-        C.INVALID_RECEIPT_HANDLE, True),
+        lambda: S.ForwardMessageToDeadLetterQueueRequest(
+            group=D.Resource(name=GROUP),
+            topic=D.Resource(name=TOPIC),
+            receipt_handle="not-a-handle",
+            message_id="01X",
+        ),
+        C.INVALID_RECEIPT_HANDLE,
+        True,
+    ),
     "PullMessage": (_pull, C.OK, True),
-    "UpdateOffset": (lambda: S.UpdateOffsetRequest(group=D.Resource(name=GROUP), message_queue=mq(), offset=0),
-                     C.OK, True),
-    "GetOffset": (lambda: S.GetOffsetRequest(group=D.Resource(name=FRESH_GROUP), message_queue=mq()),
-                  C.OFFSET_NOT_FOUND, True),
-    "QueryOffset": (lambda: S.QueryOffsetRequest(message_queue=mq(), query_offset_policy=D.QueryOffsetPolicy.END),
-                    C.OK, True),
-    "EndTransaction": (lambda: S.EndTransactionRequest(topic=D.Resource(name=TOPIC), message_id="01X",
-                                                       transaction_id="not-a-transaction",
-                                                       resolution=D.TransactionResolution.COMMIT),
-                       C.INVALID_TRANSACTION_ID, True),
+    "UpdateOffset": (
+        lambda: S.UpdateOffsetRequest(group=D.Resource(name=GROUP), message_queue=mq(), offset=0),
+        C.OK,
+        True,
+    ),
+    "GetOffset": (
+        lambda: S.GetOffsetRequest(group=D.Resource(name=FRESH_GROUP), message_queue=mq()),
+        C.OFFSET_NOT_FOUND,
+        True,
+    ),
+    "QueryOffset": (
+        lambda: S.QueryOffsetRequest(
+            message_queue=mq(), query_offset_policy=D.QueryOffsetPolicy.END
+        ),
+        C.OK,
+        True,
+    ),
+    "EndTransaction": (
+        lambda: S.EndTransactionRequest(
+            topic=D.Resource(name=TOPIC),
+            message_id="01X",
+            transaction_id="not-a-transaction",
+            resolution=D.TransactionResolution.COMMIT,
+        ),
+        C.INVALID_TRANSACTION_ID,
+        True,
+    ),
     "Telemetry": (_settings, C.OK, False),
-    "NotifyClientTermination": (lambda: S.NotifyClientTerminationRequest(group=D.Resource(name=GROUP)), C.OK, True),
+    "NotifyClientTermination": (
+        lambda: S.NotifyClientTerminationRequest(group=D.Resource(name=GROUP)),
+        C.OK,
+        True,
+    ),
     "ChangeInvisibleDuration": (_change_invisible, C.INVALID_RECEIPT_HANDLE, True),
-    "RecallMessage": (lambda: S.RecallMessageRequest(topic=D.Resource(name=TOPIC), recall_handle="not-a-handle"),
-                      C.BAD_REQUEST, True),
+    "RecallMessage": (
+        lambda: S.RecallMessageRequest(topic=D.Resource(name=TOPIC), recall_handle="not-a-handle"),
+        C.BAD_REQUEST,
+        True,
+    ),
     "SyncLiteSubscription": (lambda: S.SyncLiteSubscriptionRequest(), C.NOT_IMPLEMENTED, False),
 }
 MESSAGING_METHODS = S.DESCRIPTOR.services_by_name["MessagingService"].methods
 
 
-def messaging_code(channel: grpc.Channel, method: Any, request: Any, md: list[tuple[str, str]]) -> int:
+def messaging_code(
+    channel: grpc.Channel, method: Any, request: Any, md: list[tuple[str, str]]
+) -> int:
     """The status code the MessagingService answers (the first status of a stream)."""
     stub = MessagingServiceStub(channel)
     fn = getattr(stub, method.name)
@@ -200,27 +280,57 @@ CONNECTOR: dict[str, tuple[Callable[[], bytes], SC, bool]] = {
     "Info": (lambda: P.Empty().encode(), SC.OK, False),
     "Topics": (lambda: P.Empty().encode(), SC.OK, False),
     "Offsets": (lambda: P.OffsetsRequest(topics=[TOPIC]).encode(), SC.OK, True),
-    "OffsetsForTimes": (lambda: P.OffsetsForTimesRequest(queues={TOPIC: [0]}, timestamp_ms=0).encode(), SC.OK, True),
-    "ReadArrow": (lambda: P.ReadArrowRequest(topic=TOPIC, queue_id=0, start=0, end=1).encode(), SC.OK, True),
+    "OffsetsForTimes": (
+        lambda: P.OffsetsForTimesRequest(queues={TOPIC: [0]}, timestamp_ms=0).encode(),
+        SC.OK,
+        True,
+    ),
+    "ReadArrow": (
+        lambda: P.ReadArrowRequest(topic=TOPIC, queue_id=0, start=0, end=1).encode(),
+        SC.OK,
+        True,
+    ),
     "Send": (_frame, SC.OK, True),
-    "CommitBatch": (lambda: P.SinkBatchRequest(query_id="q", batch_id=0, attempt="a0").encode(), SC.OK, False),
-    "AbortBatch": (lambda: P.SinkBatchRequest(query_id="q", batch_id=1, attempt="a1").encode(), SC.OK, False),
-    "CommitOffsets": (lambda: P.CommitOffsetsRequest(group=GROUP, offsets={TOPIC: {"0": 0}}).encode(), SC.OK, True),
-    "QueryOffsets": (lambda: P.QueryOffsetsRequest(group=GROUP, topics=[TOPIC]).encode(), SC.OK, True),
+    "CommitBatch": (
+        lambda: P.SinkBatchRequest(query_id="q", batch_id=0, attempt="a0").encode(),
+        SC.OK,
+        False,
+    ),
+    "AbortBatch": (
+        lambda: P.SinkBatchRequest(query_id="q", batch_id=1, attempt="a1").encode(),
+        SC.OK,
+        False,
+    ),
+    "CommitOffsets": (
+        lambda: P.CommitOffsetsRequest(group=GROUP, offsets={TOPIC: {"0": 0}}).encode(),
+        SC.OK,
+        True,
+    ),
+    "QueryOffsets": (
+        lambda: P.QueryOffsetsRequest(group=GROUP, topics=[TOPIC]).encode(),
+        SC.OK,
+        True,
+    ),
     "SinkStatus": (lambda: P.SinkStatusRequest(query_id="q").encode(), SC.OK, False),
 }
 
 
-def connector_status(channel: grpc.Channel, name: str, request: bytes, md: list[tuple[str, str]]) -> tuple[SC, str]:
+def connector_status(
+    channel: grpc.Channel, name: str, request: bytes, md: list[tuple[str, str]]
+) -> tuple[SC, str]:
     method = next(m for m in P.METHODS if m.name == name)
     ident = codec.identity
     try:
         if method.response is None:
-            list(channel.unary_stream(method.path, request_serializer=ident, response_deserializer=ident)(
-                request, metadata=md, timeout=10))
+            list(
+                channel.unary_stream(
+                    method.path, request_serializer=ident, response_deserializer=ident
+                )(request, metadata=md, timeout=10)
+            )
         else:
             channel.unary_unary(method.path, request_serializer=ident, response_deserializer=ident)(
-                request, metadata=md, timeout=10)
+                request, metadata=md, timeout=10
+            )
     except grpc.RpcError as e:
         trailer = dict(e.trailing_metadata() or ()).get(P.ERROR_METADATA_KEY, "")
         return e.code(), trailer
@@ -232,7 +342,7 @@ def test_every_method_on_the_port_has_a_row(broker):
     assert {m.name for m in MESSAGING_METHODS} == set(MESSAGING)
     assert {m.name for m in P.METHODS} == set(CONNECTOR)
     # and these two are every service the port serves
-    assert {s for s in broker.access.services} == {"apache.rocketmq.v2.MessagingService", P.SERVICE}
+    assert set(broker.access.services) == {"apache.rocketmq.v2.MessagingService", P.SERVICE}
 
 
 REFUSED_UNSIGNED = ("none", "bad signature", "stale date")
@@ -273,12 +383,16 @@ def test_the_connector_service_is_behind_the_acl(broker, channel):
     half = P.ReadArrowRequest(topic=L.TRANS_HALF_TOPIC, queue_id=0, start=0, end=0).encode()
     assert connector_status(channel, "ReadArrow", half, headers())[0] == SC.UNAUTHENTICATED
     assert connector_status(channel, "ReadArrow", half, headers("wide", "wide-secret")) == (
-        SC.PERMISSION_DENIED, "PermissionDeniedError")
+        SC.PERMISSION_DENIED,
+        "PermissionDeniedError",
+    )
     assert connector_status(channel, "ReadArrow", half, headers("root", "root-secret"))[0] == SC.OK
     with InternalClient(broker.endpoints) as anonymous:
         with pytest.raises(AuthenticationError, match="not signed"):
             anonymous.send(pa.table({"topic": ["Anything"], "body": [b"x"]}), {"mode": "normal"})
-    with InternalClient(broker.endpoints, access_key="nobody", secret_key="nobody-secret") as nobody:
+    with InternalClient(
+        broker.endpoints, access_key="nobody", secret_key="nobody-secret"
+    ) as nobody:
         with pytest.raises(PermissionDeniedError, match="may not publish to topic 'Orders'"):
             nobody.send(pa.table({"topic": [TOPIC], "body": [b"x"]}), {"mode": "normal"})
         with pytest.raises(PermissionDeniedError, match="may not use group 'billing'"):
@@ -311,9 +425,16 @@ def test_a_replayed_signature_is_refused(channel):
     """Issue 17 item 2: a signature over a date years old was accepted (replay for ever)."""
     stub = MessagingServiceStub(channel)
     req = S.QueryRouteRequest(topic=D.Resource(name=TOPIC))
-    old = stub.QueryRoute(req, metadata=headers("root", "root-secret", time.time() - YEARS_AGO_S), timeout=10)
-    assert old.status.code == C.UNAUTHORIZED and "away from the broker's clock" in old.status.message
-    assert stub.QueryRoute(req, metadata=headers("root", "root-secret"), timeout=10).status.code == C.OK
+    old = stub.QueryRoute(
+        req, metadata=headers("root", "root-secret", time.time() - YEARS_AGO_S), timeout=10
+    )
+    assert (
+        old.status.code == C.UNAUTHORIZED and "away from the broker's clock" in old.status.message
+    )
+    assert (
+        stub.QueryRoute(req, metadata=headers("root", "root-secret"), timeout=10).status.code
+        == C.OK
+    )
 
 
 def test_the_date_window_follows_the_injected_clock():
@@ -328,7 +449,9 @@ def test_the_date_window_follows_the_injected_clock():
     import hmac
 
     sig = hmac.new(b"app-secret", utc["x-mq-date-time"].encode(), hashlib.sha1).hexdigest()
-    utc["authorization"] = f"MQv2-HMAC-SHA1 Credential=app, SignedHeaders=x-mq-date-time, Signature={sig}"
+    utc["authorization"] = (
+        f"MQv2-HMAC-SHA1 Credential=app, SignedHeaders=x-mq-date-time, Signature={sig}"
+    )
     assert acl.authenticate(utc).access_key == "app"  # a UTC date is as good
     clock.advance(14 * 60 * 1000)
     acl.authenticate(md)
@@ -361,8 +484,11 @@ def test_a_route_query_never_creates_a_retry_or_dead_letter_topic(broker, channe
     """Issue 17 item 3: routes for %RETRY% / %DLQ% topics were created on a query."""
     stub = MessagingServiceStub(channel)
     for topic in ("%RETRY%neverused", "%DLQ%neverused"):
-        r = stub.QueryRoute(S.QueryRouteRequest(topic=D.Resource(name=topic)),
-                            metadata=headers("root", "root-secret"), timeout=10)
+        r = stub.QueryRoute(
+            S.QueryRouteRequest(topic=D.Resource(name=topic)),
+            metadata=headers("root", "root-secret"),
+            timeout=10,
+        )
         assert r.status.code == C.TOPIC_NOT_FOUND, topic
         assert broker.store.topics.get(topic) is None
 
@@ -403,17 +529,24 @@ def test_the_data_source_reads_with_its_credentials(broker, read_path):
     read = {"arrow": read_arrow, "pull": read_pull}[read_path]
 
     def rows(connection: Connection) -> int:
-        ctx = ReadContext(connection=connection, store_root=None, store_host=None, read_path=ReadPath(read_path),
-                          pull_group=GROUP)
+        ctx = ReadContext(
+            connection=connection,
+            store_root=None,
+            store_host=None,
+            read_path=ReadPath(read_path),
+            pull_group=GROUP,
+        )
         return sum(b.num_rows for b in read(QueueRange(TOPIC, 0, 0, 1, ctx)))
 
     signed = Connection(endpoints=broker.endpoints, access_key="app", secret_key="app-secret")
     assert rows(signed) == 1
     assert client_for(signed).offsets([TOPIC])[0][TOPIC]["0"] >= 1
-    with pytest.raises(Exception, match="(?i)unauthori|not signed"):
+    with pytest.raises(Exception, match=r"(?i)unauthori|not signed"):
         rows(Connection(endpoints=broker.endpoints))
-    with pytest.raises(Exception, match="(?i)forbidden|may not"):
-        rows(Connection(endpoints=broker.endpoints, access_key="nobody", secret_key="nobody-secret"))
+    with pytest.raises(Exception, match=r"(?i)forbidden|may not"):
+        rows(
+            Connection(endpoints=broker.endpoints, access_key="nobody", secret_key="nobody-secret")
+        )
 
 
 def test_a_method_without_a_rule_is_refused():
@@ -423,12 +556,17 @@ def test_a_method_without_a_rule_is_refused():
 
     from rmq_spark.broker.access import AccessInterceptor, ServiceAccess
 
-    served = grpc.method_handlers_generic_handler("demo.Service", {
-        "Ruled": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
-        "Forgotten": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
-    })
+    served = grpc.method_handlers_generic_handler(
+        "demo.Service",
+        {
+            "Ruled": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
+            "Forgotten": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
+        },
+    )
     access = ServiceAccess("demo.Service", {"Ruled": None}, refuse=lambda m, exc, ctx: [b"refused"])
-    server = grpc.server(futures.ThreadPoolExecutor(2), interceptors=(AccessInterceptor(None, [access]),))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(2), interceptors=(AccessInterceptor(None, [access]),)
+    )
     server.add_generic_rpc_handlers((served,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -456,14 +594,21 @@ def test_a_method_without_a_rule_is_refused_on_the_aio_server():
     async def streamed(req, ctx):
         yield b"ok"
 
-    served = grpc.method_handlers_generic_handler("demo.Service", {
-        "Ruled": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
-        "RuledOnTheLoop": grpc.unary_unary_rpc_method_handler(on_the_loop),
-        "Forgotten": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
-        "ForgottenOnTheLoop": grpc.unary_unary_rpc_method_handler(on_the_loop),
-        "ForgottenStream": grpc.unary_stream_rpc_method_handler(streamed),
-    })
-    access = ServiceAccess("demo.Service", {"Ruled": None, "RuledOnTheLoop": None}, refuse=lambda m, exc, ctx: [b"refused"])
+    served = grpc.method_handlers_generic_handler(
+        "demo.Service",
+        {
+            "Ruled": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
+            "RuledOnTheLoop": grpc.unary_unary_rpc_method_handler(on_the_loop),
+            "Forgotten": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"ok"),
+            "ForgottenOnTheLoop": grpc.unary_unary_rpc_method_handler(on_the_loop),
+            "ForgottenStream": grpc.unary_stream_rpc_method_handler(streamed),
+        },
+    )
+    access = ServiceAccess(
+        "demo.Service",
+        {"Ruled": None, "RuledOnTheLoop": None},
+        refuse=lambda m, exc, ctx: [b"refused"],
+    )
 
     async def scenario() -> None:
         from concurrent import futures
@@ -481,7 +626,10 @@ def test_a_method_without_a_rule_is_refused_on_the_aio_server():
                 for refused in ("Forgotten", "ForgottenOnTheLoop"):
                     with pytest.raises(grpc.aio.AioRpcError) as e:
                         await ch.unary_unary(f"/demo.Service/{refused}")(b"", timeout=10)
-                    assert e.value.code() == SC.PERMISSION_DENIED and "no access rule" in e.value.details()
+                    assert (
+                        e.value.code() == SC.PERMISSION_DENIED
+                        and "no access rule" in e.value.details()
+                    )
                 with pytest.raises(grpc.aio.AioRpcError) as e:
                     await ch.unary_stream("/demo.Service/ForgottenStream")(b"", timeout=10).read()
                 assert e.value.code() == SC.PERMISSION_DENIED

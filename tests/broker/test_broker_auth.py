@@ -20,8 +20,13 @@ from rmq_spark.errors import AuthenticationError, ConfigError, PermissionDeniedE
 
 ACL = {
     "accounts": [
-        {"accessKey": "app", "secretKey": "app-secret", "defaultTopicPerm": "PUB|SUB",
-         "topicPerms": ["Audit=SUB", "Vault=DENY"], "groupPerms": {"blocked": "DENY"}},
+        {
+            "accessKey": "app",
+            "secretKey": "app-secret",
+            "defaultTopicPerm": "PUB|SUB",
+            "topicPerms": ["Audit=SUB", "Vault=DENY"],
+            "groupPerms": {"blocked": "DENY"},
+        },
         {"accessKey": "root", "secretKey": "root-secret", "admin": True},
     ]
 }
@@ -37,15 +42,31 @@ def test_acl_parsing_and_checks():
             acl.authorize(app, **kw)
     # the signature's hex case does not matter (Node sends upper case)
     md = dict(metadata(access_key="root", secret_key="root-secret"))
-    md["authorization"] = md["authorization"].replace("Signature=", "Signature=").upper().replace("MQV2-HMAC-SHA1", "MQv2-HMAC-SHA1")
-    md["authorization"] = md["authorization"].replace("CREDENTIAL=ROOT", "Credential=root").replace(
-        "SIGNEDHEADERS=X-MQ-DATE-TIME", "SignedHeaders=x-mq-date-time").replace("SIGNATURE=", "Signature=")
+    md["authorization"] = (
+        md["authorization"]
+        .replace("Signature=", "Signature=")
+        .upper()
+        .replace("MQV2-HMAC-SHA1", "MQv2-HMAC-SHA1")
+    )
+    md["authorization"] = (
+        md["authorization"]
+        .replace("CREDENTIAL=ROOT", "Credential=root")
+        .replace("SIGNEDHEADERS=X-MQ-DATE-TIME", "SignedHeaders=x-mq-date-time")
+        .replace("SIGNATURE=", "Signature=")
+    )
     assert acl.authenticate(md).admin
-    for bad in ({}, dict(metadata(access_key="app", secret_key="wrong")), dict(metadata(access_key="who", secret_key="x"))):
+    for bad in (
+        {},
+        dict(metadata(access_key="app", secret_key="wrong")),
+        dict(metadata(access_key="who", secret_key="x")),
+    ):
         with pytest.raises(AuthenticationError):
             acl.authenticate(bad)
-    for broken in ({}, {"accounts": [{"accessKey": "a"}]}, {"accounts": [{"accessKey": "a", "secretKey": "b",
-                                                                           "topicPerms": ["x=WRITE"]}]}):
+    for broken in (
+        {},
+        {"accounts": [{"accessKey": "a"}]},
+        {"accounts": [{"accessKey": "a", "secretKey": "b", "topicPerms": ["x=WRITE"]}]},
+    ):
         with pytest.raises(ConfigError):
             AccessControl.from_dict(broken)
 
@@ -99,12 +120,20 @@ def test_a_wrong_secret_is_rejected(broker, caplog):
                 p.send(msg("Orders"))
         finally:
             p.shutdown()
-    assert any("signature of access key 'app' does not match" in r.getMessage() for r in caplog.records)
+    assert any(
+        "signature of access key 'app' does not match" in r.getMessage() for r in caplog.records
+    )
     with grpc.insecure_channel(broker.endpoints) as ch:
         stub = MessagingServiceStub(ch)
         req = S.QueryRouteRequest(topic=D.Resource(name="Orders"))
-        assert stub.QueryRoute(req, metadata=metadata(), timeout=10).status.code == D.Code.UNAUTHORIZED
-        assert stub.QueryRoute(req, metadata=metadata(access_key="root", secret_key="root-secret"),
-                               timeout=10).status.code == D.Code.OK
+        assert (
+            stub.QueryRoute(req, metadata=metadata(), timeout=10).status.code == D.Code.UNAUTHORIZED
+        )
+        assert (
+            stub.QueryRoute(
+                req, metadata=metadata(access_key="root", secret_key="root-secret"), timeout=10
+            ).status.code
+            == D.Code.OK
+        )
         (cmd,) = list(stub.Telemetry(iter([S.TelemetryCommand()]), metadata=metadata(), timeout=10))
         assert cmd.status.code == D.Code.UNAUTHORIZED

@@ -72,7 +72,9 @@ def test_an_uncontended_call_writes_alone():
     assert (b.calls, b.writes) == (2, 2)
 
 
-def concurrently(b: SendBatcher, log: FakeLog, calls: Sequence[list[Message]]) -> list[Written | BaseException]:
+def concurrently(
+    b: SendBatcher, log: FakeLog, calls: Sequence[list[Message]]
+) -> list[Written | BaseException]:
     """``calls[0]`` starts a held write; the others queue behind it; then the write is released."""
     out: list[Written | BaseException | None] = [None] * len(calls)
 
@@ -89,7 +91,7 @@ def concurrently(b: SendBatcher, log: FakeLog, calls: Sequence[list[Message]]) -
     for i in range(1, len(calls)):
         threads.append(threading.Thread(target=run, args=(i,)))
         threads[-1].start()
-        wait_until(lambda n=i: len(b._pending) == n, f"call {i} queued")  # noqa: SLF001
+        wait_until(lambda n=i: len(b._pending) == n, f"call {i} queued")
     log.release.set()
     for t in threads:
         t.join(30)
@@ -100,11 +102,17 @@ def concurrently(b: SendBatcher, log: FakeLog, calls: Sequence[list[Message]]) -
 def test_calls_arriving_during_a_write_share_the_next_one():
     log = FakeLog()
     b = SendBatcher(log)
-    out = concurrently(b, log, [messages(b"a"), messages(b"b", b"c"), messages(b"d"), messages(b"e", b"f")])
+    out = concurrently(
+        b, log, [messages(b"a"), messages(b"b", b"c"), messages(b"d"), messages(b"e", b"f")]
+    )
     assert log.writes == [[b"a"], [b"b", b"c", b"d", b"e", b"f"]]
     assert (b.calls, b.writes) == (4, 2)
     assert [(w.queue_offsets(), w.phys_offsets()) for w in out] == [  # type: ignore[union-attr]
-        ([0], [0]), ([1, 2], [100, 200]), ([3], [300]), ([4, 5], [400, 500])]
+        ([0], [0]),
+        ([1, 2], [100, 200]),
+        ([3], [300]),
+        ([4, 5], [400, 500]),
+    ]
     # the batcher is idle again: the next call writes at once
     assert b.send(messages(b"g")).queue_offsets() == [6]
 

@@ -32,8 +32,18 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rmq_spark.broker.testing import BrokerProcess, client_configuration, metadata
 
 FLAGS = (
-    "--min-invisible-s", "1", "--delay-levels", "1s 1s 1s", "--max-delivery-attempts", "3",
-    "--transaction-timeout", "1", "--transaction-check-interval", "0.5", "--long-polling-max-s", "3",
+    "--min-invisible-s",
+    "1",
+    "--delay-levels",
+    "1s 1s 1s",
+    "--max-delivery-attempts",
+    "3",
+    "--transaction-timeout",
+    "1",
+    "--transaction-check-interval",
+    "0.5",
+    "--long-polling-max-s",
+    "3",
 )
 
 
@@ -48,8 +58,15 @@ def name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def message(topic: str, body: bytes, tag: str | None = None, keys: tuple[str, ...] = (), group: str | None = None,
-            props: dict[str, str] | None = None, deliver_at_s: int | None = None) -> Message:
+def message(
+    topic: str,
+    body: bytes,
+    tag: str | None = None,
+    keys: tuple[str, ...] = (),
+    group: str | None = None,
+    props: dict[str, str] | None = None,
+    deliver_at_s: int | None = None,
+) -> Message:
     m = Message()
     m.topic = topic
     m.body = body
@@ -79,15 +96,23 @@ class Clients:
         self.started.append(p)
         return p
 
-    def simple(self, group: str, topic: str, expr: FilterExpression | None = None, await_s: int = 2) -> SimpleConsumer:
-        c = SimpleConsumer(client_configuration(self.endpoints), group, {topic: expr or FilterExpression()},
-                           await_duration=await_s)
+    def simple(
+        self, group: str, topic: str, expr: FilterExpression | None = None, await_s: int = 2
+    ) -> SimpleConsumer:
+        c = SimpleConsumer(
+            client_configuration(self.endpoints),
+            group,
+            {topic: expr or FilterExpression()},
+            await_duration=await_s,
+        )
         c.startup()
         self.started.append(c)
         return c
 
     def push(self, group: str, topic: str, listener: MessageListener) -> PushConsumer:
-        c = PushConsumer(client_configuration(self.endpoints), group, listener, {topic: FilterExpression()})
+        c = PushConsumer(
+            client_configuration(self.endpoints), group, listener, {topic: FilterExpression()}
+        )
         c.startup()
         self.started.append(c)
         return c
@@ -104,7 +129,9 @@ def clients(broker):
     c.close()
 
 
-def receive_all(consumer: SimpleConsumer, n: int, invisible_s: int = 10, ack: bool = True, timeout_s: float = 20) -> list:
+def receive_all(
+    consumer: SimpleConsumer, n: int, invisible_s: int = 10, ack: bool = True, timeout_s: float = 20
+) -> list:
     got: list = []
     deadline = time.monotonic() + timeout_s
     while len(got) < n and time.monotonic() < deadline:
@@ -118,8 +145,10 @@ def receive_all(consumer: SimpleConsumer, n: int, invisible_s: int = 10, ack: bo
 def test_send_receive_ack(clients):
     topic, group = name("Normal"), name("g")
     p = clients.producer(topic)
-    receipts = [p.send(message(topic, b"body-%d" % i, tag="t", keys=("k%d" % i,), props={"n": str(i)}))
-                for i in range(5)]
+    receipts = [
+        p.send(message(topic, b"body-%d" % i, tag="t", keys=(f"k{i}",), props={"n": str(i)}))
+        for i in range(5)
+    ]
     assert all(r.transaction_id == r.message_id and r.offset >= 0 for r in receipts)
     c = clients.simple(group, topic)
     got = receive_all(c, 5)
@@ -139,7 +168,9 @@ def test_tag_and_sql_filters(clients):
         p.send(message(topic, b"%d" % i, tag="even" if i % 2 == 0 else "odd", props={"n": str(i)}))
     tags = receive_all(clients.simple(name("g"), topic, FilterExpression("odd || none")), 3)
     assert sorted(m.body for m in tags) == [b"1", b"3", b"5"]
-    sql = receive_all(clients.simple(name("g"), topic, FilterExpression("n >= 4", FilterType.SQL)), 2)
+    sql = receive_all(
+        clients.simple(name("g"), topic, FilterExpression("n >= 4", FilterType.SQL)), 2
+    )
     assert sorted(m.body for m in sql) == [b"4", b"5"]
 
 
@@ -193,7 +224,8 @@ def _queue_end(endpoints: str, topic: str, queue_id: int) -> int:
         mq = D.MessageQueue(topic=D.Resource(name=topic), id=queue_id)
         r = MessagingServiceStub(ch).QueryOffset(
             S.QueryOffsetRequest(message_queue=mq, query_offset_policy=D.QueryOffsetPolicy.END),
-            metadata=metadata(), timeout=10,
+            metadata=metadata(),
+            timeout=10,
         )
         return r.offset
 
@@ -264,7 +296,11 @@ def test_push_consumer_consumes_and_retries(clients):
             seen.append((msg.body, msg.delivery_attempt))
             if len({b for b, _ in seen}) == 10 and (b"3", 2) in seen:
                 done.set()
-            return ConsumeResult.FAILURE if msg.body == b"3" and msg.delivery_attempt == 1 else ConsumeResult.SUCCESS
+            return (
+                ConsumeResult.FAILURE
+                if msg.body == b"3" and msg.delivery_attempt == 1
+                else ConsumeResult.SUCCESS
+            )
 
     clients.push(group, topic, Listener())
     assert done.wait(30), seen
@@ -299,8 +335,14 @@ def test_everything_sent_and_acked_survives_a_restart(tmp_path):
                 total = 0
                 for q in range(4):
                     mq = D.MessageQueue(topic=D.Resource(name=topic), id=q)
-                    req = S.PullMessageRequest(group=D.Resource(name="audit"), message_queue=mq, offset=0, batch_size=100)
-                    total += sum(1 for r in stub.PullMessage(req, metadata=metadata(), timeout=10) if r.HasField("message"))
+                    req = S.PullMessageRequest(
+                        group=D.Resource(name="audit"), message_queue=mq, offset=0, batch_size=100
+                    )
+                    total += sum(
+                        1
+                        for r in stub.PullMessage(req, metadata=metadata(), timeout=10)
+                        if r.HasField("message")
+                    )
             assert total == 20
         finally:
             c.close()

@@ -87,32 +87,64 @@ def test_streams_and_long_polls_hold_no_worker(broker):
         async with grpc.aio.insecure_channel(broker.endpoints) as ch:
             stub = MessagingServiceStub(ch)
             for t in ("Conn", "Idle", "Woken"):
-                r = await stub.QueryRoute(S.QueryRouteRequest(topic=D.Resource(name=t)), metadata=metadata(), timeout=10)
+                r = await stub.QueryRoute(
+                    S.QueryRouteRequest(topic=D.Resource(name=t)), metadata=metadata(), timeout=10
+                )
                 assert r.status.code == C.OK
             streams = []
             for wave in range(0, STREAMS, 10):
-                streams += await asyncio.gather(*(_open_telemetry(stub, i) for i in range(wave, wave + 10)))
+                streams += await asyncio.gather(
+                    *(_open_telemetry(stub, i) for i in range(wave, wave + 10))
+                )
             assert broker.service.clients.open_streams() >= STREAMS
-            polls = [asyncio.ensure_future(_drain(stub.ReceiveMessage(_receive_request("Idle", f"g{i}", 25),
-                                                                     metadata=metadata(f"poller-{i}"), timeout=30)))
-                     for i in range(RECEIVES)]
-            polls += [asyncio.ensure_future(_drain(stub.PullMessage(_pull_request("Idle", 25),
-                                                                   metadata=metadata(f"puller-{i}"), timeout=30)))
-                      for i in range(PULLS)]
-            woken = asyncio.ensure_future(_drain(stub.ReceiveMessage(_receive_request("Woken", "w", 25),
-                                                                    metadata=metadata("woken"), timeout=30)))
+            polls = [
+                asyncio.ensure_future(
+                    _drain(
+                        stub.ReceiveMessage(
+                            _receive_request("Idle", f"g{i}", 25),
+                            metadata=metadata(f"poller-{i}"),
+                            timeout=30,
+                        )
+                    )
+                )
+                for i in range(RECEIVES)
+            ]
+            polls += [
+                asyncio.ensure_future(
+                    _drain(
+                        stub.PullMessage(
+                            _pull_request("Idle", 25), metadata=metadata(f"puller-{i}"), timeout=30
+                        )
+                    )
+                )
+                for i in range(PULLS)
+            ]
+            woken = asyncio.ensure_future(
+                _drain(
+                    stub.ReceiveMessage(
+                        _receive_request("Woken", "w", 25), metadata=metadata("woken"), timeout=30
+                    )
+                )
+            )
             deadline = time.monotonic() + 10
-            while broker.service.pop.wakeups.parked < RECEIVES + PULLS + 1 and time.monotonic() < deadline:
+            while (
+                broker.service.pop.wakeups.parked < RECEIVES + PULLS + 1
+                and time.monotonic() < deadline
+            ):
                 await asyncio.sleep(0.02)
             assert broker.service.pop.wakeups.parked == RECEIVES + PULLS + 1
             for n in range(20):  # every worker would be held by a stream or a poll if they held one
                 t0 = time.monotonic()
-                r = await stub.SendMessage(_send_request("Conn", f"CONN{n:028d}"), metadata=metadata(), timeout=5)
+                r = await stub.SendMessage(
+                    _send_request("Conn", f"CONN{n:028d}"), metadata=metadata(), timeout=5
+                )
                 assert r.status.code == C.OK
                 assert time.monotonic() - t0 < 2.0
             # a send to the topic a poll waits on answers it; the others stay parked
             t0 = time.monotonic()
-            r = await stub.SendMessage(_send_request("Woken", "WOKEN" + "0" * 27), metadata=metadata(), timeout=5)
+            r = await stub.SendMessage(
+                _send_request("Woken", "WOKEN" + "0" * 27), metadata=metadata(), timeout=5
+            )
             assert r.status.code == C.OK
             got = await asyncio.wait_for(woken, 10)
             assert time.monotonic() - t0 < 5.0
@@ -138,11 +170,18 @@ def test_stop_ends_open_streams_and_parked_polls(tmp_path):
     async def scenario() -> None:
         async with grpc.aio.insecure_channel(broker.endpoints) as ch:
             stub = MessagingServiceStub(ch)
-            r = await stub.QueryRoute(S.QueryRouteRequest(topic=D.Resource(name="Idle")), metadata=metadata(), timeout=10)
+            r = await stub.QueryRoute(
+                S.QueryRouteRequest(topic=D.Resource(name="Idle")), metadata=metadata(), timeout=10
+            )
             assert r.status.code == C.OK
             streams = [await _open_telemetry(stub, i) for i in range(8)]
-            poll = asyncio.ensure_future(_drain(stub.ReceiveMessage(_receive_request("Idle", "g", 25),
-                                                                   metadata=metadata("poller"), timeout=30)))
+            poll = asyncio.ensure_future(
+                _drain(
+                    stub.ReceiveMessage(
+                        _receive_request("Idle", "g", 25), metadata=metadata("poller"), timeout=30
+                    )
+                )
+            )
             while broker.service.pop.wakeups.parked < 1:
                 await asyncio.sleep(0.02)
             t0 = time.monotonic()
@@ -160,7 +199,9 @@ def test_stop_ends_open_streams_and_parked_polls(tmp_path):
     finally:
         broker.stop()
     assert stopped.is_set()
-    assert answers[0].status.code == C.MESSAGE_NOT_FOUND and answers[-1].HasField("delivery_timestamp")
+    assert answers[0].status.code == C.MESSAGE_NOT_FOUND and answers[-1].HasField(
+        "delivery_timestamp"
+    )
 
 
 def test_wakeups_wake_only_the_topics_written():

@@ -25,10 +25,16 @@ def small_fs(tmp_path):
     mnt = tmp_path / "fs"
     mnt.mkdir()
     if os.geteuid() != 0:
-        pytest.fail("mounting a tmpfs needs root: run the suite as root (these machines do), as the disk-full test must")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True)
+        pytest.fail(
+            "mounting a tmpfs needs root: run the suite as root (these machines do), as the disk-full test must"
+        )
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True
+    )
     if r.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs for the disk-full test: {r.stderr.decode(errors='replace').strip()}")
+        pytest.fail(
+            f"cannot mount a tmpfs for the disk-full test: {r.stderr.decode(errors='replace').strip()}"
+        )
     try:
         yield str(mnt)
     finally:
@@ -51,9 +57,15 @@ def pull_all(stub) -> list[bytes]:
         mq = D.MessageQueue(topic=D.Resource(name="Full"), id=qid)
         offset = 0
         while True:
-            req = S.PullMessageRequest(group=D.Resource(name="g"), message_queue=mq, offset=offset, batch_size=32)
+            req = S.PullMessageRequest(
+                group=D.Resource(name="g"), message_queue=mq, offset=offset, batch_size=32
+            )
             req.long_polling_timeout.FromMilliseconds(0)
-            got = [r.message.body for r in stub.PullMessage(req, metadata=MD, timeout=20) if r.HasField("message")]
+            got = [
+                r.message.body
+                for r in stub.PullMessage(req, metadata=MD, timeout=20)
+                if r.HasField("message")
+            ]
             if not got:
                 break
             out += got

@@ -53,16 +53,33 @@ SERVICE = S.DESCRIPTOR.services_by_name["MessagingService"]
 RMQ_METHODS = list(SERVICE.methods)
 CALL_TIMEOUT_S = 10.0
 HEALTH_TOPIC, HEALTH_GROUP = "FuzzHealth", "fuzz-health"
-ACL = {"accounts": [
-    {"accessKey": "root", "secretKey": "root-secret", "admin": True},
-    {"accessKey": "app", "secretKey": "app-secret", "defaultTopicPerm": "PUB|SUB", "defaultGroupPerm": "SUB"},
-]}
+ACL = {
+    "accounts": [
+        {"accessKey": "root", "secretKey": "root-secret", "admin": True},
+        {
+            "accessKey": "app",
+            "secretKey": "app-secret",
+            "defaultTopicPerm": "PUB|SUB",
+            "defaultGroupPerm": "SUB",
+        },
+    ]
+}
 # CI: 30 examples a method, a fixed seed (~15 s for both services).  A longer hunt with fresh seeds:
 # RMQ_FUZZ_EXAMPLES=500 pytest tests/broker/test_broker_fuzz.py
 _HUNT = int(os.environ.get("RMQ_FUZZ_EXAMPLES", "0"))
-FUZZ = settings(max_examples=_HUNT or 30, derandomize=not _HUNT, database=None, deadline=None, print_blob=False,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                       HealthCheck.data_too_large, HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=_HUNT or 30,
+    derandomize=not _HUNT,
+    database=None,
+    deadline=None,
+    print_blob=False,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
 
 
 # --- the brokers ----------------------------------------------------------------------------------
@@ -70,11 +87,14 @@ FUZZ = settings(max_examples=_HUNT or 30, derandomize=not _HUNT, database=None, 
 def brokers(tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz")
     (d / "acl.json").write_text(json.dumps(ACL))
-    opts = dict(long_polling_max_ms=200, min_invisible_ms=1000, workers=8)
+    opts = {"long_polling_max_ms": 200, "min_invisible_ms": 1000, "workers": 8}
     open_ = Broker(str(d / "open"), listen="127.0.0.1:0", options=BrokerOptions(**opts))
     try:
-        guarded = Broker(str(d / "guarded"), listen="127.0.0.1:0",
-                         options=BrokerOptions(acl_path=str(d / "acl.json"), **opts))
+        guarded = Broker(
+            str(d / "guarded"),
+            listen="127.0.0.1:0",
+            options=BrokerOptions(acl_path=str(d / "acl.json"), **opts),
+        )
     except BaseException:
         open_.stop()
         raise
@@ -82,7 +102,10 @@ def brokers(tmp_path_factory):
         for b in (open_, guarded):
             for t in ("FuzzTopic", HEALTH_TOPIC):
                 b.store.topics.get_or_create(t)
-        chans = {name: grpc.insecure_channel(b.endpoints) for name, b in (("open", open_), ("guarded", guarded))}
+        chans = {
+            name: grpc.insecure_channel(b.endpoints)
+            for name, b in (("open", open_), ("guarded", guarded))
+        }
         yield {"open": (open_, chans["open"]), "guarded": (guarded, chans["guarded"])}
         for ch in chans.values():
             ch.close()
@@ -115,63 +138,127 @@ def assert_still_serving(broker: Broker, channel: grpc.Channel) -> None:
     req.long_polling_timeout.FromMilliseconds(150)
     seen = []
     for _ in range(5):
-        got = [r.message for r in stub.ReceiveMessage(req, metadata=md, timeout=CALL_TIMEOUT_S) if r.HasField("message")]
+        got = [
+            r.message
+            for r in stub.ReceiveMessage(req, metadata=md, timeout=CALL_TIMEOUT_S)
+            if r.HasField("message")
+        ]
         if got:
-            ack = S.AckMessageRequest(group=D.Resource(name=HEALTH_GROUP), topic=D.Resource(name=HEALTH_TOPIC),
-                                      entries=[S.AckMessageEntry(message_id=g.system_properties.message_id,
-                                                                 receipt_handle=g.system_properties.receipt_handle)
-                                               for g in got])
+            ack = S.AckMessageRequest(
+                group=D.Resource(name=HEALTH_GROUP),
+                topic=D.Resource(name=HEALTH_TOPIC),
+                entries=[
+                    S.AckMessageEntry(
+                        message_id=g.system_properties.message_id,
+                        receipt_handle=g.system_properties.receipt_handle,
+                    )
+                    for g in got
+                ],
+            )
             assert stub.AckMessage(ack, metadata=md, timeout=CALL_TIMEOUT_S).status.code == C.OK
         seen += [g.system_properties.message_id for g in got]
         if mid in seen:
             return
-    raise AssertionError(f"the message sent after the batch was not received ({len(seen)} others were)")
+    raise AssertionError(
+        f"the message sent after the batch was not received ({len(seen)} others were)"
+    )
 
 
 # --- strategies ---------------------------------------------------------------------------------------
-NAMES = ["FuzzTopic", "FuzzGroup", HEALTH_TOPIC, "%RETRY%FuzzGroup", "%DLQ%FuzzGroup", "RMQ_SYS_TRANS_HALF_TOPIC",
-         "RMQ_SYS_TRANS_OP_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX", "TBW102", "", " ", "a" * 200, "../../etc", "Fuzz|Topic",
-         "TagA", "*", "TagA || TagB", "a > 5 AND b = 'x'", "0", "-1"]
+NAMES = [
+    "FuzzTopic",
+    "FuzzGroup",
+    HEALTH_TOPIC,
+    "%RETRY%FuzzGroup",
+    "%DLQ%FuzzGroup",
+    "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    "SCHEDULE_TOPIC_XXXX",
+    "TBW102",
+    "",
+    " ",
+    "a" * 200,
+    "../../etc",
+    "Fuzz|Topic",
+    "TagA",
+    "*",
+    "TagA || TagB",
+    "a > 5 AND b = 'x'",
+    "0",
+    "-1",
+]
 _valid = st.sampled_from(["FuzzTopic", "FuzzGroup", HEALTH_TOPIC])
-names = st.one_of(_valid, _valid, _valid, st.sampled_from(NAMES), st.text(max_size=24))  # mostly legal: past the checks
+names = st.one_of(
+    _valid, _valid, _valid, st.sampled_from(NAMES), st.text(max_size=24)
+)  # mostly legal: past the checks
 ascii_values = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=48)
-garbage_auth = st.sampled_from([
-    "MQv2-HMAC-SHA1 Credential=root, SignedHeaders=x-mq-date-time, Signature=00",
-    "MQv2-HMAC-SHA1 Credential=, Signature=", "MQv2-HMAC-SHA1", "Basic abc", "MQv2-HMAC-SHA1 ,,,,=,=",
-]) | ascii_values
+garbage_auth = (
+    st.sampled_from(
+        [
+            "MQv2-HMAC-SHA1 Credential=root, SignedHeaders=x-mq-date-time, Signature=00",
+            "MQv2-HMAC-SHA1 Credential=, Signature=",
+            "MQv2-HMAC-SHA1",
+            "Basic abc",
+            "MQv2-HMAC-SHA1 ,,,,=,=",
+        ]
+    )
+    | ascii_values
+)
 
 
 @st.composite
 def metadata(draw: st.DrawFn) -> list[tuple[str, str]]:
     md: list[tuple[str, str]] = []
     if draw(st.integers(0, 9)) > 0:
-        md.append(("x-mq-client-id", draw(st.sampled_from(["fuzz-client", "fuzz@1@2@3"]) | ascii_values)))
+        md.append(
+            ("x-mq-client-id", draw(st.sampled_from(["fuzz-client", "fuzz@1@2@3"]) | ascii_values))
+        )
     if draw(st.booleans()):
-        md += signed_headers("root", "root-secret")  # a valid signature (admin on the guarded broker)
+        md += signed_headers(
+            "root", "root-secret"
+        )  # a valid signature (admin on the guarded broker)
     else:
         if draw(st.booleans()):
-            md.append(("x-mq-date-time", draw(st.sampled_from(["20250101T000000Z", "19700101T000000Z"]) | ascii_values)))
+            md.append(
+                (
+                    "x-mq-date-time",
+                    draw(st.sampled_from(["20250101T000000Z", "19700101T000000Z"]) | ascii_values),
+                )
+            )
         if draw(st.booleans()):
             md.append(("authorization", draw(garbage_auth)))
     for _ in range(draw(st.integers(0, 3))):
-        key = draw(st.sampled_from(["x-mq-namespace", "x-mq-language", "x-mq-request-id", "x-mq-client-id"])
-                   | st.from_regex(r"x-[a-z0-9-]{1,12}", fullmatch=True))
+        key = draw(
+            st.sampled_from(
+                ["x-mq-namespace", "x-mq-language", "x-mq-request-id", "x-mq-client-id"]
+            )
+            | st.from_regex(r"x-[a-z0-9-]{1,12}", fullmatch=True)
+        )
         md.append((key, draw(ascii_values)))
     return md
 
 
 _INT_RANGES = {
-    pbd.FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1), pbd.FieldDescriptor.TYPE_SINT32: (-(2**31), 2**31 - 1),
-    pbd.FieldDescriptor.TYPE_SFIXED32: (-(2**31), 2**31 - 1), pbd.FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
-    pbd.FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1), pbd.FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
-    pbd.FieldDescriptor.TYPE_SINT64: (-(2**63), 2**63 - 1), pbd.FieldDescriptor.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
-    pbd.FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1), pbd.FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1),
+    pbd.FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
+    pbd.FieldDescriptor.TYPE_SINT32: (-(2**31), 2**31 - 1),
+    pbd.FieldDescriptor.TYPE_SFIXED32: (-(2**31), 2**31 - 1),
+    pbd.FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
+    pbd.FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1),
+    pbd.FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
+    pbd.FieldDescriptor.TYPE_SINT64: (-(2**63), 2**63 - 1),
+    pbd.FieldDescriptor.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
+    pbd.FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
+    pbd.FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1),
 }
 
 
 def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
     small = st.integers(max(lo, -3), min(hi, 40))
-    return small | st.sampled_from([lo, hi, 0, 1, 1000, 10_000]).filter(lambda v: lo <= v <= hi) | st.integers(lo, hi)
+    return (
+        small
+        | st.sampled_from([lo, hi, 0, 1, 1000, 10_000]).filter(lambda v: lo <= v <= hi)
+        | st.integers(lo, hi)
+    )
 
 
 def _scalar(f: pbd.FieldDescriptor) -> st.SearchStrategy[Any]:
@@ -190,9 +277,26 @@ def _scalar(f: pbd.FieldDescriptor) -> st.SearchStrategy[Any]:
 
 
 # what the methods read first: mostly set, so that requests get past the first checks
-_USUALLY_SET = frozenset({"topic", "group", "message_queue", "name", "messages", "entries", "body", "message_id",
-                          "system_properties", "filter_expression", "batch_size", "invisible_duration", "settings",
-                          "receipt_handle", "query_offset_policy", "resolution"})
+_USUALLY_SET = frozenset(
+    {
+        "topic",
+        "group",
+        "message_queue",
+        "name",
+        "messages",
+        "entries",
+        "body",
+        "message_id",
+        "system_properties",
+        "filter_expression",
+        "batch_size",
+        "invisible_duration",
+        "settings",
+        "receipt_handle",
+        "query_offset_policy",
+        "resolution",
+    }
+)
 
 
 @st.composite
@@ -207,17 +311,26 @@ def proto_message(draw: st.DrawFn, desc: pbd.Descriptor, depth: int = 0) -> Any:
     for oneof in desc.oneofs:  # one member of each real oneof (setting several keeps only the last)
         members = list(oneof.fields)
         if len(members) > 1:
-            keep = draw(st.just(members[0]) | st.sampled_from([None, *members]))  # the first (settings) often
+            keep = draw(
+                st.just(members[0]) | st.sampled_from([None, *members])
+            )  # the first (settings) often
             skipped.update(f.name for f in members if f is not keep)
     for f in desc.fields:
-        if f.name in skipped or not draw(st.integers(0, 15 if f.name in _USUALLY_SET else 3)):  # some left unset
+        if f.name in skipped or not draw(
+            st.integers(0, 15 if f.name in _USUALLY_SET else 3)
+        ):  # some left unset
             continue
         repeated = f.is_repeated
         if f.type == f.TYPE_MESSAGE:
             if f.message_type.GetOptions().map_entry:
-                kf, vf = f.message_type.fields_by_name["key"], f.message_type.fields_by_name["value"]
+                kf, vf = (
+                    f.message_type.fields_by_name["key"],
+                    f.message_type.fields_by_name["value"],
+                )
                 if vf.type != vf.TYPE_MESSAGE:
-                    getattr(msg, f.name).update(draw(st.dictionaries(_scalar(kf), _scalar(vf), max_size=3)))
+                    getattr(msg, f.name).update(
+                        draw(st.dictionaries(_scalar(kf), _scalar(vf), max_size=3))
+                    )
                 continue
             if depth >= 3:
                 continue
@@ -240,11 +353,25 @@ json_values = st.recursive(
 )
 ints = _ints(-(2**63), 2**63 - 1)
 _CONNECTOR_FIELDS: dict[str, st.SearchStrategy[Any]] = {
-    "topic": names, "topics": st.lists(names, max_size=3), "group": names, "query_id": names, "attempt": names,
-    "queue_id": ints, "start": ints, "end": ints, "batch_id": ints, "timestamp_ms": ints,
-    "tags": st.none() | names, "sql": st.none() | names,
+    "topic": names,
+    "topics": st.lists(names, max_size=3),
+    "group": names,
+    "query_id": names,
+    "attempt": names,
+    "queue_id": ints,
+    "start": ints,
+    "end": ints,
+    "batch_id": ints,
+    "timestamp_ms": ints,
+    "tags": st.none() | names,
+    "sql": st.none() | names,
     "queues": st.dictionaries(names, st.lists(ints, max_size=3), max_size=3),
-    "offsets": st.lists(names, max_size=3) | st.dictionaries(names, st.dictionaries(names | st.sampled_from(["0", "1", "-1"]), ints, max_size=3), max_size=3),
+    "offsets": st.lists(names, max_size=3)
+    | st.dictionaries(
+        names,
+        st.dictionaries(names | st.sampled_from(["0", "1", "-1"]), ints, max_size=3),
+        max_size=3,
+    ),
     "mode": st.sampled_from(["normal", "half", "other", ""]),
 }
 
@@ -270,24 +397,48 @@ def arrow_rows(draw: st.DrawFn) -> pa.Table | None:
     n = draw(st.integers(0, 4))
     cols: dict[str, pa.Array] = {}
     if draw(st.integers(0, 5)):
-        cols["topic"] = pa.array(draw(st.lists(st.none() | names, min_size=n, max_size=n)), pa.string())
+        cols["topic"] = pa.array(
+            draw(st.lists(st.none() | names, min_size=n, max_size=n)), pa.string()
+        )
     if draw(st.integers(0, 5)):
         if draw(st.booleans()):
-            cols["body"] = pa.array(draw(st.lists(st.none() | st.binary(max_size=32), min_size=n, max_size=n)), pa.binary())
+            cols["body"] = pa.array(
+                draw(st.lists(st.none() | st.binary(max_size=32), min_size=n, max_size=n)),
+                pa.binary(),
+            )
         else:
-            cols["body"] = pa.array(draw(st.lists(st.integers(-5, 5), min_size=n, max_size=n)), pa.int64())
+            cols["body"] = pa.array(
+                draw(st.lists(st.integers(-5, 5), min_size=n, max_size=n)), pa.int64()
+            )
     for name in ("tags", "keys", "messageGroup"):
         if not draw(st.integers(0, 2)):
-            cols[name] = pa.array(draw(st.lists(st.none() | names, min_size=n, max_size=n)), pa.string())
+            cols[name] = pa.array(
+                draw(st.lists(st.none() | names, min_size=n, max_size=n)), pa.string()
+            )
     for name in ("queueId", "delayLevel"):
         if not draw(st.integers(0, 3)):
-            cols[name] = pa.array(draw(st.lists(st.none() | st.integers(-(2**31), 2**31 - 1), min_size=n, max_size=n)), pa.int32())
+            cols[name] = pa.array(
+                draw(
+                    st.lists(st.none() | st.integers(-(2**31), 2**31 - 1), min_size=n, max_size=n)
+                ),
+                pa.int32(),
+            )
     if not draw(st.integers(0, 3)):
-        cols["properties"] = pa.array(draw(st.lists(st.none() | st.lists(st.tuples(names, names), max_size=2), min_size=n, max_size=n)),
-                                      pa.map_(pa.string(), pa.string()))
+        cols["properties"] = pa.array(
+            draw(
+                st.lists(
+                    st.none() | st.lists(st.tuples(names, names), max_size=2),
+                    min_size=n,
+                    max_size=n,
+                )
+            ),
+            pa.map_(pa.string(), pa.string()),
+        )
     if not draw(st.integers(0, 4)):
-        cols["deliverTimestamp"] = pa.array(draw(st.lists(st.none() | st.integers(-(2**40), 2**50), min_size=n, max_size=n)),
-                                            pa.timestamp("ms"))
+        cols["deliverTimestamp"] = pa.array(
+            draw(st.lists(st.none() | st.integers(-(2**40), 2**50), min_size=n, max_size=n)),
+            pa.timestamp("ms"),
+        )
     return pa.table(cols) if cols else pa.table({"x": pa.array([None] * n, pa.null())})
 
 
@@ -296,57 +447,84 @@ def connector_request(draw: st.DrawFn, method: P.Method) -> bytes:
     if method.frame:
         header = draw(connector_document(method.request))
         if draw(st.integers(0, 5)) == 0:
-            return codec.dump_frame(codec.Frame(header, None))[: draw(st.integers(0, 12))]  # cut short
+            return codec.dump_frame(codec.Frame(header, None))[
+                : draw(st.integers(0, 12))
+            ]  # cut short
         return codec.dump_frame(codec.Frame(header, draw(arrow_rows())))
     return codec.dump_json(draw(connector_document(method.request)))
 
 
 # --- calling a method with bytes ------------------------------------------------------------------------------
-def _rmq_call(channel: grpc.Channel, m: pbd.MethodDescriptor, requests: list[bytes], md: list[tuple[str, str]]) -> list[bytes]:
+def _rmq_call(
+    channel: grpc.Channel, m: pbd.MethodDescriptor, requests: list[bytes], md: list[tuple[str, str]]
+) -> list[bytes]:
     path = f"/{SERVICE.full_name}/{m.name}"
     if m.client_streaming:
-        return list(channel.stream_stream(path)(iter(requests), metadata=md, timeout=CALL_TIMEOUT_S))
+        return list(
+            channel.stream_stream(path)(iter(requests), metadata=md, timeout=CALL_TIMEOUT_S)
+        )
     if m.server_streaming:
         return list(channel.unary_stream(path)(requests[0], metadata=md, timeout=CALL_TIMEOUT_S))
     return [channel.unary_unary(path)(requests[0], metadata=md, timeout=CALL_TIMEOUT_S)]
 
 
-def check_rmq_answer(channel: grpc.Channel, m: pbd.MethodDescriptor, requests: list[bytes],
-                     md: list[tuple[str, str]], parseable: bool) -> str:
+def check_rmq_answer(
+    channel: grpc.Channel,
+    m: pbd.MethodDescriptor,
+    requests: list[bytes],
+    md: list[tuple[str, str]],
+    parseable: bool,
+) -> str:
     """Call, and check the answer (see the module docstring); returns what it was, for the tally."""
     out_cls = message_factory.GetMessageClass(m.output_type)
     try:
         answers = [out_cls.FromString(raw) for raw in _rmq_call(channel, m, requests, md)]
     except grpc.RpcError as e:
         # only bytes that do not parse may get a gRPC error: INTERNAL, as grpc's own servers answer
-        assert not parseable and e.code() == SC.INTERNAL and "deserializing" in (e.details() or ""), (
-            f"{m.name}: {e.code()} {e.details()!r}")
+        assert (
+            not parseable and e.code() == SC.INTERNAL and "deserializing" in (e.details() or "")
+        ), f"{m.name}: {e.code()} {e.details()!r}"
         return "INTERNAL (undecodable)"
     if m.client_streaming:  # Telemetry: any settings answered, each with a status
         assert all(a.HasField("status") and a.status.code != 0 for a in answers), answers
         codes = [a.status.code for a in answers]
     else:
-        assert answers and answers[0].HasField("status"), f"{m.name}: first answer {answers[:1]} has no status"
+        assert answers and answers[0].HasField("status"), (
+            f"{m.name}: first answer {answers[:1]} has no status"
+        )
         codes = [answers[0].status.code]
     for code in codes:
         assert code != 0, f"{m.name}: status code 0"
-        assert code != C.INTERNAL_SERVER_ERROR, f"{m.name}: a fault no check caught: {answers[0].status.message!r}"
+        assert code != C.INTERNAL_SERVER_ERROR, (
+            f"{m.name}: a fault no check caught: {answers[0].status.message!r}"
+        )
     return C.Name(codes[0]) if codes else "stream ended"
 
 
-def check_connector_answer(channel: grpc.Channel, method: P.Method, request: bytes, md: list[tuple[str, str]]) -> str:
-    ident = dict(request_serializer=codec.identity, response_deserializer=codec.identity)
+def check_connector_answer(
+    channel: grpc.Channel, method: P.Method, request: bytes, md: list[tuple[str, str]]
+) -> str:
+    ident = {"request_serializer": codec.identity, "response_deserializer": codec.identity}
     try:
         if method.response is None:
-            chunks = list(channel.unary_stream(method.path, **ident)(request, metadata=md, timeout=CALL_TIMEOUT_S))
+            chunks = list(
+                channel.unary_stream(method.path, **ident)(
+                    request, metadata=md, timeout=CALL_TIMEOUT_S
+                )
+            )
             for chunk in chunks:
                 codec.load_batch(chunk)
         else:
-            method.response.decode(channel.unary_unary(method.path, **ident)(request, metadata=md, timeout=CALL_TIMEOUT_S))
+            method.response.decode(
+                channel.unary_unary(method.path, **ident)(
+                    request, metadata=md, timeout=CALL_TIMEOUT_S
+                )
+            )
         return "OK"
     except grpc.RpcError as e:
         assert e.code() not in (SC.UNKNOWN, SC.DEADLINE_EXCEEDED, SC.UNAVAILABLE, SC.OK), (
-            f"{method.name}: {e.code()} {e.details()!r}")
+            f"{method.name}: {e.code()} {e.details()!r}"
+        )
         return e.code().name
 
 
@@ -372,8 +550,15 @@ def test_rocketmq_method_fuzz(brokers, m, data):
             raw = data.draw(st.lists(st.binary(max_size=96), min_size=1, max_size=3), label="bytes")
             _count(f"{m.name} bytes -> " + check_rmq_answer(channel, m, raw, md, parseable=False))
         else:
-            msgs = data.draw(st.lists(proto_message(m.input_type), min_size=1, max_size=3), label="requests")
-            _count(f"{m.name} typed -> " + check_rmq_answer(channel, m, [x.SerializeToString() for x in msgs], md, parseable=True))
+            msgs = data.draw(
+                st.lists(proto_message(m.input_type), min_size=1, max_size=3), label="requests"
+            )
+            _count(
+                f"{m.name} typed -> "
+                + check_rmq_answer(
+                    channel, m, [x.SerializeToString() for x in msgs], md, parseable=True
+                )
+            )
     assert_still_serving(broker, channel)
 
 
@@ -388,17 +573,23 @@ def test_connector_method_fuzz(brokers, method, data):
         md = data.draw(metadata(), label="metadata")
         if data.draw(st.integers(0, 3), label="bytes?") == 0:
             request = data.draw(st.binary(max_size=128), label="bytes")
-            _count(f"{method.name} bytes -> " + check_connector_answer(channel, method, request, md))
+            _count(
+                f"{method.name} bytes -> " + check_connector_answer(channel, method, request, md)
+            )
         else:
             request = data.draw(connector_request(method), label="request")
-            _count(f"{method.name} typed -> " + check_connector_answer(channel, method, request, md))
+            _count(
+                f"{method.name} typed -> " + check_connector_answer(channel, method, request, md)
+            )
     assert_still_serving(broker, channel)
 
 
 def test_every_method_was_fuzzed():
     """Runs last in this module: the tally names every method of both services (with ``-s``, the
     answers each got)."""
-    assert TALLY, "the tally is filled by this module's fuzz tests: run it with them (the whole module)"
+    assert TALLY, (
+        "the tally is filled by this module's fuzz tests: run it with them (the whole module)"
+    )
     tried = {k.split(" ", 1)[0] for k in TALLY}
     assert tried == {m.name for m in RMQ_METHODS} | {m.name for m in P.METHODS}
     print(f"\n{sum(TALLY.values())} calls:")

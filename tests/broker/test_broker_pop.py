@@ -3,18 +3,19 @@ clock: no gRPC, no sleeping."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 
-from rmq_spark.broker.codes import AckOutcome
 from rmq_spark.broker import revive
+from rmq_spark.broker.codes import AckOutcome
 from rmq_spark.broker.pop import PopConfig, PopService, dlq_topic, retry_topic
 from rmq_spark.broker.popstate import OffsetSet
+from rmq_spark.errors import StoreError
+from rmq_spark.filter import make_filter
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
-from rmq_spark.filter import make_filter
-from rmq_spark.errors import StoreError
 from rmq_spark.store.message import Message
 from rmq_spark.store.store import MessageStore, StoreConfig
 
@@ -25,7 +26,9 @@ class Core:
     """What the pop service needs of a BrokerCore: the store (no services)."""
 
     def __init__(self, root: str, clock: FakeClock) -> None:
-        self.store = MessageStore(root, StoreConfig(commitlog_segment_bytes=1 << 20), clock=clock, start_services=False)
+        self.store = MessageStore(
+            root, StoreConfig(commitlog_segment_bytes=1 << 20), clock=clock, start_services=False
+        )
 
     def shutdown(self) -> None:
         self.store.shutdown()
@@ -108,7 +111,9 @@ def test_redelivery_through_the_retry_topic_then_dead_letters(env):
     assert core.store.offsets.query("g", retry_topic("g"), 0) == 2
 
 
-def test_a_message_that_cannot_be_read_back_stays_to_redeliver_and_the_others_move(env, monkeypatch, caplog):
+def test_a_message_that_cannot_be_read_back_stays_to_redeliver_and_the_others_move(
+    env, monkeypatch, caplog
+):
     """An expired message whose record fails to read (a damaged file) is not lost or stuck: the
     error is logged, it is delivered again from its queue, and the round's other messages move."""
     core, pop, clock = env
@@ -131,13 +136,18 @@ def test_a_message_that_cannot_be_read_back_stays_to_redeliver_and_the_others_mo
     monkeypatch.setattr(core.store, "look_message_by_offset", real)
     again = {d.message.body: d for d in pop.pop("g", "T", ALL, 5, 1000)}
     assert sorted(again) == [b"a", b"b", b"c"]  # b from its queue, a and c from the retry topic
-    assert again[b"b"].message.commitlog_offset == bad and again[b"a"].attempt == again[b"c"].attempt == 2
+    assert (
+        again[b"b"].message.commitlog_offset == bad
+        and again[b"a"].attempt == again[b"c"].attempt == 2
+    )
     for d in again.values():
         assert pop.ack("g", "T", d.handle) is AckOutcome.OK
     assert core.store.offsets.query("g", "T", 0) == 3  # nothing left behind in the queue
 
 
-def test_a_copy_that_cannot_be_made_stays_to_redeliver_and_the_others_move(env, monkeypatch, caplog):
+def test_a_copy_that_cannot_be_made_stays_to_redeliver_and_the_others_move(
+    env, monkeypatch, caplog
+):
     """Making one message's retry copy raises: that message is delivered again from its queue, the
     round's other messages move, nothing is lost."""
     core, pop, clock = env
@@ -212,7 +222,7 @@ def test_a_round_that_raises_midway_leaves_the_rest_in_flight_for_the_next(env, 
 
 
 def test_forward_to_dead_letter_queue_is_idempotent(env):
-    core, pop, clock = env
+    core, pop, _clock = env
     put(core, "T", [b"x"])
     (d,) = pop.pop("g", "T", ALL, 1, 1000)
     assert pop.forward_to_dlq("g", "T", d.handle) is AckOutcome.OK
@@ -251,7 +261,7 @@ def test_fifo_groups_are_served_in_order(env):
 
 
 def test_tag_and_sql_filters(env):
-    core, pop, clock = env
+    core, pop, _clock = env
     put(core, "T", [b"a1", b"a2"], TAGS="a", n="1")
     put(core, "T", [b"b1"], TAGS="b", n="7")
     assert bodies(pop.pop("g1", "T", make_filter("TAG", "b || c"), 10, 1000)) == [b"b1"]
@@ -283,7 +293,7 @@ def test_auto_renew_and_release_client(env):
     alive = {"c1": True}
     pop.is_client_alive = lambda cid: alive.get(cid, False)
     put(core, "T", [b"x"])
-    (d,) = pop.pop("g", "T", ALL, 1, 1000, client_id="c1", auto_renew=True)
+    (_d,) = pop.pop("g", "T", ALL, 1, 1000, client_id="c1", auto_renew=True)
     clock.advance(1001)
     assert pop.revive_once() == 0  # renewed: the client is alive
     assert pop.pop("g", "T", ALL, 1, 1000) == []
@@ -294,7 +304,7 @@ def test_auto_renew_and_release_client(env):
 
 
 def test_new_group_starts_at_the_beginning_and_committed_offsets_win(env):
-    core, pop, clock = env
+    core, pop, _clock = env
     put(core, "T", [b"a", b"b", b"c"])
     core.store.offsets.commit("late", "T", 0, 2)
     assert bodies(pop.pop("late", "T", ALL, 10, 1000)) == [b"c"]
@@ -319,4 +329,4 @@ def test_offset_set_matches_a_plain_set():
                 ref = {x for x in ref if x >= base}
             assert all((x in s) == (x in ref) for x in range(base, 70))
         ivs = s.intervals()
-        assert all(a[1] < b[0] for a, b in zip(ivs, ivs[1:]))  # disjoint, not touching
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(ivs))  # disjoint, not touching

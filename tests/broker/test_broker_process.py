@@ -17,10 +17,10 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from rmq_spark.broker import Broker
 from rmq_spark.broker.__main__ import main
+from rmq_spark.broker.connector.client import InternalClient
 from rmq_spark.broker.options import build_parser, parse_args
 from rmq_spark.broker.testing import BrokerProcess, metadata
 from rmq_spark.errors import ConfigError, StoreLockedError
-from rmq_spark.broker.connector.client import InternalClient
 
 BROKER = [sys.executable, "-m", "rmq_spark.broker"]
 
@@ -36,9 +36,13 @@ def test_ready_line_route_and_clean_stop_on_sigterm(tmp_path):
     store = str(tmp_path / "store")
     b = BrokerProcess(store)
     try:
-        assert b.ready_line == (f"rmq-broker listening on 127.0.0.1:{b.port} store={os.path.abspath(store)}"
-                                f" remoting={b.remoting_endpoint} namesrv={b.namesrv_endpoint}")
-        assert b.remoting_endpoint.startswith("127.0.0.1:") and b.namesrv_endpoint.startswith("127.0.0.1:")
+        assert b.ready_line == (
+            f"rmq-broker listening on 127.0.0.1:{b.port} store={os.path.abspath(store)}"
+            f" remoting={b.remoting_endpoint} namesrv={b.namesrv_endpoint}"
+        )
+        assert b.remoting_endpoint.startswith("127.0.0.1:") and b.namesrv_endpoint.startswith(
+            "127.0.0.1:"
+        )
         r = route(b.endpoints, "Orders")
         assert r.status.code == D.Code.OK and len(r.message_queues) == 4
         q = r.message_queues[0]
@@ -60,8 +64,12 @@ def test_sigint_stops_cleanly(tmp_path):
 def test_a_second_broker_on_the_store_fails_clearly(tmp_path):
     store = str(tmp_path / "store")
     with BrokerProcess(store) as first:
-        second = subprocess.run([*BROKER, "--store", store, "--listen", "127.0.0.1:0"],
-                                capture_output=True, text=True, timeout=60)
+        second = subprocess.run(
+            [*BROKER, "--store", store, "--listen", "127.0.0.1:0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert second.returncode == 1
         assert "in use by another process" in second.stderr and str(first.pid) in second.stderr
         assert route(first.endpoints, "T").status.code == D.Code.OK  # the first one is unharmed
@@ -100,30 +108,50 @@ def test_bad_flags_exit_2(tmp_path, capsys, flags, message):
 
 
 def test_bad_flag_exit_code_of_the_process(tmp_path):
-    r = subprocess.run([*BROKER, "--store", str(tmp_path / "s"), "--flush", "sometimes"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*BROKER, "--store", str(tmp_path / "s"), "--flush", "sometimes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "rmq-broker: error: --flush must be" in r.stderr
 
 
 def test_unusable_listen_address_exits_with_a_clear_error(tmp_path):
     with BrokerProcess(str(tmp_path / "a")) as first:
-        r = subprocess.run([*BROKER, "--store", str(tmp_path / "b"), "--listen", first.endpoints],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [*BROKER, "--store", str(tmp_path / "b"), "--listen", first.endpoints],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == 1 and "cannot listen" in r.stderr
 
 
 def test_config_file_json_and_key_value_flags_win(tmp_path):
     j = tmp_path / "broker.json"
-    j.write_text(json.dumps({"flush": "sync", "delay_levels": "1s 2s", "transaction-timeout": 2,
-                             "no-auto-create-topics": True, "max-delivery-attempts": 4, "acl": "x.json"}))
+    j.write_text(
+        json.dumps(
+            {
+                "flush": "sync",
+                "delay_levels": "1s 2s",
+                "transaction-timeout": 2,
+                "no-auto-create-topics": True,
+                "max-delivery-attempts": 4,
+                "acl": "x.json",
+            }
+        )
+    )
     a = parse_args(["--store", str(tmp_path / "s"), "--config", str(j), "--delay-levels", "3s"])
     assert a.config.store.flush == "sync" and a.config.delay_levels_ms == [3000]
     assert a.config.transaction_timeout_s == 2.0 and a.config.store.auto_create_topics is False
     assert a.options.max_delivery_attempts == 4 and a.options.acl_path == "x.json"
     assert a.options.listen == "127.0.0.1:8081"
     kv = tmp_path / "broker.conf"
-    kv.write_text("# comment\nstore = %s\ntransaction_check_interval = 0.5\ntruncate-corrupt = true\n"
-                  "commitlog-segment-bytes=65536\nmin-invisible-s=1\n" % (tmp_path / "kv"))
+    kv.write_text(
+        "# comment\nstore = %s\ntransaction_check_interval = 0.5\ntruncate-corrupt = true\n"
+        "commitlog-segment-bytes=65536\nmin-invisible-s=1\n" % (tmp_path / "kv")
+    )
     b = parse_args(["--config", str(kv), "--idle-exit-s", "3"])
     assert b.store == str(tmp_path / "kv") and b.config.transaction_check_interval_s == 0.5
     assert b.config.store.truncate_corrupt and b.config.store.commitlog_segment_bytes == 65536
@@ -156,7 +184,11 @@ def test_bad_config_values_name_the_file_and_the_key(tmp_path, data, problem):
     j = tmp_path / "broker.json"
     j.write_text(json.dumps(data))
     with pytest.raises(ConfigError) as e:
-        parse_args(["--store", str(tmp_path / "s"), "--config", str(j)] if "store" not in data else ["--config", str(j)])
+        parse_args(
+            ["--store", str(tmp_path / "s"), "--config", str(j)]
+            if "store" not in data
+            else ["--config", str(j)]
+        )
     assert str(e.value).startswith(f"config file {j}: "), str(e.value)
     assert problem in str(e.value)
 
@@ -166,14 +198,18 @@ def test_a_store_that_is_a_file_is_named(tmp_path):
     a_file.write_text("x")
     with pytest.raises(ConfigError, match=f"--store {a_file} is a file, not a store directory"):
         parse_args(["--store", str(a_file)])
-    with pytest.raises(ConfigError, match=f"--store {a_file}/s lies under {a_file}, which is a file"):
+    with pytest.raises(
+        ConfigError, match=f"--store {a_file}/s lies under {a_file}, which is a file"
+    ):
         parse_args(["--store", str(a_file / "s")])
 
 
 def test_a_config_file_that_is_not_utf8_is_named(tmp_path, capsys):
     bad = tmp_path / "latin1.conf"
     bad.write_bytes("flush=sync\nbroker-name=Br\xf6ker\n".encode("latin-1"))
-    with pytest.raises(ConfigError, match=rf"config file {bad} is not UTF-8 text: byte 25 \(line 2\)"):
+    with pytest.raises(
+        ConfigError, match=rf"config file {bad} is not UTF-8 text: byte 25 \(line 2\)"
+    ):
         parse_args(["--store", str(tmp_path / "s"), "--config", str(bad)])
     assert main(["--store", str(tmp_path / "s"), "--config", str(bad)]) == 2
     assert "is not UTF-8 text" in capsys.readouterr().err
@@ -191,7 +227,9 @@ def test_help_states_the_defaults_the_broker_uses(tmp_path):
         if action.option_strings[0] == "--commitlog-segment-bytes":
             value = str(1 << 30)  # "1 GiB"
         given = parse_args(["--store", str(tmp_path), action.option_strings[0], value])
-        assert (given.config, given.options) == (base.config, base.options), action.option_strings[0]
+        assert (given.config, given.options) == (base.config, base.options), action.option_strings[
+            0
+        ]
         checked.append(action.option_strings[0])
     assert len(checked) >= 15
 

@@ -73,7 +73,8 @@ def send_all(root: str, one: bool) -> tuple[list[S.SendMessageResponse], dict[st
     core.store.try_put_row = counted_put  # type: ignore[method-assign]
     producer = ProducerPath(core, ClientRegistry())
     for way, name in (("plain", "_send_plain"), ("general", "_send_parsed")):
-        def counted(*args, _way=way, _real=getattr(producer, name)):  # type: ignore[no-untyped-def]
+
+        def counted(*args, _way=way, _real=getattr(producer, name)):  # type: ignore[no-untyped-def]  # noqa: B008 - bound now, on purpose
             ways[_way] += 1
             return _real(*args)
 
@@ -112,7 +113,9 @@ def test_one_message_send_writes_the_bytes_and_answers_of_the_general_send(tmp_p
     # most were written by the store's one-record put; segment rolls and IPv6 hosts were not
     assert 150 <= fast_ways["one_record"] < 240
 
-    assert [a.entries[0].message_id for a in fast] == [m.system_properties.message_id for m in messages()]
+    assert [a.entries[0].message_id for a in fast] == [
+        m.system_properties.message_id for m in messages()
+    ]
     for i, (a, b) in enumerate(zip(fast, general, strict=True)):
         assert a.status.code == D.Code.OK, (i, a.status)
         assert a == b, i
@@ -126,6 +129,8 @@ def test_one_message_send_writes_the_bytes_and_answers_of_the_general_send(tmp_p
     for name, data in fast_files.items():
         assert data == general_files[name], name
 
-    with MessageStore(fast_root, StoreConfig(commitlog_segment_bytes=16 * 1024, cq_segment_units=50)) as s:
+    with MessageStore(
+        fast_root, StoreConfig(commitlog_segment_bytes=16 * 1024, cq_segment_units=50)
+    ) as s:
         got = s.get_messages("Send1", 0, 0, max_msgs=1).messages  # what was written reads back
         assert got and got[0].properties[L.P_UNIQ_KEY] == messages()[1].system_properties.message_id

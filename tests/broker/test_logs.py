@@ -19,11 +19,17 @@ from rmq_spark.store.store import StoreConfig
 
 
 def _options() -> BrokerOptions:
-    return BrokerOptions(listen="127.0.0.1:0", remoting_listen="127.0.0.1:0", namesrv_listen="127.0.0.1:0")
+    return BrokerOptions(
+        listen="127.0.0.1:0", remoting_listen="127.0.0.1:0", namesrv_listen="127.0.0.1:0"
+    )
 
 
 def _lines(caplog, level=logging.INFO) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= level and r.name.startswith("rmq_spark")]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= level and r.name.startswith("rmq_spark")
+    ]
 
 
 def test_group_topic_dlq_and_reset_events(tmp_path, caplog):
@@ -35,8 +41,12 @@ def test_group_topic_dlq_and_reset_events(tmp_path, caplog):
         m.topic, m.body = "Logged", b"hello"
         p.send(m)
         p.shutdown()
-        c = SimpleConsumer(client_configuration(b.endpoints), "loggers", {"Logged": FilterExpression()},
-                           await_duration=1)
+        c = SimpleConsumer(
+            client_configuration(b.endpoints),
+            "loggers",
+            {"Logged": FilterExpression()},
+            await_duration=1,
+        )
         c.startup()
         got = []
         for _ in range(20):
@@ -45,20 +55,39 @@ def test_group_topic_dlq_and_reset_events(tmp_path, caplog):
                 break
         c.shutdown()
         assert got
-        (cq,) = [cq for q in range(4) if (cq := b.store.consume_queue("Logged", q)) is not None and cq.max_offset]
-        answer = request(b.remoting_endpoint, RequestCode.CONSUMER_SEND_MSG_BACK,
-                         {"offset": str(cq.unit(0)[0]), "group": "loggers", "delayLevel": "-1"})
+        (cq,) = [
+            cq
+            for q in range(4)
+            if (cq := b.store.consume_queue("Logged", q)) is not None and cq.max_offset
+        ]
+        answer = request(
+            b.remoting_endpoint,
+            RequestCode.CONSUMER_SEND_MSG_BACK,
+            {"offset": str(cq.unit(0)[0]), "group": "loggers", "delayLevel": "-1"},
+        )
         assert answer.code == ResponseCode.SUCCESS
-        answer = request(b.remoting_endpoint, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
-                         {"topic": "Logged", "group": "loggers", "timestamp": "0", "isForce": "true"})
+        answer = request(
+            b.remoting_endpoint,
+            RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+            {"topic": "Logged", "group": "loggers", "timestamp": "0", "isForce": "true"},
+        )
         assert answer.code == ResponseCode.SUCCESS
     lines = _lines(caplog)
     assert "topic Logged created: 4 read / 4 write queues, perm 6" in lines
-    joined = [x for x in lines if x.startswith("consumer group loggers: client ") and x.endswith(" joined")]
-    left = [x for x in lines if x.startswith("consumer group loggers: client ") and x.endswith(" left")]
+    joined = [
+        x
+        for x in lines
+        if x.startswith("consumer group loggers: client ") and x.endswith(" joined")
+    ]
+    left = [
+        x for x in lines if x.startswith("consumer group loggers: client ") and x.endswith(" left")
+    ]
     assert len(joined) == 1 and len(left) == 1
     assert any(x.startswith("DLQ: a message of topic Logged moved to %DLQ%loggers") for x in lines)
-    assert any(x.startswith("offsets of consumer group loggers on topic Logged reset to time 0") for x in lines)
+    assert any(
+        x.startswith("offsets of consumer group loggers on topic Logged reset to time 0")
+        for x in lines
+    )
     assert not [r for r in caplog.records if r.exc_info]
 
 
@@ -79,10 +108,15 @@ def test_recovery_names_the_file_and_position_it_cut(tmp_path, caplog):
         f.seek(end)
         f.write((200).to_bytes(4, "big") + os.urandom(60))
     caplog.set_level(logging.INFO, logger="rmq_spark")
-    with Broker(store, listen="127.0.0.1:0", config=BrokerConfig(store=StoreConfig(truncate_corrupt=True))) as b:
+    with Broker(
+        store, listen="127.0.0.1:0", config=BrokerConfig(store=StoreConfig(truncate_corrupt=True))
+    ) as b:
         assert b.store.commitlog.max_offset == end
     lines = _lines(caplog)
     cut = [x for x in lines if x.startswith("recovery: ") and "CommitLog cut at position" in x]
-    assert cut == [f"recovery: {segment}: CommitLog cut at position {end} (offset {end}): " + cut[0].split("): ", 1)[1]]
+    assert cut == [
+        f"recovery: {segment}: CommitLog cut at position {end} (offset {end}): "
+        + cut[0].split("): ", 1)[1]
+    ]
     assert any(x.startswith("recovery: CommitLog checked from offset") for x in lines)
     assert not [r for r in caplog.records if r.exc_info]

@@ -18,7 +18,9 @@ from rmq_spark.store.message import MessageExt
 
 
 def _ext(body: bytes, sys_flag: int) -> MessageExt:
-    return MessageExt(topic="T", body=body, properties={"UNIQ_KEY": "u1"}, sys_flag=sys_flag, commitlog_offset=42)
+    return MessageExt(
+        topic="T", body=body, properties={"UNIQ_KEY": "u1"}, sys_flag=sys_flag, commitlog_offset=42
+    )
 
 
 def test_a_compressed_record_reaches_a_grpc_consumer_inflated():
@@ -41,5 +43,7 @@ def test_gzip_bodies_are_decoded_within_the_limit_and_whole():
         _decoded_body(gzip.compress(b"x" * 1000), 2, 100)
     assert e.value.code == Code.MESSAGE_BODY_TOO_LARGE
     with pytest.raises(RpcStatusError) as e:
-        _decoded_body(gzip.compress(b"abcdef" * 50)[:-12], 2, 1000)  # truncated: not stored as its prefix
+        _decoded_body(
+            gzip.compress(b"abcdef" * 50)[:-12], 2, 1000
+        )  # truncated: not stored as its prefix
     assert e.value.code == Code.MESSAGE_CORRUPTED

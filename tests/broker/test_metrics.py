@@ -239,7 +239,7 @@ def test_traffic_consumers_and_store_metrics(broker):
         )
         > 0
     )
-    segments = [f for f in os.listdir(os.path.join(broker.store.root, "commitlog"))]
+    segments = list(os.listdir(os.path.join(broker.store.root, "commitlog")))
     assert value(got_metrics, "rmq_spark_commitlog_segments") == len(segments)
     assert (
         value(got_metrics, "rocketmq_storage_size", storage_type="local", storage_medium="disk") > 0

@@ -14,7 +14,7 @@ import pytest
 
 from rmq_spark.broker.connector.client import InternalClient
 from rmq_spark.broker.testing import InternalServer
-from rmq_spark.errors import CorruptStoreError, StoreError
+from rmq_spark.errors import CorruptStoreError
 from rmq_spark.services.core import BrokerCore
 from rmq_spark.store.reader import StoreReader
 
@@ -46,7 +46,12 @@ def fill(core: BrokerCore, topic: str = "W", n: int = 30_000) -> None:
     s = core.store
     for q in range(2):
         for tag in ("a", "b"):
-            s.put_bodies(topic, q, [f"{topic}-{q}-{tag}-{i}".encode() for i in range(n // 4)], {"TAGS": tag, "k": tag})
+            s.put_bodies(
+                topic,
+                q,
+                [f"{topic}-{q}-{tag}-{i}".encode() for i in range(n // 4)],
+                {"TAGS": tag, "k": tag},
+            )
     s.flush_all()
 
 
@@ -112,7 +117,9 @@ def test_a_caller_leaving_mid_stream_or_a_worker_dying_costs_no_read(served):
     while first in served.readers.pids():
         assert time.monotonic() < deadline, "the abandoned worker was not stopped"
         time.sleep(0.05)
-    assert read(served.client, "W", 0, 0, 30_000).num_rows == 30_000  # in the broker, or a new worker
+    assert (
+        read(served.client, "W", 0, 0, 30_000).num_rows == 30_000
+    )  # in the broker, or a new worker
     pids = served.wait_workers(2)
     for pid in pids:  # workers dying while idle (the OOM killer, an operator)
         os.kill(pid, signal.SIGKILL)
@@ -189,7 +196,10 @@ def test_large_messages_are_shipped_a_few_mb_at_a_time(served):
         batches = list(served.client.read_arrow("L", 0, 0, 24))
         assert [b for batch in batches for b in batch.column("body").to_pylist()] == big
         assert len(batches) >= 24 * (1 << 20) // (WIRE_BYTES + (1 << 20))
-        assert all(pa.Table.from_batches([b]).column("body").nbytes <= WIRE_BYTES + (1 << 20) for b in batches)
+        assert all(
+            pa.Table.from_batches([b]).column("body").nbytes <= WIRE_BYTES + (1 << 20)
+            for b in batches
+        )
         served.wait_workers(1)
 
 
@@ -215,13 +225,15 @@ def test_a_worker_stuck_at_its_start_is_killed_and_its_place_taken(store_dir, mo
         here = lambda: iter([b"here"])  # noqa: E731
         assert list(workers.chunks({}, here)) == [b"here"]  # no worker ready: read in the broker
         deadline = time.monotonic() + 30
-        while workers._starting:  # noqa: SLF001 - the place held while the stuck worker starts
+        while workers._starting:
             assert time.monotonic() < deadline, "the stuck worker's start was not given up"
             time.sleep(0.05)
         assert len(started) == 1 and workers.started == 0
         with pytest.raises(ChildProcessError):
             os.waitpid(started[0], os.WNOHANG)  # killed and reaped
-        monkeypatch.setattr(R, "_worker_command", lambda root: [sys.executable, "-m", R.__name__, root])
+        monkeypatch.setattr(
+            R, "_worker_command", lambda root: [sys.executable, "-m", R.__name__, root]
+        )
         assert list(workers.chunks({}, here)) == [b"here"]  # a new start
         while workers.started < 1:
             assert time.monotonic() < deadline + 30, "no worker started in the stuck one's place"

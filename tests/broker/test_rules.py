@@ -9,12 +9,12 @@ import pyarrow as pa
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as D
 
+from rmq_spark.access.rules import P_SINK_KEY, RESERVED_PROPERTIES, SendLimits, check_rows
 from rmq_spark.broker.codes import Code, RpcStatusError
 from rmq_spark.broker.messages import SYSTEM_PROPERTIES, parse_send
 from rmq_spark.errors import MessageIllegalError
 from rmq_spark.store import layout as L
 from rmq_spark.store.config import TopicConfig
-from rmq_spark.access.rules import P_SINK_KEY, RESERVED_PROPERTIES, SendLimits, check_rows
 
 NOW_MS = 1_700_000_000_000
 LIMITS = SendLimits(body_max_bytes=64, max_delay_ms=3_600_000, now_ms=NOW_MS)
@@ -76,7 +76,13 @@ def send_verdict(case) -> str | None:  # type: ignore[no-untyped-def]
         pm.system_properties.delivery_timestamp.FromMilliseconds(deliver)
     cfg = TopicConfig("T", message_type="MIXED")
     try:
-        parse_send(pm, cfg, now_ms=NOW_MS, body_max_bytes=LIMITS.body_max_bytes, max_delay_ms=LIMITS.max_delay_ms)
+        parse_send(
+            pm,
+            cfg,
+            now_ms=NOW_MS,
+            body_max_bytes=LIMITS.body_max_bytes,
+            max_delay_ms=LIMITS.max_delay_ms,
+        )
     except RpcStatusError as e:
         return Code.Name(e.code)
     return None
@@ -118,16 +124,28 @@ def test_send_message_hides_and_refuses_the_same_keys():
 
 def test_the_first_bad_row_is_named_with_its_column_and_the_limit():
     good = [OK] * 5
-    cases = good + [(b"x", None, None, None, None, NOW_MS + 7_200_000)] + good + [(b"", None, None, None, None, None)]
+    cases = [
+        *good,
+        (b"x", None, None, None, None, NOW_MS + 7_200_000),
+        *good,
+        (b"", None, None, None, None, None),
+    ]
     with pytest.raises(MessageIllegalError) as e:
         check_rows(rows_of(cases), LIMITS, first_row=1000, where=" of partition 3")
     text = str(e.value)
-    assert text.startswith("ILLEGAL_DELIVERY_TIME: column 'deliverTimestamp', row 1005 of partition 3:"), text
+    assert text.startswith(
+        "ILLEGAL_DELIVERY_TIME: column 'deliverTimestamp', row 1005 of partition 3:"
+    ), text
     assert "the limit is 3600s" in text
-    with pytest.raises(MessageIllegalError, match=r"MESSAGE_BODY_EMPTY: column 'body', row 1: message body is empty"):
+    with pytest.raises(
+        MessageIllegalError,
+        match=r"MESSAGE_BODY_EMPTY: column 'body', row 1: message body is empty",
+    ):
         check_rows(rows_of([OK, (b"", None, None, None, None, None)]), LIMITS)
     body_null = pa.table({"topic": ["T", "T"], "body": pa.array([b"x", None], pa.binary())})
-    with pytest.raises(MessageIllegalError, match=r"MESSAGE_BODY_EMPTY: column 'body', row 1: message body is null"):
+    with pytest.raises(
+        MessageIllegalError, match=r"MESSAGE_BODY_EMPTY: column 'body', row 1: message body is null"
+    ):
         check_rows(body_null, LIMITS)
     no_timer = SendLimits(body_max_bytes=64, max_delay_ms=None, now_ms=NOW_MS)
     with pytest.raises(MessageIllegalError, match="needs the timer service"):
@@ -137,13 +155,27 @@ def test_the_first_bad_row_is_named_with_its_column_and_the_limit():
 
 def test_topics_are_checked_and_sliced_or_chunked_tables_name_their_own_rows():
     t = pa.table({"topic": ["T", "bad topic", "T"], "body": [b"a", b"b", b"c"]})
-    with pytest.raises(MessageIllegalError, match=r"ILLEGAL_TOPIC: column 'topic', row 1: topic 'bad topic'"):
+    with pytest.raises(
+        MessageIllegalError, match=r"ILLEGAL_TOPIC: column 'topic', row 1: topic 'bad topic'"
+    ):
         check_rows(t, LIMITS)
-    with pytest.raises(MessageIllegalError, match=r"ILLEGAL_TOPIC: column 'topic', row 0: .*system topic"):
+    with pytest.raises(
+        MessageIllegalError, match=r"ILLEGAL_TOPIC: column 'topic', row 0: .*system topic"
+    ):
         check_rows(pa.table({"topic": [L.TRANS_HALF_TOPIC], "body": [b"a"]}), LIMITS)
-    table = rows_of([OK, (b"x", {"UNIQ_KEY": "u"}, None, None, None, None), OK, (b"x", {"DELAY": "1"}, None, None, None, None)])
+    table = rows_of(
+        [
+            OK,
+            (b"x", {"UNIQ_KEY": "u"}, None, None, None, None),
+            OK,
+            (b"x", {"DELAY": "1"}, None, None, None, None),
+        ]
+    )
     assert rows_verdict(table.slice(2)) == ("ILLEGAL_MESSAGE_PROPERTY_KEY", 1)
-    assert rows_verdict(pa.concat_tables([table.slice(2, 1), table.slice(0, 2)])) == ("ILLEGAL_MESSAGE_PROPERTY_KEY", 2)
+    assert rows_verdict(pa.concat_tables([table.slice(2, 1), table.slice(0, 2)])) == (
+        "ILLEGAL_MESSAGE_PROPERTY_KEY",
+        2,
+    )
     assert rows_verdict(table.slice(2, 1)) is None
 
 

@@ -21,13 +21,23 @@ def data(tmp_path_factory):
     """Topics B1 (3 queues x 10) and B2 (1 queue x 5), stored in two steps a known time apart."""
     path = str(tmp_path_factory.mktemp("batch") / "store")
     c = client(path)
-    produce(c, "B1", [f"{q}-{i}" for q in range(3) for i in range(5)], queueId=[q for q in range(3) for _ in range(5)],
-            tags=["even" if i % 2 == 0 else "odd" for _ in range(3) for i in range(5)])
+    produce(
+        c,
+        "B1",
+        [f"{q}-{i}" for q in range(3) for i in range(5)],
+        queueId=[q for q in range(3) for _ in range(5)],
+        tags=["even" if i % 2 == 0 else "odd" for _ in range(3) for i in range(5)],
+    )
     time.sleep(0.05)
     mark = int(time.time() * 1000)
     time.sleep(0.05)
-    produce(c, "B1", [f"{q}-{i}" for q in range(3) for i in range(5, 10)], queueId=[q for q in range(3) for _ in range(5)],
-            tags=["even" if i % 2 == 0 else "odd" for _ in range(3) for i in range(5, 10)])
+    produce(
+        c,
+        "B1",
+        [f"{q}-{i}" for q in range(3) for i in range(5, 10)],
+        queueId=[q for q in range(3) for _ in range(5)],
+        tags=["even" if i % 2 == 0 else "odd" for _ in range(3) for i in range(5, 10)],
+    )
     produce(c, "B2", [f"x{i}" for i in range(5)], queueId=[0] * 5)
     c.close()
     yield path, mark
@@ -55,7 +65,13 @@ def test_whole_topics_and_subscriptions(spark, data):
 
 def test_start_and_end_offsets(spark, data):
     path, _ = data
-    df = read(spark, path, topics="B1", startingOffsets='{"B1": {"0": 8}}', endingOffsets='{"B1": {"1": 2, "2": -1}}')
+    df = read(
+        spark,
+        path,
+        topics="B1",
+        startingOffsets='{"B1": {"0": 8}}',
+        endingOffsets='{"B1": {"1": 2, "2": -1}}',
+    )
     # queue 0 from 8 to the end; queue 1 from earliest to 2; queue 2 all
     assert bodies(df) == sorted(["0-8", "0-9", "1-0", "1-1"] + [f"2-{i}" for i in range(10)])
 
@@ -89,8 +105,17 @@ def test_filter_pushdown_gives_the_same_rows_with_fewer_partitions(spark, data):
             df = read(spark, path, topicPattern="B.*").where(where)
             assert bodies(df) == expected[where], where
             assert df.rdd.getNumPartitions() == parts, where
-        assert expected["queueId = 1 and queueOffset >= 3 and queueOffset < 7"] == ["1-3", "1-4", "1-5", "1-6"]
-        assert expected["tags in ('odd') and queueOffset = 3"] == ["0-3", "1-3", "2-3"]  # x3 has no tag
+        assert expected["queueId = 1 and queueOffset >= 3 and queueOffset < 7"] == [
+            "1-3",
+            "1-4",
+            "1-5",
+            "1-6",
+        ]
+        assert expected["tags in ('odd') and queueOffset = 3"] == [
+            "0-3",
+            "1-3",
+            "2-3",
+        ]  # x3 has no tag
     finally:
         spark.conf.unset(PUSHDOWN)
 
@@ -107,10 +132,21 @@ def test_read_paths_agree(spark, data):
     """Files (executors on the broker's machine), RocketMQ PullMessage, and the broker's bulk read
     over gRPC give the same rows (PullMessage carries no CommitLog offset)."""
     path, _ = data
-    cols = ["topic", "queueId", "queueOffset", "msgId", "tags", "body", "storeTimestamp", "transactionId"]
+    cols = [
+        "topic",
+        "queueId",
+        "queueOffset",
+        "msgId",
+        "tags",
+        "body",
+        "storeTimestamp",
+        "transactionId",
+    ]
 
     def rows(**options: str) -> list[tuple]:
-        df = read(spark, path, topics="B1", startingOffsets='{"B1": {"1": 2}}', tags="odd", **options)
+        df = read(
+            spark, path, topics="B1", startingOffsets='{"B1": {"1": 2}}', tags="odd", **options
+        )
         return sorted(tuple(r) for r in df.select(*cols).collect())
 
     files = rows(readPath="files")
@@ -120,20 +156,20 @@ def test_read_paths_agree(spark, data):
 
 
 READ_ERRORS = [
-    (dict(topics="B1", startingOffsets='{"B1": {"0": 11}}'),
+    ({"topics": "B1", "startingOffsets": '{"B1": {"0": 11}}'},
      "option 'startingOffsets': offset 11 of topic B1 queue 0 is past the end of the queue, whose next offset is 10"),
-    (dict(topics="B1", endingOffsets='{"B1": {"2": 99}}'),
+    ({"topics": "B1", "endingOffsets": '{"B1": {"2": 99}}'},
      "option 'endingOffsets': offset 99 of topic B1 queue 2 is past the end of the queue, whose next offset is 10"),
-    (dict(topics="B1", startingOffsets='{"B1": {"1": 7}}', endingOffsets='{"B1": {"1": 3}}'),
+    ({"topics": "B1", "startingOffsets": '{"B1": {"1": 7}}', "endingOffsets": '{"B1": {"1": 3}}'},
      "Beginning offset 7 is after the ending offset 3 for topic B1 queue 1"),
-    (dict(topics="B1", startingOffsets='{"B2": {"0": 1}}'),
+    ({"topics": "B1", "startingOffsets": '{"B2": {"0": 1}}'},
      "option 'startingOffsets' names topic 'B2', which this read does not subscribe to (topics=B1)"),
-    (dict(topics="B1", endingOffsets='{"B1": {"5": 1}}'),
+    ({"topics": "B1", "endingOffsets": '{"B1": {"5": 1}}'},
      "option 'endingOffsets' names queue B1/5, which is not subscribed: this read has queues 0-3 of topic 'B1'"),
-    (dict(assign='{"B1": [0]}', startingOffsets='{"B1": {"1": 1}}'),
+    ({"assign": '{"B1": [0]}', "startingOffsets": '{"B1": {"1": 1}}'},
      "option 'startingOffsets' names queue B1/1, which is not subscribed: this read has only queue 0 of topic 'B1'"),
-    (dict(topics="B1", tags="|| ||"), "option 'tags': '|| ||' names no tag"),
-    (dict(topics="B1", startingTimestamp="2000", endingTimestamp="1000"),
+    ({"topics": "B1", "tags": "|| ||"}, "option 'tags': '|| ||' names no tag"),
+    ({"topics": "B1", "startingTimestamp": "2000", "endingTimestamp": "1000"},
      "option 'startingTimestamp' (2000) is after 'endingTimestamp' (1000)"),
 ]  # fmt: skip
 
@@ -147,21 +183,43 @@ def test_reads_that_cannot_mean_anything_are_refused_by_name(spark, data):
         with pytest.raises(Exception, match=re.escape(message)):
             read(spark, path, **options).collect()
     # the limits themselves are fine: the end of a queue, an empty range
-    assert read(spark, path, topics="B1", startingOffsets='{"B1": {"0": 10}}', endingOffsets='{"B1": {"0": 10}}').count() == 20
+    assert (
+        read(
+            spark,
+            path,
+            topics="B1",
+            startingOffsets='{"B1": {"0": 10}}',
+            endingOffsets='{"B1": {"0": 10}}',
+        ).count()
+        == 20
+    )
 
 
 def test_a_read_never_creates_a_store_and_a_file_is_not_a_directory(spark, tmp_path):
     missing = tmp_path / "no-store"
-    with pytest.raises(Exception, match=re.escape(f"option 'path': store directory {missing} does not exist (a batch read never creates a store")):
+    with pytest.raises(
+        Exception,
+        match=re.escape(
+            f"option 'path': store directory {missing} does not exist (a batch read never creates a store"
+        ),
+    ):
         spark.read.format("rmq").option("path", str(missing)).option("topics", "T").load().collect()
     assert not missing.exists()
     a_file = tmp_path / "a-file"
     a_file.write_text("not a store")
-    with pytest.raises(Exception, match=re.escape(f"option 'path': {a_file} is a file, not a store directory")):
+    with pytest.raises(
+        Exception, match=re.escape(f"option 'path': {a_file} is a file, not a store directory")
+    ):
         spark.read.format("rmq").option("path", str(a_file)).option("topics", "T").load().collect()
     df = spark.createDataFrame([("x",)], "body string")
-    with pytest.raises(Exception, match=re.escape(f"option 'path': {a_file} is a file, not a store directory")):
-        df.write.format("rmq").option("path", str(a_file)).option("topic", "T").mode("append").save()
+    with pytest.raises(
+        Exception, match=re.escape(f"option 'path': {a_file} is a file, not a store directory")
+    ):
+        df.write.format("rmq").option("path", str(a_file)).option("topic", "T").mode(
+            "append"
+        ).save()
     below = a_file / "store"
-    with pytest.raises(Exception, match=re.escape(f"option 'path': {below} lies under {a_file}, which is a file")):
+    with pytest.raises(
+        Exception, match=re.escape(f"option 'path': {below} lies under {a_file}, which is a file")
+    ):
         df.write.format("rmq").option("path", str(below)).option("topic", "T").mode("append").save()

@@ -30,7 +30,9 @@ def test_one_broker_per_store_shared_across_processes(store_dir):
     code = "import sys; from rmq_spark.datasource.embedded import ensure_broker; print(ensure_broker(sys.argv[1], (), 30))"
     try:
         procs = [
-            subprocess.Popen([sys.executable, "-c", code, store_dir], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            subprocess.Popen(
+                [sys.executable, "-c", code, store_dir], stdout=subprocess.PIPE, text=True, cwd=ROOT
+            )
             for _ in range(3)
         ]
         endpoints = {p.communicate(timeout=120)[0].strip() for p in procs}
@@ -62,8 +64,12 @@ def test_queries_with_only_a_path_leave_no_broker_behind(spark, store_dir):
     produce(store_dir, "P", [f"m{i}" for i in range(5)])
     stop_broker(store_dir)
     rows = (
-        spark.read.format("rmq").option("path", store_dir).option("topics", "P")
-        .option("embeddedIdleExitS", "2").load().count()
+        spark.read.format("rmq")
+        .option("path", store_dir)
+        .option("topics", "P")
+        .option("embeddedIdleExitS", "2")
+        .load()
+        .count()
     )
     assert rows == 5
     rec = read_record(store_dir)
@@ -78,7 +84,10 @@ def test_queries_with_only_a_path_leave_no_broker_behind(spark, store_dir):
 def test_a_broker_started_by_the_user_is_used_and_left_running(spark, store_dir, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "rmq_spark.broker", "--store", store_dir, "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
     )
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
@@ -90,8 +99,9 @@ def test_a_broker_started_by_the_user_is_used_and_left_running(spark, store_dir,
             produce(c, "U", ["a", "b"])
         df = spark.read.format("rmq").option("endpoints", endpoint).option("topics", "U").load()
         assert sorted(r.body for r in df.collect()) == [b"a", b"b"]
-        spark.createDataFrame([("c",)], "body string").write.format("rmq").option("endpoints", endpoint) \
-            .option("topic", "U").mode("append").save()
+        spark.createDataFrame([("c",)], "body string").write.format("rmq").option(
+            "endpoints", endpoint
+        ).option("topic", "U").mode("append").save()
         again = spark.read.format("rmq").option("endpoints", endpoint).option("topics", "U").load()
         assert again.count() == 3
         assert read_record(store_dir) is None  # nothing embedded was started

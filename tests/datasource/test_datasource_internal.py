@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
 from rmq_spark.broker.connector.client import BrokerUnavailableError, InternalClient
-from rmq_spark.broker.testing import InternalServer
 from rmq_spark.broker.connector.sink import ATTEMPT_IDLE_MS, P_SINK_KEY, sink_key
 from rmq_spark.broker.connector.sinklog import SinkCommitLog
+from rmq_spark.broker.testing import InternalServer
+from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
 from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
@@ -48,7 +48,9 @@ def visible(client: InternalClient, topic: str) -> list[bytes]:
 
 
 def half(client: InternalClient, table: pa.Table, query: str, batch: int, attempt: str) -> str:
-    r = client.send(table, {"mode": "half", "query_id": query, "batch_id": batch, "attempt": attempt})
+    r = client.send(
+        table, {"mode": "half", "query_id": query, "batch_id": batch, "attempt": attempt}
+    )
     assert r["count"] == table.num_rows
     return r["offsets"]
 
@@ -69,10 +71,13 @@ def test_info_topics_and_plain_sends(broker):
 def test_columns_are_honoured(broker):
     c = broker.client
     t = rows(
-        "C", 4,
+        "C",
+        4,
         tags=["x", None, "y", "x"],
         keys=["k1 k2", None, None, "k3"],
-        properties=pa.array([[("color", "red")], None, [("n", "1")], []], pa.map_(pa.string(), pa.string())),
+        properties=pa.array(
+            [[("color", "red")], None, [("n", "1")], []], pa.map_(pa.string(), pa.string())
+        ),
         messageGroup=[None, "g", "g", None],
         queueId=pa.array([2, None, None, 0], pa.int32()),
     )
@@ -129,11 +134,15 @@ def test_an_abort_after_the_commit_record_finishes_the_commit(broker, monkeypatc
     ledger = broker.service.sink.ledger
     real = ledger.commit_group
     monkeypatch.setattr(
-        ledger, "commit_group", lambda offsets, expect=None: (_ for _ in ()).throw(StoreError("disk trouble"))
+        ledger,
+        "commit_group",
+        lambda offsets, expect=None: (_ for _ in ()).throw(StoreError("disk trouble")),
     )
     assert c.commit_batch("q", 0, "a1", [offs]) == {"outcome": "COMMITTED", "attempt": "a1"}
     assert visible(c, "T") == []
-    with pytest.raises(StoreError, match=r"batch 0 of query q is recorded as committed .* check-back commits them"):
+    with pytest.raises(
+        StoreError, match=r"batch 0 of query q is recorded as committed .* check-back commits them"
+    ):
         c.abort_batch("q", 0, "a1", [offs])
     monkeypatch.setattr(ledger, "commit_group", real)
     assert c.abort_batch("q", 0, "a1", [offs]) == {"rolled_back": 0}
@@ -141,8 +150,12 @@ def test_an_abort_after_the_commit_record_finishes_the_commit(broker, monkeypatc
     assert c.commit_batch("q", 0, "a2", []) == {"outcome": "ALREADY_COMMITTED", "attempt": "a1"}
 
 
-@pytest.mark.parametrize("n", [50, 3000])  # the general group commit; halves stored with their real messages
-def test_the_commit_answers_at_its_record_and_a_read_waits_for_the_group_commit(broker, monkeypatch, n):
+@pytest.mark.parametrize(
+    "n", [50, 3000]
+)  # the general group commit; halves stored with their real messages
+def test_the_commit_answers_at_its_record_and_a_read_waits_for_the_group_commit(
+    broker, monkeypatch, n
+):
     """CommitBatch answers once the commit record is durable; the group commit follows on the
     committer thread.  Meanwhile the check-back is told to wait, an abort of the attempt waits,
     and a read plans only after it: what was written before a read is in it."""
@@ -189,7 +202,10 @@ def test_group_commits_run_in_the_order_of_their_batches_and_a_stop_finishes_the
                      for m in store.get_messages("Ord", q, 0, max_msgs=2000).messages]  # fmt: skip
         assert sorted(per_queue) == sorted(f"b{k}-{i}" for k in range(5) for i in range(200))
         for q in range(store.topics.get("Ord").read_queue_nums):
-            batches = [int(m.body.decode()[1]) for m in store.get_messages("Ord", q, 0, max_msgs=2000).messages]
+            batches = [
+                int(m.body.decode()[1])
+                for m in store.get_messages("Ord", q, 0, max_msgs=2000).messages
+            ]
             assert batches == sorted(batches)  # batch after batch in every queue
     finally:
         b.close()
@@ -233,7 +249,9 @@ def test_check_back_decides_orphans_by_the_commit_record_of_the_same_attempt(sto
         clock.advance(int(b.core.config.transaction_timeout_s * 1000) + 1000)
         txn.check_once()
         got = visible(c, "X")
-        assert got == sorted([f"replay{i}".encode() for i in range(6)] + [f"torn{i}".encode() for i in range(4)])
+        assert got == sorted(
+            [f"replay{i}".encode() for i in range(6)] + [f"torn{i}".encode() for i in range(4)]
+        )
         clock.advance(ATTEMPT_IDLE_MS + 1000)  # D went silent: given up
         txn.check_once()
         assert visible(c, "X") == got
@@ -275,7 +293,7 @@ def test_snapshots_never_split_a_group_commit(broker):
             while not stop.is_set():
                 hi, _ = reader.offsets(["G"])
                 seen.append(sum(hi["G"].values()))
-        except BaseException as e:  # reported below
+        except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
         finally:
             reader.close()
@@ -301,13 +319,20 @@ def test_errors_cross_the_wire_as_their_classes(broker):
     with pytest.raises(MessageIllegalError, match="system topic"):
         c.send(rows(L.TRANS_HALF_TOPIC, 1), {"mode": "normal"})
     with pytest.raises(MessageIllegalError, match="limit is"):
-        c.send(pa.table({"topic": ["T"], "body": [b"x" * (4 * 1024 * 1024 + 1)], "tags": ["t"]}), {"mode": "normal"})
+        c.send(
+            pa.table({"topic": ["T"], "body": [b"x" * (4 * 1024 * 1024 + 1)], "tags": ["t"]}),
+            {"mode": "normal"},
+        )
     with pytest.raises(MessageIllegalError, match="out of range"):
         c.send(rows("T", 1, queueId=pa.array([9], pa.int32())), {"mode": "normal"})
     with pytest.raises(MessageIllegalError, match="body is null"):
-        c.send(pa.table({"topic": ["T"], "body": pa.array([None], pa.binary())}), {"mode": "normal"})
+        c.send(
+            pa.table({"topic": ["T"], "body": pa.array([None], pa.binary())}), {"mode": "normal"}
+        )
     with pytest.raises(MessageIllegalError, match="no topic"):
-        c.send(pa.table({"topic": pa.array([None], pa.string()), "body": [b"x"]}), {"mode": "normal"})
+        c.send(
+            pa.table({"topic": pa.array([None], pa.string()), "body": [b"x"]}), {"mode": "normal"}
+        )
     with pytest.raises(ConfigError, match="option 'sql'"):
         list(c.read_arrow("T", 0, 0, 0, sql="a >"))
     with pytest.raises(StoreError, match="holds offsets up to"):
@@ -323,8 +348,14 @@ def test_a_bad_row_stores_and_prepares_none_of_its_send(broker):
     to be found only when the batch's halves were committed, after its commit record)."""
     c = broker.client
     now = broker.core.clock.now_ms()
-    limits = c.send(pa.table({"topic": pa.array([], pa.string()), "body": pa.array([], pa.binary())}), {"mode": "normal"})["limits"]
-    assert limits["body_max_bytes"] == 4 * 1024 * 1024 and limits["max_delay_ms"] == 3 * 24 * 3600 * 1000
+    limits = c.send(
+        pa.table({"topic": pa.array([], pa.string()), "body": pa.array([], pa.binary())}),
+        {"mode": "normal"},
+    )["limits"]
+    assert (
+        limits["body_max_bytes"] == 4 * 1024 * 1024
+        and limits["max_delay_ms"] == 3 * 24 * 3600 * 1000
+    )
     assert abs(limits["now_ms"] - now) < 60_000
     deliver = [None] * 100
     deliver[57] = now + 10 * 24 * 3600 * 1000
@@ -337,10 +368,13 @@ def test_a_bad_row_stores_and_prepares_none_of_its_send(broker):
         r"ILLEGAL_MESSAGE_PROPERTY_KEY: column 'properties', row 3 of this send: property key 'UNIQ_KEY' is reserved":
             rows("T", 100, properties=pa.array(props, pa.map_(pa.string(), pa.string()))),
         r"MESSAGE_BODY_EMPTY: column 'body', row 99 of this send: message body is empty":
-            pa.table({"topic": ["T"] * 100, "body": bodies[:99] + [b""]}),
+            pa.table({"topic": ["T"] * 100, "body": [*bodies[:99], b""]}),
     }  # fmt: skip
     for match, table in bad_tables.items():
-        for header in ({"mode": "normal"}, {"mode": "half", "query_id": "q", "batch_id": 0, "attempt": "a"}):
+        for header in (
+            {"mode": "normal"},
+            {"mode": "half", "query_id": "q", "batch_id": 0, "attempt": "a"},
+        ):
             with pytest.raises(MessageIllegalError, match=match):
                 c.send(table, header)
     assert visible(c, "T") == []
@@ -364,7 +398,10 @@ def test_many_rows_go_through_one_put(broker):
     c = broker.client
     n = 50_000
     bodies = np.arange(n).astype(str).tolist()
-    c.send(pa.table({"topic": ["Big"] * n, "body": pa.array(bodies).cast(pa.binary())}), {"mode": "normal"})
+    c.send(
+        pa.table({"topic": ["Big"] * n, "body": pa.array(bodies).cast(pa.binary())}),
+        {"mode": "normal"},
+    )
     hi, _ = c.offsets(["Big"])
     assert sum(hi["Big"].values()) == n
 
@@ -381,7 +418,9 @@ def test_a_commit_rolls_back_the_halves_of_its_attempt_it_does_not_name(broker, 
     txn = broker.core.transactions
     general: list[int] = []
     group = txn.commit_group
-    monkeypatch.setattr(txn, "commit_group", lambda halves, *a: general.append(len(halves)) or group(halves, *a))
+    monkeypatch.setattr(
+        txn, "commit_group", lambda halves, *a: general.append(len(halves)) or group(halves, *a)
+    )
     stray = half(c, rows("S", 200, prefix="failed"), "q", 3, "a")
     kept = half(c, rows("S", 300, prefix="retry"), "q", 3, "a")
     assert c.commit_batch("q", 3, "a", [kept])["outcome"] == "COMMITTED"
@@ -404,7 +443,9 @@ def test_a_commit_writes_the_real_messages_encoded_when_the_halves_were_stored(b
     for name in ("commit_group", "commit_own"):
         fn = getattr(txn, name)
         monkeypatch.setattr(txn, name, lambda *a, _fn=fn, _n=name: other.append(_n) or _fn(*a))
-    offs = [half(c, rows("E", 300, prefix=f"p{k}-", queueId=[k] * 300), "q", 1, "a") for k in (0, 1)]
+    offs = [
+        half(c, rows("E", 300, prefix=f"p{k}-", queueId=[k] * 300), "q", 1, "a") for k in (0, 1)
+    ]
     assert c.commit_batch("q", 1, "a", offs)["outcome"] == "COMMITTED"
     assert other == []
     assert visible(c, "E") == sorted(f"p{k}-{i}".encode() for k in (0, 1) for i in range(300))
@@ -451,7 +492,7 @@ def _stored(core, topics, drop=(L.P_UNIQ_KEY, L.P_TRANSACTION_ID, L.P_PGROUP, P_
         for q in range(cfg.read_queue_nums if cfg else 0):
             msgs = store.get_messages(t, q, 0, max_msgs=100_000, max_bytes=1 << 30).messages
             units = store.consume_queue(t, q).units(0, len(msgs)) if msgs else []
-            for m, unit in zip(msgs, units):
+            for m, unit in zip(msgs, units, strict=True):
                 assert m.uniq_key and int(unit["tags_code"]) == store_tags_code(m.tags)
                 out[m.body] = (m.topic, {k: v for k, v in m.properties.items() if k not in drop})
     return out
@@ -463,9 +504,13 @@ def store_tags_code(tags):  # type: ignore[no-untyped-def]
     return tags_code(tags)
 
 
-@pytest.mark.parametrize("n", [40, 3000])  # a few rows; enough for the real messages to be kept for the commit
+@pytest.mark.parametrize(
+    "n", [40, 3000]
+)  # a few rows; enough for the real messages to be kept for the commit
 @pytest.mark.parametrize("mode", ["normal", "half"])
-def test_rows_with_their_own_properties_are_stored_as_the_record_by_record_path_stores_them(broker, n, mode):
+def test_rows_with_their_own_properties_are_stored_as_the_record_by_record_path_stores_them(
+    broker, n, mode
+):
     """Tags, keys, user properties and message groups, built column-wise: every message holds
     what the record-by-record path puts there (tagsCode, index keys included), rows of two
     topics, a message group keeping its queue."""
@@ -495,11 +540,15 @@ def test_rows_with_their_own_properties_are_stored_as_the_record_by_record_path_
 
 def test_body_only_rows_of_several_topics(broker):
     c = broker.client
-    table = pa.table({"topic": ["A1", "B22", "A1", "C333"] * 50, "body": [f"b{i}".encode() for i in range(200)]})
+    table = pa.table(
+        {"topic": ["A1", "B22", "A1", "C333"] * 50, "body": [f"b{i}".encode() for i in range(200)]}
+    )
     assert c.send(table, {"mode": "normal"})["count"] == 200
     offs = half(c, table.slice(0, 100), "qm", 0, "am")
     assert c.commit_batch("qm", 0, "am", [offs])["outcome"] == "COMMITTED"
-    assert visible(c, "B22") == sorted([f"b{i}".encode() for i in range(1, 200, 4)] + [f"b{i}".encode() for i in range(1, 100, 4)])
+    assert visible(c, "B22") == sorted(
+        [f"b{i}".encode() for i in range(1, 200, 4)] + [f"b{i}".encode() for i in range(1, 100, 4)]
+    )
 
 
 def test_a_committed_batch_is_remembered_by_offset_and_a_second_end_is_refused(broker):
@@ -532,12 +581,16 @@ def test_a_committed_batch_is_remembered_by_offset_and_a_second_end_is_refused(b
     svc._forget_old_ends(now)
     assert len(svc._runs) == n  # the check-back has not walked past them yet
     store = broker.core.store
-    store.offsets.commit(CHECK_GROUP, L.TRANS_HALF_TOPIC, 0, store.max_offset(L.TRANS_HALF_TOPIC, 0))
+    store.offsets.commit(
+        CHECK_GROUP, L.TRANS_HALF_TOPIC, 0, store.max_offset(L.TRANS_HALF_TOPIC, 0)
+    )
     svc._forget_old_ends(now)
     assert len(svc._runs) == 0
 
 
-def test_after_a_restart_committed_batches_are_remembered_by_offset_and_transactions_by_id(store_dir):
+def test_after_a_restart_committed_batches_are_remembered_by_offset_and_transactions_by_id(
+    store_dir,
+):
     """On start, the service reads how transactions ended from the op queue: a sink's committed
     batches come back as arrays of CommitLog offsets (as the running service keeps them, no
     string per message: a restart after hours of a sink at full speed loaded millions of ids), a
@@ -569,11 +622,19 @@ def test_after_a_restart_committed_batches_are_remembered_by_offset_and_transact
             svc, store = b.service.sink.ledger._svc, b.core.store
             assert svc._state == {tid: TxnState.COMMITTED}
             assert len(svc._runs) == (2 * n if checked == 0 else n)
-            assert svc.end_transaction(second[5], None, "rmq-spark-sink") is EndTxStatus.ALREADY_COMMITTED
-            assert svc.end_transaction(phys, None, "app-producer", tid) is EndTxStatus.ALREADY_COMMITTED
+            assert (
+                svc.end_transaction(second[5], None, "rmq-spark-sink")
+                is EndTxStatus.ALREADY_COMMITTED
+            )
+            assert (
+                svc.end_transaction(phys, None, "app-producer", tid)
+                is EndTxStatus.ALREADY_COMMITTED
+            )
             if checked == 0:
                 assert svc.commit_group(first[:3]).status is EndTxStatus.ALREADY_COMMITTED
-            assert visible(b.client, "Re") == sorted(f"b{k}-{i}".encode() for k in range(2) for i in range(n))
+            assert visible(b.client, "Re") == sorted(
+                f"b{k}-{i}".encode() for k in range(2) for i in range(n)
+            )
             assert visible(b.client, "ReP") == [b"p"]
             now = b.core.clock.now_ms()
             svc._runs.forget(-1, now - 60_000)

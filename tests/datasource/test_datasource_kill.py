@@ -50,16 +50,24 @@ print("done", flush=True)
 """
 
 
-def start_driver(script: str, path: str, checkpoint: str, warehouse: str, log: str) -> subprocess.Popen:
+def start_driver(
+    script: str, path: str, checkpoint: str, warehouse: str, log: str
+) -> subprocess.Popen:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, script, path, checkpoint, warehouse],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
 
-def wait_started(proc: subprocess.Popen, log: str, runs_before: int, timeout_s: float = 180.0) -> bool:
+def wait_started(
+    proc: subprocess.Popen, log: str, runs_before: int, timeout_s: float = 180.0
+) -> bool:
     """Until this run printed ``started`` (its query runs); False if the process ended first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -105,7 +113,11 @@ def test_driver_killed_at_random_points_leaves_every_row_exactly_once(store_dir,
     script = str(tmp_path / "driver.py")
     with open(script, "w") as f:
         f.write(DRIVER)
-    checkpoint, warehouse, log = str(tmp_path / "ck"), str(tmp_path / "wh"), str(tmp_path / "driver.log")
+    checkpoint, warehouse, log = (
+        str(tmp_path / "ck"),
+        str(tmp_path / "wh"),
+        str(tmp_path / "driver.log"),
+    )
     kills = []
     try:
         for run in range(3):
@@ -137,7 +149,9 @@ def test_driver_killed_at_random_points_leaves_every_row_exactly_once(store_dir,
         print(f"driver killed at (batches in the commit log, seconds after the last one): {kills}")
         out = collections.Counter(read_topic(store_dir, "KOut").column("body").to_pylist())
         assert sorted(out) == sorted(f"row-{i}".encode() for i in range(n)), f"kills at {kills}"
-        assert set(out.values()) == {1}, f"duplicates after kills at {kills}: {[k for k, v in out.items() if v > 1][:5]}"
+        assert set(out.values()) == {1}, (
+            f"duplicates after kills at {kills}: {[k for k, v in out.items() if v > 1][:5]}"
+        )
         c = client(store_dir)
         assert c.offsets(["KOut"])[0]["KOut"] and sum(c.offsets(["KOut"])[0]["KOut"].values()) == n
         c.close()

@@ -40,7 +40,9 @@ def test_defaults():
 
 
 def test_names_are_case_insensitive():
-    s = parse_source_options({"PATH": "/p", "TOPICS": "A, B,A", "STARTINGOFFSETS": "earliest"}, streaming=True)
+    s = parse_source_options(
+        {"PATH": "/p", "TOPICS": "A, B,A", "STARTINGOFFSETS": "earliest"}, streaming=True
+    )
     assert s.subscription.topics == ("A", "B")
     assert s.starting.kind is StartKind.EARLIEST
 
@@ -82,7 +84,13 @@ def test_names_are_case_insensitive():
         ({**BASE, "sql": "a >"}, "option 'sql'"),
         ({**BASE, "avroSchema": "{"}, "not valid JSON"),
         ({**BASE, "avroSchema": '"string"'}, "must describe a record"),
-        ({**BASE, "avroSchema": '{"type": "record", "name": "R", "fields": [{"name": "u", "type": ["int", "string"]}]}'}, "union"),
+        (
+            {
+                **BASE,
+                "avroSchema": '{"type": "record", "name": "R", "fields": [{"name": "u", "type": ["int", "string"]}]}',
+            },
+            "union",
+        ),
         ({**BASE, "readPath": "carrier-pigeon"}, "readPath"),
         ({**BASE, "maxRecordsPerPartition": "0"}, "positive integer"),
         ({**BASE, "embeddedIdleExitS": "0"}, "embeddedIdleExitS"),
@@ -129,12 +137,24 @@ def test_offsets_and_timestamps_parse():
 
 def test_admission_options():
     s = stream(maxOffsetsPerTrigger="100", minOffsetsPerTrigger="10", maxTriggerDelay="2s")
-    assert (s.max_offsets_per_trigger, s.min_offsets_per_trigger, s.max_trigger_delay_ms) == (100, 10, 2000)
+    assert (s.max_offsets_per_trigger, s.min_offsets_per_trigger, s.max_trigger_delay_ms) == (
+        100,
+        10,
+        2000,
+    )
 
 
 @pytest.mark.parametrize(
     ("text", "ms"),
-    [("500", 500), ("500ms", 500), ("2s", 2000), ("3 seconds", 3000), ("15m", 900_000), ("1h", 3_600_000), ("1 day", 86_400_000)],
+    [
+        ("500", 500),
+        ("500ms", 500),
+        ("2s", 2000),
+        ("3 seconds", 3000),
+        ("15m", 900_000),
+        ("1h", 3_600_000),
+        ("1 day", 86_400_000),
+    ],
 )
 def test_durations(text, ms):
     assert parse_duration_ms("maxTriggerDelay", text) == ms
@@ -142,7 +162,10 @@ def test_durations(text, ms):
 
 def test_sink_options():
     base = {"path": "/p"}
-    assert parse_sink_options({**base, "transactional": "false"}, streaming=False).transactional is False
+    assert (
+        parse_sink_options({**base, "transactional": "false"}, streaming=False).transactional
+        is False
+    )
     # Spark adds these to a writer's options
     parse_sink_options({**base, "checkpointLocation": "/c", "queryName": "q"}, streaming=True)
     with pytest.raises(ConfigError, match="true or false"):
@@ -156,7 +179,9 @@ def test_sink_options():
 
 
 def test_read_names_checked_before_the_mode_is_known():
-    assert check_read_names({**BASE, "endingOffsets": "latest", "maxOffsetsPerTrigger": "3"}) is None
+    assert (
+        check_read_names({**BASE, "endingOffsets": "latest", "maxOffsetsPerTrigger": "3"}) is None
+    )
     with pytest.raises(ConfigError, match="unknown option 'topci'"):
         check_read_names({"path": "/p", "topci": "T"})
 
@@ -187,10 +212,16 @@ def test_resolve_cap_and_not_before():
 
 def test_credentials_options():
     """accessKey / secretKey: every read and write signs its calls to the broker with them."""
-    for opts in (stream(accessKey="app", SECRETKEY="s3cret"),
-                 batch(accesskey="app", secretKey="s3cret"),
-                 parse_sink_options({"path": "/tmp/x", "topic": "Out", "accessKey": "app", "secretKey": "s3cret"}, True),
-                 parse_sink_options({"path": "/tmp/x", "topic": "Out", "accessKey": "app", "secretKey": "s3cret"}, False)):
+    for opts in (
+        stream(accessKey="app", SECRETKEY="s3cret"),
+        batch(accesskey="app", secretKey="s3cret"),
+        parse_sink_options(
+            {"path": "/tmp/x", "topic": "Out", "accessKey": "app", "secretKey": "s3cret"}, True
+        ),
+        parse_sink_options(
+            {"path": "/tmp/x", "topic": "Out", "accessKey": "app", "secretKey": "s3cret"}, False
+        ),
+    ):
         assert opts.connection.credentials == {"access_key": "app", "secret_key": "s3cret"}
         assert "s3cret" not in repr(opts)  # never in a plan, a log or an error
     assert stream().connection.credentials == {"access_key": None, "secret_key": None}

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+from test_datasource_internal import Broker
 
 from rmq_spark.datasource import offsets as O
 from rmq_spark.datasource.options import parse_source_options
@@ -15,7 +16,6 @@ from rmq_spark.datasource.read.partition import DataLossError, QueueRange
 from rmq_spark.datasource.schema import SOURCE_FIELDS
 from rmq_spark.datasource.stream_reader import RmqStreamReader
 from rmq_spark.datasource.testing import produce
-from test_datasource_internal import Broker
 
 
 @pytest.fixture
@@ -39,13 +39,17 @@ def fill(broker: Broker, per_queue: dict[int, int], topic: str = "T") -> None:
 def test_initial_offsets(broker):
     fill(broker, {0: 3, 1: 5})
     assert reader(broker).initialOffset() == {"T": {"0": 3, "1": 5, "2": 0, "3": 0}}
-    assert reader(broker, startingOffsets="earliest").initialOffset() == {"T": {"0": 0, "1": 0, "2": 0, "3": 0}}
+    assert reader(broker, startingOffsets="earliest").initialOffset() == {
+        "T": {"0": 0, "1": 0, "2": 0, "3": 0}
+    }
     r = reader(broker, startingOffsets='{"T": {"1": 2, "0": -1}}')
     assert r.initialOffset() == {"T": {"0": 3, "1": 2, "2": 0, "3": 0}}
     mark = int(time.time() * 1000) + 5
     time.sleep(0.02)
     fill(broker, {0: 1})
-    assert reader(broker, startingTimestamp=str(mark)).initialOffset() == {"T": {"0": 3, "1": 5, "2": 0, "3": 0}}
+    assert reader(broker, startingTimestamp=str(mark)).initialOffset() == {
+        "T": {"0": 3, "1": 5, "2": 0, "3": 0}
+    }
     # cached: the second call (Spark makes two) answers the same even when data arrived between
     r = reader(broker)
     first = r.initialOffset()
@@ -95,14 +99,18 @@ def test_min_offsets_per_trigger_waits_until_max_trigger_delay(broker):
     assert O.total_rows(start, r.latestOffset(start, r.getDefaultReadLimit())) == 5
     s2 = r.latestOffset(start, ReadAllAvailable())
     fill(broker, {0: 1})
-    assert O.same(r.latestOffset(s2, r.getDefaultReadLimit()), s2)  # 1 < 5 and the delay has not passed
+    assert O.same(
+        r.latestOffset(s2, r.getDefaultReadLimit()), s2
+    )  # 1 < 5 and the delay has not passed
     r._last_batch_ms -= 3_600_001  # an hour later: take what there is
     assert O.total_rows(s2, r.latestOffset(s2, r.getDefaultReadLimit())) == 1
 
 
 def test_available_now_never_passes_its_target(broker):
     fill(broker, {0: 10})
-    r = reader(broker, startingOffsets="earliest", maxOffsetsPerTrigger="4", minOffsetsPerTrigger="3")
+    r = reader(
+        broker, startingOffsets="earliest", maxOffsetsPerTrigger="4", minOffsetsPerTrigger="3"
+    )
     r.prepareForTriggerAvailableNow()
     fill(broker, {0: 5, 3: 2})  # after the target: not for this run
     s = r.initialOffset()
@@ -120,7 +128,9 @@ def test_available_now_never_passes_its_target(broker):
 def test_new_topics_and_queues(broker):
     fill(broker, {0: 1}, topic="P1")
     r = RmqStreamReader(
-        parse_source_options({"endpoints": f"127.0.0.1:{broker.port}", "topicPattern": "P[0-9]+"}, streaming=True),
+        parse_source_options(
+            {"endpoints": f"127.0.0.1:{broker.port}", "topicPattern": "P[0-9]+"}, streaming=True
+        ),
         SOURCE_FIELDS,
     )
     start = r.initialOffset()
@@ -132,7 +142,9 @@ def test_new_topics_and_queues(broker):
     parts = r.partitions(start, end)
     assert [(p.topic, p.queue_id, p.start, p.end) for p in parts] == [("P22", 1, 0, 2)]
     a = RmqStreamReader(
-        parse_source_options({"endpoints": f"127.0.0.1:{broker.port}", "assign": '{"P22": [1, 3]}'}, streaming=True),
+        parse_source_options(
+            {"endpoints": f"127.0.0.1:{broker.port}", "assign": '{"P22": [1, 3]}'}, streaming=True
+        ),
         SOURCE_FIELDS,
     )
     assert a.initialOffset() == {"P22": {"1": 2, "3": 0}}
@@ -155,7 +167,9 @@ def test_partitions_split_and_clamp(broker):
     parts = r.partitions({"T": {"0": 1, "1": 5}}, {"T": {"0": 10, "1": 3, "2": 0}})
     got = [(p.queue_id, p.start, p.end) for p in parts]
     assert got == [(0, 1, 5), (0, 5, 9), (0, 9, 10)]  # queue 1: start past end (batch-0 replay)
-    assert all(isinstance(p, QueueRange) and p.ctx.store_root == broker.core.store.root for p in parts)
+    assert all(
+        isinstance(p, QueueRange) and p.ctx.store_root == broker.core.store.root for p in parts
+    )
 
 
 def test_report_latest_offset_and_group_commit(broker):
@@ -184,7 +198,9 @@ def test_executors_off_the_brokers_host_read_through_its_bulk_read_by_default(br
     local = rows(parts)
     assert len(local) == 11
     elsewhere = [replace(p, ctx=replace(p.ctx, store_host="another-host")) for p in parts]
-    monkeypatch.setattr(scan, "read_pull", lambda p: pytest.fail("auto must not fall back to PullMessage"))
+    monkeypatch.setattr(
+        scan, "read_pull", lambda p: pytest.fail("auto must not fall back to PullMessage")
+    )
     called = []
     real = scan.read_arrow
     monkeypatch.setattr(scan, "read_arrow", lambda p: called.append(p) or real(p))

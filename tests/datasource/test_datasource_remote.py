@@ -34,7 +34,15 @@ def expected() -> list[tuple]:
     out = []
     for i in range(N):
         q = i % 3
-        out.append((q, per_queue[q], f"m{i}".encode(), ("a", "b", None)[i % 3 if i % 2 else 2], str(i % 10)))
+        out.append(
+            (
+                q,
+                per_queue[q],
+                f"m{i}".encode(),
+                ("a", "b", None)[i % 3 if i % 2 else 2],
+                str(i % 10),
+            )
+        )
         per_queue[q] += 1
     return out
 
@@ -77,13 +85,17 @@ def test_the_store_the_broker_reports_is_not_there_for_spark(far_broker):
     finally:
         c.close()
     assert os.path.realpath(info["store_root"]) == os.path.realpath(store)
-    assert os.path.isdir(os.path.dirname(store)) and not os.path.exists(os.path.join(store, "commitlog"))
+    assert os.path.isdir(os.path.dirname(store)) and not os.path.exists(
+        os.path.join(store, "commitlog")
+    )
 
 
 def test_batch_reads_filters_offsets_and_replays(spark, far_broker):
     b, _ = far_broker
     want = [r[:4] for r in expected()]
-    everything = rows_of(read(spark, b.endpoints, startingOffsets="earliest", endingOffsets="latest"))
+    everything = rows_of(
+        read(spark, b.endpoints, startingOffsets="earliest", endingOffsets="latest")
+    )
     assert everything == sorted(want)
     assert rows_of(read(spark, b.endpoints, startingOffsets="earliest")) == everything  # a replay
     tagged = rows_of(read(spark, b.endpoints, tags="a || b"))
@@ -92,7 +104,9 @@ def test_batch_reads_filters_offsets_and_replays(spark, far_broker):
     assert sql == sorted(r[:4] for r in expected() if int(r[4]) > 6)
     ranged = rows_of(read(spark, b.endpoints, startingOffsets='{"Far": {"1": 150}}',
                           endingOffsets='{"Far": {"0": 10, "1": 160, "2": 0}}'))  # fmt: skip
-    assert ranged == sorted(r for r in want if (r[0] == 0 and r[1] < 10) or (r[0] == 1 and 150 <= r[1] < 160))
+    assert ranged == sorted(
+        r for r in want if (r[0] == 0 and r[1] < 10) or (r[0] == 1 and 150 <= r[1] < 160)
+    )
 
 
 def test_streaming_read_in_limited_batches(spark, far_broker, tmp_path):
@@ -100,13 +114,22 @@ def test_streaming_read_in_limited_batches(spark, far_broker, tmp_path):
     got: dict[int, list] = {}
 
     def collect(batch_df, batch_id: int) -> None:
-        got[batch_id] = [tuple(r) for r in batch_df.select("queueId", "queueOffset", "body", "tags").collect()]
+        got[batch_id] = [
+            tuple(r) for r in batch_df.select("queueId", "queueOffset", "body", "tags").collect()
+        ]
 
     df = (spark.readStream.format("rmq").option("endpoints", b.endpoints).option("topics", TOPIC)
           .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "250").load())  # fmt: skip
     q = (df.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ck"))
          .trigger(availableNow=True).start())  # fmt: skip
-    q.awaitTermination(300)
+    try:
+        # availableNow ends the query by itself; on a loaded machine that may take minutes
+        finished = q.awaitTermination(600)
+    finally:
+        q.stop()  # a query still running would outlive the test in the shared session
     assert q.exception() is None, q.exception()
+    assert finished, f"the availableNow query had not ended after 600 s: {q.lastProgress}"
     assert sorted(r for rows in got.values() for r in rows) == sorted(r[:4] for r in expected())
-    assert len([rows for rows in got.values() if rows]) >= 3 and all(len(rows) <= 251 for rows in got.values())
+    assert len([rows for rows in got.values() if rows]) >= 3 and all(
+        len(rows) <= 251 for rows in got.values()
+    )

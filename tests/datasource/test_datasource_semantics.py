@@ -33,7 +33,8 @@ def test_delay_and_transactions_at_batch_boundaries(spark, store_dir, tmp_path):
 
     def collect(df, batch_id: int) -> None:
         rows = df.select(
-            F.col("body").cast("string"), (F.unix_micros(F.current_timestamp()) / 1000).cast("long"),
+            F.col("body").cast("string"),
+            (F.unix_micros(F.current_timestamp()) / 1000).cast("long"),
             (F.unix_micros("deliverTimestamp") / 1000).cast("long"),
         ).collect()
         if rows:
@@ -42,10 +43,16 @@ def test_delay_and_transactions_at_batch_boundaries(spark, store_dir, tmp_path):
 
     produce(c, "Sem", ["warm-up"])
     q = (
-        spark.readStream.format("rmq").option("path", path).option("topics", "Sem")
-        .option("startingOffsets", "earliest").option("broker.delay-levels", "1s 2s 3s").load()
-        .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(processingTime="200 milliseconds").start()
+        spark.readStream.format("rmq")
+        .option("path", path)
+        .option("topics", "Sem")
+        .option("startingOffsets", "earliest")
+        .option("broker.delay-levels", "1s 2s 3s")
+        .load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
     )
     try:
         deadline = time.monotonic() + 120
@@ -56,13 +63,16 @@ def test_delay_and_transactions_at_batch_boundaries(spark, store_dir, tmp_path):
         produce(c, "Sem", ["level1", "level2"], delayLevel=[1, 2])
         produce(c, "Sem", ["timer"], deliverTimeMs=[t0 + 1500])
         # an exactly-once batch write whose rows ask for a delay level: delayed after commit
-        spark.createDataFrame([("sink-delayed", 1)], "body string, delayLevel int").write.format("rmq") \
-            .option("path", path).option("topic", "Sem").mode("append").save()
+        spark.createDataFrame([("sink-delayed", 1)], "body string, delayLevel int").write.format(
+            "rmq"
+        ).option("path", path).option("topic", "Sem").mode("append").save()
         committed = c.send(
-            _rows("Sem", ["half-committed"]), {"mode": "half", "query_id": "txq", "batch_id": 0, "attempt": "A"}
+            _rows("Sem", ["half-committed"]),
+            {"mode": "half", "query_id": "txq", "batch_id": 0, "attempt": "A"},
         )
         aborted = c.send(
-            _rows("Sem", ["half-rolled-back"]), {"mode": "half", "query_id": "txq", "batch_id": 1, "attempt": "B"}
+            _rows("Sem", ["half-rolled-back"]),
+            {"mode": "half", "query_id": "txq", "batch_id": 1, "attempt": "B"},
         )
         time.sleep(1.0)
         commit_ms = int(time.time() * 1000)

@@ -12,9 +12,9 @@ import time
 import pytest
 from pyspark.sql import functions as F
 
+from rmq_spark.broker.connector.client import InternalClient
 from rmq_spark.datasource.embedded import stop_broker
 from rmq_spark.datasource.testing import client, produce, read_topic
-from rmq_spark.broker.connector.client import InternalClient
 from rmq_spark.store import layout as L
 
 pytestmark = pytest.mark.spark
@@ -36,11 +36,20 @@ def rmq(store_dir):
 
 def pipeline(spark, path: str, source: str, target: str, checkpoint: str, **sink_options: str):
     df = (
-        spark.readStream.format("rmq").option("path", path).option("topics", source)
-        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "50").load()
+        spark.readStream.format("rmq")
+        .option("path", path)
+        .option("topics", source)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "50")
+        .load()
         .select("body", "tags")
     )
-    w = df.writeStream.format("rmq").option("path", path).option("topic", target).option("checkpointLocation", checkpoint)
+    w = (
+        df.writeStream.format("rmq")
+        .option("path", path)
+        .option("topic", target)
+        .option("checkpointLocation", checkpoint)
+    )
     for k, v in sink_options.items():
         w = w.option(k, v)
     q = w.trigger(availableNow=True).start()
@@ -50,8 +59,12 @@ def pipeline(spark, path: str, source: str, target: str, checkpoint: str, **sink
 
 
 def drop_last_commit(checkpoint: str) -> int:
-    last = max(int(os.path.basename(f)) for f in glob.glob(os.path.join(checkpoint, "commits", "[0-9]*")))
-    for f in glob.glob(os.path.join(checkpoint, "commits", f"{last}")) + glob.glob(os.path.join(checkpoint, "commits", f".{last}.crc")):
+    last = max(
+        int(os.path.basename(f)) for f in glob.glob(os.path.join(checkpoint, "commits", "[0-9]*"))
+    )
+    for f in glob.glob(os.path.join(checkpoint, "commits", f"{last}")) + glob.glob(
+        os.path.join(checkpoint, "commits", f".{last}.crc")
+    ):
         os.remove(f)
     return last
 
@@ -89,7 +102,7 @@ def test_sink_batches_become_visible_whole(spark, rmq, tmp_path):
             while not stop.is_set():
                 hi, _ = reader.offsets(["Whole"])
                 seen.append(sum(hi.get("Whole", {}).values()))
-        except BaseException as e:  # reported below
+        except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
         finally:
             reader.close()
@@ -104,7 +117,9 @@ def test_sink_batches_become_visible_whole(spark, rmq, tmp_path):
     c.close()
     assert not errors
     assert len(set(seen)) > 2 and all(n % 50 == 0 for n in seen)
-    assert spark.read.format("rmq").option("path", rmq).option("topics", "Whole").load().count() == 400
+    assert (
+        spark.read.format("rmq").option("path", rmq).option("topics", "Whole").load().count() == 400
+    )
 
 
 def test_sink_columns_are_honoured(spark, rmq):
@@ -130,7 +145,9 @@ def test_sink_columns_are_honoured(spark, rmq):
 
 def test_batch_write_is_all_or_nothing(spark, rmq):
     good = spark.range(0, 300, numPartitions=3).select(F.format_string("ok%d", "id").alias("body"))
-    bad = spark.createDataFrame([("x" * 10,)], "body string").select(F.expr("repeat(body, 500000)").alias("body"))
+    bad = spark.createDataFrame([("x" * 10,)], "body string").select(
+        F.expr("repeat(body, 500000)").alias("body")
+    )
     df = good.union(bad)  # one task sends a body over the 4 MiB limit
     with pytest.raises(Exception, match="limit is"):
         df.write.format("rmq").option("path", rmq).option("topic", "Atomic").mode("append").save()
@@ -142,18 +159,30 @@ def test_batch_write_is_all_or_nothing(spark, rmq):
 def test_avro_round_trip(spark, rmq):
     rows = [(1, "pen", 1.5, [1, 2]), (2, "ink", None, [])]
     df = spark.createDataFrame(rows, "id long, item string, price double, lines array<int>").select(
-        F.struct("id", "item", "price", F.timestamp_millis(F.lit(1_700_000_000_123)).alias("at"), "lines").alias("value")
+        F.struct(
+            "id", "item", "price", F.timestamp_millis(F.lit(1_700_000_000_123)).alias("at"), "lines"
+        ).alias("value")
     )
-    df.write.format("rmq").option("path", rmq).option("topic", "Avro").option("avroSchema", AVRO).mode("append").save()
+    df.write.format("rmq").option("path", rmq).option("topic", "Avro").option(
+        "avroSchema", AVRO
+    ).mode("append").save()
     back = (
-        spark.read.format("rmq").option("path", rmq).option("topics", "Avro").option("avroSchema", AVRO).load()
-        .select("value.*").orderBy("id").collect()
+        spark.read.format("rmq")
+        .option("path", rmq)
+        .option("topics", "Avro")
+        .option("avroSchema", AVRO)
+        .load()
+        .select("value.*")
+        .orderBy("id")
+        .collect()
     )
     assert [(r.id, r.item, r.price, r.lines) for r in back] == rows
     assert all(r.at.timestamp() == 1_700_000_000.123 for r in back)
     produce(rmq, "Avro", [b"\xff\xfe not avro"])
     with pytest.raises(Exception, match="not Avro of the given schema"):
-        spark.read.format("rmq").option("path", rmq).option("topics", "Avro").option("avroSchema", AVRO).load().collect()
+        spark.read.format("rmq").option("path", rmq).option("topics", "Avro").option(
+            "avroSchema", AVRO
+        ).load().collect()
 
 
 def test_sink_errors(spark, rmq, tmp_path):
@@ -161,13 +190,24 @@ def test_sink_errors(spark, rmq, tmp_path):
     with pytest.raises(Exception, match="column 'body' must be binary or string"):
         df.write.format("rmq").option("path", rmq).option("topic", "E").mode("append").save()
     with pytest.raises(Exception, match="set option 'topic' or give a column 'topic'"):
-        spark.createDataFrame([("x",)], "body string").write.format("rmq").option("path", rmq).mode("append").save()
+        spark.createDataFrame([("x",)], "body string").write.format("rmq").option("path", rmq).mode(
+            "append"
+        ).save()
     with pytest.raises(Exception, match="'overwrite' is not supported"):
-        spark.createDataFrame([("x",)], "body string").write.format("rmq").option("path", rmq).option("topic", "E").mode("overwrite").save()
+        spark.createDataFrame([("x",)], "body string").write.format("rmq").option(
+            "path", rmq
+        ).option("topic", "E").mode("overwrite").save()
     with pytest.raises(Exception, match="needs a column 'body'"):
         q = (
-            spark.readStream.format("rmq").option("path", rmq).option("topics", "E").load().select("topic")
-            .writeStream.format("rmq").option("path", rmq).option("checkpointLocation", str(tmp_path / "c")).start()
+            spark.readStream.format("rmq")
+            .option("path", rmq)
+            .option("topics", "E")
+            .load()
+            .select("topic")
+            .writeStream.format("rmq")
+            .option("path", rmq)
+            .option("checkpointLocation", str(tmp_path / "c"))
+            .start()
         )
         q.awaitTermination(60)
 
@@ -180,16 +220,32 @@ def test_a_bad_row_of_an_exactly_once_batch_commits_nothing(spark, rmq, tmp_path
     produce(rmq, "In", [f"m{i}" for i in range(100)], queueId=[0] * 100)
     far_ms = int(time.time() * 1000) + 10 * 24 * 3600 * 1000
     df = (
-        spark.readStream.format("rmq").option("path", rmq).option("topics", "In").option("startingOffsets", "earliest").load()
-        .select("body", F.when(F.col("queueOffset") == 57, F.timestamp_millis(F.lit(far_ms))).alias("deliverTimestamp"))
+        spark.readStream.format("rmq")
+        .option("path", rmq)
+        .option("topics", "In")
+        .option("startingOffsets", "earliest")
+        .load()
+        .select(
+            "body",
+            F.when(F.col("queueOffset") == 57, F.timestamp_millis(F.lit(far_ms))).alias(
+                "deliverTimestamp"
+            ),
+        )
     )
     checkpoint = str(tmp_path / "ck")
     for _ in range(2):
         q = (
-            df.writeStream.format("rmq").option("path", rmq).option("topic", "Out")
-            .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+            df.writeStream.format("rmq")
+            .option("path", rmq)
+            .option("topic", "Out")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
         )
-        with pytest.raises(Exception, match=r"ILLEGAL_DELIVERY_TIME: column 'deliverTimestamp', row 57 of partition 0: .*the limit is 259200s"):
+        with pytest.raises(
+            Exception,
+            match=r"ILLEGAL_DELIVERY_TIME: column 'deliverTimestamp', row 57 of partition 0: .*the limit is 259200s",
+        ):
             q.awaitTermination(300)
         assert not q.isActive
         c = client(rmq)
@@ -210,13 +266,20 @@ BAD_ROWS = {
 
 
 @pytest.mark.parametrize("transactional", ["true", "false"])
-def test_the_sink_refuses_what_send_message_refuses_and_writes_none_of_the_partition(spark, rmq, transactional):
+def test_the_sink_refuses_what_send_message_refuses_and_writes_none_of_the_partition(
+    spark, rmq, transactional
+):
     for name, (column, value, match) in BAD_ROWS.items():
         rows = [(f"m{i}", {"k": str(i)}) for i in range(100)]
         rows[40] = (value, rows[40][1]) if column == "body" else (rows[40][0], value)
         df = spark.createDataFrame(rows, "body string, properties map<string,string>").coalesce(1)
         topic = f"Bad{transactional}{len(match)}"
-        w = df.write.format("rmq").option("path", rmq).option("topic", topic).option("transactional", transactional)
+        w = (
+            df.write.format("rmq")
+            .option("path", rmq)
+            .option("topic", topic)
+            .option("transactional", transactional)
+        )
         with pytest.raises(Exception, match=match):
             w.mode("append").save()
         assert read_topic(rmq, topic).num_rows == 0, name
@@ -231,17 +294,27 @@ def test_writes_from_another_python_thread_find_the_format(spark, rmq, tmp_path)
     produce(rmq, "ThreadIn", ["a", "b", "c"], queueId=[0, 0, 0])
     batch = spark.createDataFrame([("x",), ("y",)], "body string")
     stream = (
-        spark.readStream.format("rmq").option("path", rmq).option("topics", "ThreadIn")
-        .option("startingOffsets", "earliest").load().select("body")
+        spark.readStream.format("rmq")
+        .option("path", rmq)
+        .option("topics", "ThreadIn")
+        .option("startingOffsets", "earliest")
+        .load()
+        .select("body")
     )
     errors: list[BaseException] = []
 
     def write() -> None:
         try:
-            batch.write.format("rmq").option("path", rmq).option("topic", "ThreadBatch").mode("append").save()
+            batch.write.format("rmq").option("path", rmq).option("topic", "ThreadBatch").mode(
+                "append"
+            ).save()
             q = (
-                stream.writeStream.format("rmq").option("path", rmq).option("topic", "ThreadStream")
-                .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+                stream.writeStream.format("rmq")
+                .option("path", rmq)
+                .option("topic", "ThreadStream")
+                .option("checkpointLocation", str(tmp_path / "ck"))
+                .trigger(availableNow=True)
+                .start()
             )
             q.awaitTermination(300)
         except BaseException as e:  # noqa: BLE001 - reported by the test's thread
@@ -260,21 +333,28 @@ def test_partition_rows_past_the_spill_size_wait_on_disk_and_come_back_whole(mon
     SPILL_BYTES they go to a local Arrow file, and are sent back in order, whole."""
     import pyarrow as pa
 
-    from rmq_spark.datasource import writer as W
     from rmq_spark.access.rules import SendLimits
+    from rmq_spark.datasource import writer as W
 
     monkeypatch.setattr(W, "SPILL_BYTES", 4096)
     rows = W.PartitionRows(lambda: SendLimits(now_ms=int(time.time() * 1000)), 0, {})
-    batches = [pa.table({"topic": ["T"] * 100, "body": [b"%d-%d" % (b, i) for i in range(100)]}) for b in range(5)]
+    batches = [
+        pa.table({"topic": ["T"] * 100, "body": [b"%d-%d" % (b, i) for i in range(100)]})
+        for b in range(5)
+    ]
     for b in batches:
         rows.add(b)
     assert rows._spill is not None and os.path.exists(rows._spill[1])
     spilled = rows._spill[0].name
     back = pa.concat_tables(list(rows.chunks()))
-    assert back.column("body").to_pylist() == [x for b in batches for x in b.column("body").to_pylist()]
+    assert back.column("body").to_pylist() == [
+        x for b in batches for x in b.column("body").to_pylist()
+    ]
     rows.close()
     assert not os.path.exists(spilled)
     bad = W.PartitionRows(lambda: SendLimits(now_ms=0), 7, {})
     bad.add(batches[0])
-    with pytest.raises(Exception, match=r"MESSAGE_BODY_EMPTY: column 'body', row 103 of partition 7"):
+    with pytest.raises(
+        Exception, match=r"MESSAGE_BODY_EMPTY: column 'body', row 103 of partition 7"
+    ):
         bad.add(pa.table({"topic": ["T"] * 4, "body": [b"a", b"b", b"c", b""]}))

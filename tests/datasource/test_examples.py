@@ -18,21 +18,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXAMPLES = [
     # script, takes a store directory, lines it must print
     ("store_demo.py", True, ["restart   : queue 1 holds 10000 messages"]),
-    ("quickstart.py", True, ["--- micro-batch", "read 5 messages", "the cancelled (rolled-back) one: never seen"]),
+    (
+        "quickstart.py",
+        True,
+        ["--- micro-batch", "read 5 messages", "the cancelled (rolled-back) one: never seen"],
+    ),
     ("unpaid_orders.py", True, ["no payment -> closed", "OrderEvents: ['o-1001', 'o-1003']"]),
     ("transactional_outbox.py", False, ["events published: ['A', 'C']; consistent"]),
-    ("exactly_once_pipeline.py", True, ["after the replay of batch 2: 2685 messages (0 duplicates)"]),
+    (
+        "exactly_once_pipeline.py",
+        True,
+        ["after the replay of batch 2: 2685 messages (0 duplicates)"],
+    ),
     ("avro_bodies.py", True, ["|sensor|celsius|", "|s0    |20.0   |"]),
 ]
 
 
-@pytest.mark.parametrize(("script", "takes_store", "expected"), EXAMPLES, ids=[e[0] for e in EXAMPLES])
+@pytest.mark.parametrize(
+    ("script", "takes_store", "expected"), EXAMPLES, ids=[e[0] for e in EXAMPLES]
+)
 def test_example_runs_and_prints_what_it_promises(script, takes_store, expected, tmp_path):
     store = str(tmp_path / "store")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    cmd = [sys.executable, os.path.join(ROOT, "examples", script)] + ([store] if takes_store else [])
+    cmd = [sys.executable, os.path.join(ROOT, "examples", script)] + (
+        [store] if takes_store else []
+    )
     try:
-        run = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(
+            cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300
+        )
     finally:
         left_running = stop_broker(store) if takes_store else False
     out = run.stdout + run.stderr

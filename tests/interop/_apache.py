@@ -62,8 +62,14 @@ def server_classpath(version: str = SERVER_VERSION_DEFAULT) -> str:
     digest = sources_digest(SERVER_POM_DIR, ("pom.xml",)) + " " + version
     if not (out.is_file() and stamp.is_file() and stamp.read_text() == digest):
         out.parent.mkdir(parents=True, exist_ok=True)
-        maven([f"-Drocketmq.server.version={version}", "dependency:build-classpath",
-               f"-Dmdep.outputFile={out}"], cwd=SERVER_POM_DIR)
+        maven(
+            [
+                f"-Drocketmq.server.version={version}",
+                "dependency:build-classpath",
+                f"-Dmdep.outputFile={out}",
+            ],
+            cwd=SERVER_POM_DIR,
+        )
         stamp.write_text(digest)
     return out.read_text().strip()
 
@@ -90,19 +96,32 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def remoting_request(addr: str, code: int, ext_fields: dict[str, str] | None = None,
-                     timeout_s: float = 3.0, body: bytes = b"") -> tuple[dict, bytes]:
+def remoting_request(
+    addr: str,
+    code: int,
+    ext_fields: dict[str, str] | None = None,
+    timeout_s: float = 3.0,
+    body: bytes = b"",
+) -> tuple[dict, bytes]:
     """One remoting RPC with a JSON header: returns the response header and body.  Frame: int32
     length | int32 (serialize type << 24 | header length) | header | body."""
-    header = json.dumps({"code": code, "language": "PYTHON", "version": REMOTING_VERSION, "opaque": 1,
-                         "flag": 0, "extFields": ext_fields or {}}).encode()
+    header = json.dumps(
+        {
+            "code": code,
+            "language": "PYTHON",
+            "version": REMOTING_VERSION,
+            "opaque": 1,
+            "flag": 0,
+            "extFields": ext_fields or {},
+        }
+    ).encode()
     host, port = addr.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
         s.sendall(struct.pack(">ii", 4 + len(header) + len(body), len(header)) + header + body)
         length = struct.unpack(">i", _recv_exact(s, 4))[0]
         frame = _recv_exact(s, length)
     header_len = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
-    return json.loads(frame[4:4 + header_len]), frame[4 + header_len:]
+    return json.loads(frame[4 : 4 + header_len]), frame[4 + header_len :]
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:
@@ -125,7 +144,9 @@ class _JavaProcess:
         self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 -- open for the process's life
         self._log_start = log_path.stat().st_size
         try:
-            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         except BaseException:
             self._log.close()
             raise
@@ -140,7 +161,9 @@ class _JavaProcess:
             if self.ready_text in self.log_text():
                 return time.monotonic() - self.started_at
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
             time.sleep(0.1)
         raise TimeoutError(f"{self.name} not ready in {timeout_s}s:\n{self.log_tail()}")
 
@@ -178,10 +201,19 @@ class ApacheRocketMQ:
     filtering (``enablePropertyFilter``); CommitLog segments are 64 MiB instead of 1 GiB.
     """
 
-    def __init__(self, workdir: str | os.PathLike[str], *, brokers: tuple[str, ...] = ("broker-a", "broker-b"),
-                 cluster: str = "InteropCluster", version: str = SERVER_VERSION_DEFAULT,
-                 heap: str = "256m", namesrv_heap: str = "128m", jvm_flags: tuple[str, ...] = ("-XX:+UseSerialGC",),
-                 broker_config: dict[str, str] | None = None, namesrv_addr: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        *,
+        brokers: tuple[str, ...] = ("broker-a", "broker-b"),
+        cluster: str = "InteropCluster",
+        version: str = SERVER_VERSION_DEFAULT,
+        heap: str = "256m",
+        namesrv_heap: str = "128m",
+        jvm_flags: tuple[str, ...] = ("-XX:+UseSerialGC",),
+        broker_config: dict[str, str] | None = None,
+        namesrv_addr: str | None = None,
+    ) -> None:
         """``namesrv_addr``: run no NameServer; the brokers register with that one (another
         NameServer, e.g. rmq-broker's)."""
         self.workdir = Path(workdir)
@@ -196,7 +228,9 @@ class ApacheRocketMQ:
         self.home = self.workdir / "home"
         self.home.mkdir(parents=True, exist_ok=True)
         self.own_namesrv = namesrv_addr is None
-        self.namesrv_port = free_port() if namesrv_addr is None else int(namesrv_addr.rpartition(":")[2])
+        self.namesrv_port = (
+            free_port() if namesrv_addr is None else int(namesrv_addr.rpartition(":")[2])
+        )
         self.namesrv_addr = namesrv_addr or f"127.0.0.1:{self.namesrv_port}"
         self.broker_ports: dict[str, int] = {}
         self.namesrv: _JavaProcess | None = None
@@ -206,8 +240,19 @@ class ApacheRocketMQ:
     # -- processes ------------------------------------------------------------------------------
 
     def _java(self, heap: str, main: str, conf: Path) -> list[str]:
-        return ["java", f"-Xms{heap}", f"-Xmx{heap}", *self.jvm_flags, f"-Duser.home={self.home}",
-                f"-Drocketmq.home.dir={self.home}", "-cp", self.classpath, main, "-c", str(conf)]
+        return [
+            "java",
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            *self.jvm_flags,
+            f"-Duser.home={self.home}",
+            f"-Drocketmq.home.dir={self.home}",
+            "-cp",
+            self.classpath,
+            main,
+            "-c",
+            str(conf),
+        ]
 
     def start(self) -> ApacheRocketMQ:
         """Starts the NameServer, then every broker in parallel; returns once all registered."""
@@ -262,8 +307,12 @@ class ApacheRocketMQ:
         }
         conf = self.workdir / f"{name}.conf"
         conf.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-        self.brokers[name] = _JavaProcess(name, self._java(self.heap, "org.apache.rocketmq.broker.BrokerStartup", conf),
-                                          self.workdir / f"{name}.log", BROKER_READY)
+        self.brokers[name] = _JavaProcess(
+            name,
+            self._java(self.heap, "org.apache.rocketmq.broker.BrokerStartup", conf),
+            self.workdir / f"{name}.log",
+            BROKER_READY,
+        )
 
     def _await_broker(self, name: str) -> None:
         proc = self.brokers[name]
@@ -335,21 +384,30 @@ class ApacheRocketMQ:
             if listed == registered:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} ({addr}) {'not' if registered else 'still'} registered after {timeout_s}s")
+                raise TimeoutError(
+                    f"{name} ({addr}) {'not' if registered else 'still'} registered after {timeout_s}s"
+                )
             time.sleep(0.2)
 
-    def wait_route(self, topic: str, brokers: tuple[str, ...] | None = None, timeout_s: float = 30.0) -> None:
+    def wait_route(
+        self, topic: str, brokers: tuple[str, ...] | None = None, timeout_s: float = 30.0
+    ) -> None:
         """Waits until the NameServer's route of ``topic`` names every broker of ``brokers``."""
         wanted = brokers if brokers is not None else tuple(self.brokers)
         deadline = time.monotonic() + timeout_s
         while True:
-            header, body = remoting_request(self.namesrv_addr, GET_ROUTEINFO_BY_TOPIC,
-                                            {"topic": topic, "acceptStandardJsonOnly": "true"})
+            header, body = remoting_request(
+                self.namesrv_addr,
+                GET_ROUTEINFO_BY_TOPIC,
+                {"topic": topic, "acceptStandardJsonOnly": "true"},
+            )
             if header.get("code") == 0:
                 route = json.loads(body)
                 names = {q["brokerName"] for q in route.get("queueDatas", [])}
                 if set(wanted) <= names:
                     return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"route of {topic} does not name {wanted} after {timeout_s}s: {header} {body[:500]!r}")
+                raise TimeoutError(
+                    f"route of {topic} does not name {wanted} after {timeout_s}s: {header} {body[:500]!r}"
+                )
             time.sleep(0.2)

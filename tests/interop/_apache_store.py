@@ -69,8 +69,16 @@ def _uniq(i: int, salt: str) -> str:
 
 def create_topic(broker_addr: str, topic: str, queues: int, attributes: str | None = None) -> None:
     """UPDATE_AND_CREATE_TOPIC on one broker (``attributes``: e.g. ``+queue.type=BatchCQ``)."""
-    ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues), "writeQueueNums": str(queues),
-           "perm": "6", "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false"}
+    ext = {
+        "topic": topic,
+        "defaultTopic": "TBW102",
+        "readQueueNums": str(queues),
+        "writeQueueNums": str(queues),
+        "perm": "6",
+        "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": "0",
+        "order": "false",
+    }
     if attributes:
         ext["attributes"] = attributes
     with RemotingClient(broker_addr, 10.0) as c:
@@ -79,11 +87,28 @@ def create_topic(broker_addr: str, topic: str, queues: int, attributes: str | No
         raise RuntimeError(f"UPDATE_AND_CREATE_TOPIC {topic}: {r.code} {r.remark}")
 
 
-def send_one(c: RemotingClient, topic: str, queue_id: int, body: bytes, props: dict[str, str],
-             sys_flag: int = 0) -> dict[str, str]:
-    ext = {"a": "interop-store-producer", "b": topic, "c": "TBW102", "d": "4", "e": str(queue_id), "f": str(sys_flag),
-           "g": str(int(time.time() * 1000)), "h": "0", "i": properties_string(props), "j": "0", "k": "false",
-           "m": "false"}
+def send_one(
+    c: RemotingClient,
+    topic: str,
+    queue_id: int,
+    body: bytes,
+    props: dict[str, str],
+    sys_flag: int = 0,
+) -> dict[str, str]:
+    ext = {
+        "a": "interop-store-producer",
+        "b": topic,
+        "c": "TBW102",
+        "d": "4",
+        "e": str(queue_id),
+        "f": str(sys_flag),
+        "g": str(int(time.time() * 1000)),
+        "h": "0",
+        "i": properties_string(props),
+        "j": "0",
+        "k": "false",
+        "m": "false",
+    }
     r = c.request(RemotingCommand(SEND_MESSAGE_V2, ext, body))
     if r.code != 0:
         raise RuntimeError(f"SEND_MESSAGE_V2 to {topic}/{queue_id}: {r.code} {r.remark}")
@@ -101,17 +126,39 @@ def batch_body(messages: list[tuple[bytes, dict[str, str]]]) -> bytes:
     return bytes(out)
 
 
-def send_batch(c: RemotingClient, topic: str, queue_id: int, messages: list[tuple[bytes, dict[str, str]]]) -> dict:
-    ext = {"a": "interop-store-producer", "b": topic, "c": "TBW102", "d": "4", "e": str(queue_id), "f": "0",
-           "g": str(int(time.time() * 1000)), "h": "0", "i": "", "j": "0", "k": "false", "m": "true"}
+def send_batch(
+    c: RemotingClient, topic: str, queue_id: int, messages: list[tuple[bytes, dict[str, str]]]
+) -> dict:
+    ext = {
+        "a": "interop-store-producer",
+        "b": topic,
+        "c": "TBW102",
+        "d": "4",
+        "e": str(queue_id),
+        "f": "0",
+        "g": str(int(time.time() * 1000)),
+        "h": "0",
+        "i": "",
+        "j": "0",
+        "k": "false",
+        "m": "true",
+    }
     r = c.request(RemotingCommand(SEND_BATCH_MESSAGE, ext, batch_body(messages)))
     if r.code != 0:
         raise RuntimeError(f"SEND_BATCH_MESSAGE to {topic}/{queue_id}: {r.code} {r.remark}")
     return r.ext_fields
 
 
-def fill(broker_addr: str, topic: str, *, queues: int = 4, batches: int = 3, batch_size: int = 50,
-         delayed: bool = True, timer: bool = True) -> Filled:
+def fill(
+    broker_addr: str,
+    topic: str,
+    *,
+    queues: int = 4,
+    batches: int = 3,
+    batch_size: int = 50,
+    delayed: bool = True,
+    timer: bool = True,
+) -> Filled:
     """Creates ``topic`` with ``queues`` queues on the broker and writes: per queue ``batches``
     batches of ``batch_size`` messages (tags, keys, properties); single sends of small, empty-tag
     and compressed big bodies; a delay-level-1 message and a timer message due in 2 s."""
@@ -120,16 +167,23 @@ def fill(broker_addr: str, topic: str, *, queues: int = 4, batches: int = 3, bat
     out = Filled(topic, queues)
     n = 0
     with RemotingClient(broker_addr, 10.0) as c:
-        for b in range(batches):
+        for _b in range(batches):
             for q in range(queues):
                 msgs = []
                 for _ in range(batch_size):
                     uniq = _uniq(n, salt)
-                    props = {"TAGS": f"Tag{n % 3}", "KEYS": f"k{n} order-{n % 7}", "i": str(n), "UNIQ_KEY": uniq,
-                             "WAIT": "true"}
+                    props = {
+                        "TAGS": f"Tag{n % 3}",
+                        "KEYS": f"k{n} order-{n % 7}",
+                        "i": str(n),
+                        "UNIQ_KEY": uniq,
+                        "WAIT": "true",
+                    }
                     body = f"batch body {n} ".encode() * (1 + n % 5)
                     msgs.append((body, props))
-                    out.sent.append(Sent(body, props["TAGS"], props["KEYS"], {"i": str(n)}, q, uniq))
+                    out.sent.append(
+                        Sent(body, props["TAGS"], props["KEYS"], {"i": str(n)}, q, uniq)
+                    )
                     n += 1
                 send_batch(c, topic, q, msgs)
         for q in range(queues):  # single sends: no tags and no keys; a user property with unicode
@@ -140,21 +194,35 @@ def fill(broker_addr: str, topic: str, *, queues: int = 4, batches: int = 3, bat
             n += 1
         big = bytes(range(256)) * 64 + b"compressed!"  # 16 KiB: the Java client would zlib it
         uniq = _uniq(n, salt)
-        send_one(c, topic, 0, zlib.compress(big, 5), {"UNIQ_KEY": uniq, "TAGS": "Big", "WAIT": "true"},
-                 sys_flag=COMPRESSED_FLAG)
+        send_one(
+            c,
+            topic,
+            0,
+            zlib.compress(big, 5),
+            {"UNIQ_KEY": uniq, "TAGS": "Big", "WAIT": "true"},
+            sys_flag=COMPRESSED_FLAG,
+        )
         out.sent.append(Sent(big, "Big", None, {}, 0, uniq))
         n += 1
         if delayed:
             uniq = _uniq(n, salt)
             body = b"delayed by level 1"
-            send_one(c, topic, 1, body, {"UNIQ_KEY": uniq, "DELAY": "1", "TAGS": "Late", "WAIT": "true"})
+            send_one(
+                c, topic, 1, body, {"UNIQ_KEY": uniq, "DELAY": "1", "TAGS": "Late", "WAIT": "true"}
+            )
             out.sent.append(Sent(body, "Late", None, {}, 1, uniq, delayed=True))
             n += 1
         if timer:
             uniq = _uniq(n, salt)
             body = b"timer message"
             due = int(time.time() * 1000) + 2000
-            send_one(c, topic, 2, body, {"UNIQ_KEY": uniq, "TIMER_DELIVER_MS": str(due), "TAGS": "Timer", "WAIT": "true"})
+            send_one(
+                c,
+                topic,
+                2,
+                body,
+                {"UNIQ_KEY": uniq, "TIMER_DELIVER_MS": str(due), "TAGS": "Timer", "WAIT": "true"},
+            )
             out.sent.append(Sent(body, "Timer", None, {}, 2, uniq, delayed=True))
             n += 1
     return out

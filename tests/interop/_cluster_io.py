@@ -31,7 +31,7 @@ def broker_addrs(namesrv_addr: str) -> dict[str, str]:
     """Broker name -> master address, from the NameServer's cluster info."""
     with ClusterClient(namesrv_addr) as c:
         answer = c.namesrv_request(RequestCode.GET_BROKER_CLUSTER_INFO)
-    text = re.sub(r'([{,])(-?\d+):', r'\1"\2":', answer.body.decode())
+    text = re.sub(r"([{,])(-?\d+):", r'\1"\2":', answer.body.decode())
     table = json.loads(text)["brokerAddrTable"]
     return {name: b["brokerAddrs"]["0"] for name, b in table.items() if "0" in b["brokerAddrs"]}
 
@@ -43,8 +43,16 @@ def create_topic(namesrv_addr: str, topic: str, queues: int = 4) -> list[str]:
 
     addrs = broker_addrs(namesrv_addr)
     for addr in addrs.values():
-        ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues), "writeQueueNums": str(queues),
-               "perm": "6", "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false"}
+        ext = {
+            "topic": topic,
+            "defaultTopic": "TBW102",
+            "readQueueNums": str(queues),
+            "writeQueueNums": str(queues),
+            "perm": "6",
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": "0",
+            "order": "false",
+        }
         with RemotingClient(addr, 10.0) as rc:
             r = rc.request(RemotingCommand(UPDATE_AND_CREATE_TOPIC, ext))
         if r.code != 0:
@@ -59,7 +67,9 @@ def create_topic(namesrv_addr: str, topic: str, queues: int = 4) -> list[str]:
             except Exception:  # noqa: BLE001 -- no route yet
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the route of {topic} does not name every broker of {sorted(addrs)}")
+                raise TimeoutError(
+                    f"the route of {topic} does not name every broker of {sorted(addrs)}"
+                )
             time.sleep(0.3)
 
 
@@ -75,10 +85,14 @@ def read_topic(namesrv_addr: str, topic: str) -> pa.Table:
             while offset < hi:
                 r = c.pull(broker, topic, qid, offset, 1024, PULL_GROUP)
                 if not r.found:
-                    raise RuntimeError(f"pull of {broker} {topic}/{qid}@{offset} (max {hi}) answered {r.code}")
+                    raise RuntimeError(
+                        f"pull of {broker} {topic}/{qid}@{offset} (max {hi}) answered {r.code}"
+                    )
                 batch = records_arrow(r.body)
                 t = pa.Table.from_batches([batch])
-                tables.append(t.append_column("brokerName", pa.array([broker] * t.num_rows, pa.string())))
+                tables.append(
+                    t.append_column("brokerName", pa.array([broker] * t.num_rows, pa.string()))
+                )
                 offset = r.next_begin_offset
     if not tables:
         return pa.table({"msgId": pa.array([], pa.string())})

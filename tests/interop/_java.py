@@ -53,11 +53,20 @@ def maven(args: list[str], cwd: Path, timeout_s: float = MAVEN_TIMEOUT_S) -> Non
     mvn = shutil.which("mvn")
     if mvn is None:
         raise RuntimeError("Maven (mvn) is not on PATH; the interop tests need Java 17 and Maven")
-    proc = subprocess.run([mvn, "-q", "-B", *args], check=False, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [mvn, "-q", "-B", *args],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"mvn {' '.join(args)} failed ({proc.returncode}) in {cwd}:\n"
-                           f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"mvn {' '.join(args)} failed ({proc.returncode}) in {cwd}:\n"
+            f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
 
 
 def sources_digest(root: Path, patterns: tuple[str, ...]) -> str:
@@ -86,8 +95,10 @@ class ProgramResult:
         return [line for line in self.lines if line.get("event") == name]
 
     def describe(self) -> str:
-        return (f"program {' '.join(self.args)} exited {self.returncode}\n--- stdout (tail)\n"
-                f"{self.stdout[-6000:]}\n--- stderr (tail)\n{self.stderr[-6000:]}")
+        return (
+            f"program {' '.join(self.args)} exited {self.returncode}\n--- stdout (tail)\n"
+            f"{self.stdout[-6000:]}\n--- stderr (tail)\n{self.stderr[-6000:]}"
+        )
 
 
 def _parse(args: list[str], returncode: int, stdout: str, stderr: str) -> ProgramResult:
@@ -108,7 +119,9 @@ class RunningProgram:
         self._out = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by wait() or kill()
         self._err = tempfile.TemporaryFile()  # noqa: SIM115
         try:
-            self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                cmd, stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL
+            )
         except BaseException:
             self._close()
             raise
@@ -124,7 +137,9 @@ class RunningProgram:
         deadline = time.monotonic() + timeout_s
         while not self.printed(event):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{' '.join(self.args)} printed no {event!r}:\n{self.wait(5).describe()}")
+                raise AssertionError(
+                    f"{' '.join(self.args)} printed no {event!r}:\n{self.wait(5).describe()}"
+                )
             time.sleep(0.1)
 
     def wait(self, timeout_s: float = 120.0, check: bool = False) -> ProgramResult:
@@ -136,8 +151,12 @@ class RunningProgram:
         try:
             self._out.seek(0)
             self._err.seek(0)
-            result = _parse(self.args, self.proc.returncode, self._out.read().decode(errors="replace"),
-                            self._err.read().decode(errors="replace"))
+            result = _parse(
+                self.args,
+                self.proc.returncode,
+                self._out.read().decode(errors="replace"),
+                self._err.read().decode(errors="replace"),
+            )
         finally:
             self._close()
         if check and result.returncode != 0:
@@ -163,44 +182,97 @@ class JavaPrograms:
         self.classpath = classpath
         self.last_stderr = ""  # what the last mqadmin printed on stderr
 
-    def command(self, program: str, *args: str, home: str | os.PathLike[str],
-                jvm_flags: tuple[str, ...] = ()) -> list[str]:
+    def command(
+        self,
+        program: str,
+        *args: str,
+        home: str | os.PathLike[str],
+        jvm_flags: tuple[str, ...] = (),
+    ) -> list[str]:
         """The ``java`` command line; ``home`` holds the client's logs and local offset files
         (``-Duser.home``) and is its rocketmq home (mqadmin 4.9 reads ``conf/`` there)."""
-        return ["java", *CLIENT_JVM_FLAGS, *jvm_flags, f"-Duser.home={home}", f"-Drocketmq.home.dir={home}",
-                "-cp", self.classpath, "interop.Main", program, *args]
+        return [
+            "java",
+            *CLIENT_JVM_FLAGS,
+            *jvm_flags,
+            f"-Duser.home={home}",
+            f"-Drocketmq.home.dir={home}",
+            "-cp",
+            self.classpath,
+            "interop.Main",
+            program,
+            *args,
+        ]
 
-    def run(self, program: str, *args: str, home: str | os.PathLike[str], timeout_s: float = 120.0,
-            check: bool = True, jvm_flags: tuple[str, ...] = ()) -> ProgramResult:
+    def run(
+        self,
+        program: str,
+        *args: str,
+        home: str | os.PathLike[str],
+        timeout_s: float = 120.0,
+        check: bool = True,
+        jvm_flags: tuple[str, ...] = (),
+    ) -> ProgramResult:
         """Runs a program to its end.  ``check``: raise unless it exited 0.  A program still
         running at ``timeout_s`` is killed (its own --timeout-s should end it first)."""
         cmd = self.command(program, *args, home=home, jvm_flags=jvm_flags)
         try:
-            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                cmd,
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-            raise AssertionError(f"program {program} {' '.join(args)} killed after {timeout_s}s\n"
-                                 f"{out[-4000:]}\n{err[-4000:]}") from None
+            out = (
+                e.stdout.decode(errors="replace")
+                if isinstance(e.stdout, bytes)
+                else (e.stdout or "")
+            )
+            err = (
+                e.stderr.decode(errors="replace")
+                if isinstance(e.stderr, bytes)
+                else (e.stderr or "")
+            )
+            raise AssertionError(
+                f"program {program} {' '.join(args)} killed after {timeout_s}s\n"
+                f"{out[-4000:]}\n{err[-4000:]}"
+            ) from None
         result = _parse([program, *args], proc.returncode, proc.stdout, proc.stderr)
         if check and proc.returncode != 0:
             raise AssertionError(result.describe())
         return result
 
-    def spawn(self, program: str, *args: str, home: str | os.PathLike[str],
-              jvm_flags: tuple[str, ...] = ()) -> RunningProgram:
+    def spawn(
+        self,
+        program: str,
+        *args: str,
+        home: str | os.PathLike[str],
+        jvm_flags: tuple[str, ...] = (),
+    ) -> RunningProgram:
         """Starts a program in the background (a consumer that must be up before a producer
         sends); ``RunningProgram.wait`` collects it like ``run``."""
-        return RunningProgram(self.command(program, *args, home=home, jvm_flags=jvm_flags), [program, *args])
+        return RunningProgram(
+            self.command(program, *args, home=home, jvm_flags=jvm_flags), [program, *args]
+        )
 
     def mqadmin(self, *args: str, home: str | os.PathLike[str], timeout_s: float = 60.0) -> str:
         """Runs the real mqadmin (``MQAdminStartup``) and returns what it printed."""
-        proc = subprocess.run(self.command("mqadmin", *args, home=home), check=False, capture_output=True,
-                              text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            self.command("mqadmin", *args, home=home),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
         self.last_stderr = proc.stderr
         if proc.returncode != 0:
-            raise AssertionError(f"mqadmin {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+            raise AssertionError(
+                f"mqadmin {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            )
         return proc.stdout
 
 
@@ -211,11 +283,22 @@ def build_programs(version: str = CLIENT_VERSION_DEFAULT) -> JavaPrograms:
     stamp = target / "build.sha256"
     classpath_file = target / "classpath.txt"
     digest = sources_digest(JAVA_DIR, ("pom.xml", "src/**/*.java")) + " " + version
-    up_to_date = (stamp.is_file() and stamp.read_text() == digest and classpath_file.is_file()
-                  and (target / "classes" / "interop" / "Main.class").is_file())
+    up_to_date = (
+        stamp.is_file()
+        and stamp.read_text() == digest
+        and classpath_file.is_file()
+        and (target / "classes" / "interop" / "Main.class").is_file()
+    )
     if not up_to_date:
-        maven([f"-Drocketmq.client.version={version}", "package", "dependency:build-classpath",
-               f"-Dmdep.outputFile={classpath_file}"], cwd=JAVA_DIR)
+        maven(
+            [
+                f"-Drocketmq.client.version={version}",
+                "package",
+                "dependency:build-classpath",
+                f"-Dmdep.outputFile={classpath_file}",
+            ],
+            cwd=JAVA_DIR,
+        )
         stamp.write_text(digest)
     classpath = f"{target / 'classes'}{os.pathsep}{classpath_file.read_text().strip()}"
     return JavaPrograms(version, classpath)

@@ -48,8 +48,10 @@ def cluster_info(namesrv_addr: str) -> dict[str, list[str]]:
     if header.get("code") != 0:
         raise RuntimeError(f"GET_BROKER_CLUSTER_INFO failed: {header}")
     # fastjson writes brokerAddrs' Long keys unquoted ({0:"host:port"}); quote them for json
-    text = re.sub(r'([{,])(-?\d+):', r'\1"\2":', body.decode())
-    return {cluster: sorted(names) for cluster, names in json.loads(text)["clusterAddrTable"].items()}
+    text = re.sub(r"([{,])(-?\d+):", r'\1"\2":', body.decode())
+    return {
+        cluster: sorted(names) for cluster, names in json.loads(text)["clusterAddrTable"].items()
+    }
 
 
 class Target:
@@ -60,14 +62,29 @@ class Target:
     cluster: str
     broker_names: list[str]
 
-    def create_topic(self, programs: JavaPrograms, home: Path, topic: str, queues: int = 4,
-                     order: bool = False) -> None:
+    def create_topic(
+        self, programs: JavaPrograms, home: Path, topic: str, queues: int = 4, order: bool = False
+    ) -> None:
         """mqadmin updateTopic on every broker of the cluster, then waits for the route.  Tried up
         to three times (it is idempotent): mqadmin's requests time out after 3 s, which a loaded
         machine can exceed, and it then prints its exception on stderr and exits 0."""
-        for attempt in range(3):
-            out = programs.mqadmin("updateTopic", "-n", self.namesrv_addr, "-c", self.cluster, "-t", topic,
-                                   "-r", str(queues), "-w", str(queues), "-o", str(order).lower(), home=home)
+        for _attempt in range(3):
+            out = programs.mqadmin(
+                "updateTopic",
+                "-n",
+                self.namesrv_addr,
+                "-c",
+                self.cluster,
+                "-t",
+                topic,
+                "-r",
+                str(queues),
+                "-w",
+                str(queues),
+                "-o",
+                str(order).lower(),
+                home=home,
+            )
             if out.count("success") >= len(self.broker_names):
                 break
             time.sleep(1.0)
@@ -114,12 +131,28 @@ class RmqBrokerTarget(Target):
         store.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "rmq-broker.log"
         self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 -- closed in close()
-        cmd = [sys.executable, "-m", "rmq_spark.broker", "--store", str(store), "--listen", "127.0.0.1:0",
-               "--remoting-listen", "127.0.0.1:0", "--namesrv-listen", "127.0.0.1:0",
-               # check-backs within seconds, as the Apache target's transactionCheckInterval=1000
-               "--transaction-check-interval", "1", "--transaction-timeout", "1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rmq_spark.broker",
+            "--store",
+            str(store),
+            "--listen",
+            "127.0.0.1:0",
+            "--remoting-listen",
+            "127.0.0.1:0",
+            "--namesrv-listen",
+            "127.0.0.1:0",
+            # check-backs within seconds, as the Apache target's transactionCheckInterval=1000
+            "--transaction-check-interval",
+            "1",
+            "--transaction-timeout",
+            "1",
+        ]
         try:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL
+            )
         except BaseException:
             self._log.close()
             raise
@@ -127,7 +160,9 @@ class RmqBrokerTarget(Target):
             self.ready_line = self._await_ready()
             m = self.NAMESRV.search(self.ready_line)
             if m is None:
-                raise RuntimeError(f"rmq-broker's ready line names no namesrv=HOST:PORT: {self.ready_line!r}")
+                raise RuntimeError(
+                    f"rmq-broker's ready line names no namesrv=HOST:PORT: {self.ready_line!r}"
+                )
             self.namesrv_addr = m.group(1)
             grpc = re.search(r"listening on (\S+:\d+)", self.ready_line)
             self.grpc_endpoint = grpc.group(1) if grpc else ""
@@ -150,7 +185,9 @@ class RmqBrokerTarget(Target):
                     continue
                 chunk = os.read(self.proc.stdout.fileno(), 4096)
                 if not chunk:
-                    raise RuntimeError(f"rmq-broker exited with {self.proc.wait()}: {self.log_tail()}")
+                    raise RuntimeError(
+                        f"rmq-broker exited with {self.proc.wait()}: {self.log_tail()}"
+                    )
                 buf += chunk
         return buf.split(b"\n", 1)[0].decode()
 
@@ -162,8 +199,11 @@ class RmqBrokerTarget(Target):
 
         deadline = time.monotonic() + 30.0
         while True:
-            header, _ = remoting_request(self.namesrv_addr, GET_ROUTEINFO_BY_TOPIC,
-                                         {"topic": topic, "acceptStandardJsonOnly": "true"})
+            header, _ = remoting_request(
+                self.namesrv_addr,
+                GET_ROUTEINFO_BY_TOPIC,
+                {"topic": topic, "acceptStandardJsonOnly": "true"},
+            )
             if header.get("code") == 0:
                 return
             if time.monotonic() > deadline:

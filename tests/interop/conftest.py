@@ -119,10 +119,23 @@ class Java:
         self.target = target
         self.home = home
 
-    def run(self, program: str, *, check: bool = True, timeout_s: float = 120.0, jvm_flags: tuple[str, ...] = (),
-            **options: Any) -> ProgramResult:
-        return self.programs.run(program, *self._args(options), home=self.home, timeout_s=timeout_s, check=check,
-                                 jvm_flags=jvm_flags)
+    def run(
+        self,
+        program: str,
+        *,
+        check: bool = True,
+        timeout_s: float = 120.0,
+        jvm_flags: tuple[str, ...] = (),
+        **options: Any,
+    ) -> ProgramResult:
+        return self.programs.run(
+            program,
+            *self._args(options),
+            home=self.home,
+            timeout_s=timeout_s,
+            check=check,
+            jvm_flags=jvm_flags,
+        )
 
     def _args(self, options: dict[str, Any]) -> list[str]:
         args = ["--namesrv", self.target.namesrv_addr]

@@ -47,9 +47,14 @@ def test_admin_commands_against_apache_rocketmq(capsys, apache, apache_java, nam
     assert sorted(m["broker"] for m in made) == sorted(apache.broker_names)
     apache.wait_route(topic)
     (listed,) = [t for t in admin(capsys, ns, "topics", "list") if t["topic"] == topic]
-    assert (listed["write_queues"], sorted(listed["brokers"])) == (2 * len(apache.broker_names), sorted(apache.broker_names))
+    assert (listed["write_queues"], sorted(listed["brokers"])) == (
+        2 * len(apache.broker_names),
+        sorted(apache.broker_names),
+    )
 
-    sent = apache_java.run("producer", group=f"{group}_p", topic=topic, count=4, key_prefix="adm").events("sent")
+    sent = apache_java.run(
+        "producer", group=f"{group}_p", topic=topic, count=4, key_prefix="adm"
+    ).events("sent")
     assert [e["status"] for e in sent] == ["SEND_OK"] * 4
     queues = admin(capsys, ns, "topics", "queues", topic)
     assert sum(q["max_offset"] - q["min_offset"] for q in queues) == 4
@@ -82,11 +87,15 @@ def test_admin_commands_against_apache_rocketmq(capsys, apache, apache_java, nam
                       "originMsgId": sent[1]["msgId"], "originTopic": topic, "maxReconsumeTimes": "16",
                       "unitMode": "false"}, version=415)  # fmt: skip
     assert answer.code == ResponseCode.SUCCESS, answer.remark
-    dead = _until(lambda: _find(capsys, ns, sent[1]["msgId"], f"%DLQ%{group}"), "the DLQ copy's indexing")
+    dead = _until(
+        lambda: _find(capsys, ns, sent[1]["msgId"], f"%DLQ%{group}"), "the DLQ copy's indexing"
+    )
     assert dead["body"] == "msg 1"
     done = admin(capsys, ns, "messages", "resend-dlq", group, sent[1]["msgId"])
     assert done["to"] == f"%RETRY%{group}"
-    retried = _until(lambda: _find(capsys, ns, sent[1]["msgId"], f"%RETRY%{group}"), "the resent copy's indexing")
+    retried = _until(
+        lambda: _find(capsys, ns, sent[1]["msgId"], f"%RETRY%{group}"), "the resent copy's indexing"
+    )
     assert (retried["body"], retried["properties"]["RETRY_TOPIC"]) == ("msg 1", topic)
 
     status = admin(capsys, ns, "broker", "status")

@@ -3,7 +3,8 @@
 One Apache cluster per module (a NameServer and three brokers, CommitLog segments of 64 KiB and
 ConsumeQueue files of 100 units, so BLANK records end segments and queues span files):
 
-- ``clean``: plain single sends, batches, tags and keys over four queues; stopped with SIGTERM.
+- ``clean``: plain single sends, batches, tags and keys over four queues; stopped with SIGTERM;
+  served with the sizes given, and with the default configuration (sizes taken from the files).
 - ``killed``: the same workload in a loop, the broker killed with SIGKILL in the middle of it.
 - ``rt``: started on a store rmq-broker's store wrote first; Apache appends an acknowledged
   message, is stopped; rmq-broker's store reopens it.  While it runs, rmq-broker's store refuses
@@ -59,26 +60,38 @@ def _send_round(c: RemotingClient, topic: str, salt: str, n: int, acked: list[Ac
         msgs = []
         for _ in range(20):
             uniq = f"{salt}{n:08X}".rjust(32, "0")[-32:]
-            props = {"TAGS": f"Tag{n % 3}", "KEYS": f"k{n} order-{n % 7}", "i": str(n), "UNIQ_KEY": uniq, "WAIT": "true"}
+            props = {
+                "TAGS": f"Tag{n % 3}",
+                "KEYS": f"k{n} order-{n % 7}",
+                "i": str(n),
+                "UNIQ_KEY": uniq,
+                "WAIT": "true",
+            }
             msgs.append((f"batch {n} ".encode() * (1 + n % 9), props))
             n += 1
         ext = send_batch(c, topic, q, msgs)
         ids = ext["msgId"].split(",")
         first = int(ext["queueOffset"])
         for i, (body, props) in enumerate(msgs):
-            acked.append(Acked(props["UNIQ_KEY"], int(ext["queueId"]), first + i, ids[i], body, props))
+            acked.append(
+                Acked(props["UNIQ_KEY"], int(ext["queueId"]), first + i, ids[i], body, props)
+            )
     for q in range(QUEUES):
         uniq = f"{salt}{n:08X}".rjust(32, "0")[-32:]
         props = {"UNIQ_KEY": uniq, "WAIT": "true", "KEYS": f"single-{n}", "city": "Zürich"}
         body = f"single {n}".encode()
         ext = send_one(c, topic, q, body, props)
-        acked.append(Acked(uniq, int(ext["queueId"]), int(ext["queueOffset"]), ext["msgId"], body, props))
+        acked.append(
+            Acked(uniq, int(ext["queueId"]), int(ext["queueOffset"]), ext["msgId"], body, props)
+        )
         n += 1
     uniq = f"{salt}{n:08X}".rjust(32, "0")[-32:]
     big = bytes(range(256)) * 40 + b"compressed!"
     props = {"UNIQ_KEY": uniq, "TAGS": "Big", "WAIT": "true"}
     ext = send_one(c, topic, 0, zlib.compress(big, 5), props, sys_flag=1)
-    acked.append(Acked(uniq, int(ext["queueId"]), int(ext["queueOffset"]), ext["msgId"], big, props))
+    acked.append(
+        Acked(uniq, int(ext["queueId"]), int(ext["queueOffset"]), ext["msgId"], big, props)
+    )
     return n + 1
 
 
@@ -86,8 +99,14 @@ def _rmq_store(path: Path) -> Path:
     """rmq-broker's store, written before Apache starts on it (the round trip)."""
     with MessageStore(str(path), StoreConfig(**STORE)) as s:
         for i in range(120):
-            r = s.put_message(Message(RT_TOPIC, f"rmq {i}".encode() * 20, {"TAGS": f"r{i % 2}", "KEYS": f"rk{i}"},
-                                      queue_id=i % QUEUES))
+            r = s.put_message(
+                Message(
+                    RT_TOPIC,
+                    f"rmq {i}".encode() * 20,
+                    {"TAGS": f"r{i % 2}", "KEYS": f"rk{i}"},
+                    queue_id=i % QUEUES,
+                )
+            )
             assert r.ok
     return path
 
@@ -96,10 +115,14 @@ def _rmq_store(path: Path) -> Path:
 def apache(tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("apache-open")
     rt_store = _rmq_store(work / "rt" / "store")
-    cluster = ApacheRocketMQ(work, brokers=("clean", "killed", "rt"), broker_config={
-        "mappedFileSizeCommitLog": str(SEGMENT),
-        "mappedFileSizeConsumeQueue": str(CQ_UNITS * 20),
-    })
+    cluster = ApacheRocketMQ(
+        work,
+        brokers=("clean", "killed", "rt"),
+        broker_config={
+            "mappedFileSizeCommitLog": str(SEGMENT),
+            "mappedFileSizeConsumeQueue": str(CQ_UNITS * 20),
+        },
+    )
     cluster.start()
     try:
         yield cluster, work, rt_store
@@ -107,10 +130,10 @@ def apache(tmp_path_factory: pytest.TempPathFactory):
         cluster.close()
 
 
-def _served(store: Path, topic: str) -> dict[str, tuple]:
+def _served(store: Path, topic: str, config: StoreConfig | None = None) -> dict[str, tuple]:
     """Every message of ``topic`` :class:`MessageStore` serves, by UNIQ_KEY (none twice)."""
     out: dict[str, tuple] = {}
-    with MessageStore(str(store), StoreConfig(**STORE)) as s:
+    with MessageStore(str(store), config or StoreConfig(**STORE)) as s:
         for q in range(QUEUES):
             offset = s.min_offset(topic, q)
             while offset < s.max_offset(topic, q):
@@ -119,7 +142,13 @@ def _served(store: Path, topic: str) -> dict[str, tuple]:
                 for m in got:
                     assert m.uniq_key not in out, m.uniq_key
                     body = zlib.decompress(m.body) if m.sys_flag & 1 else m.body
-                    out[m.uniq_key] = (m.queue_id, m.queue_offset, m.msg_id, body, dict(m.properties))
+                    out[m.uniq_key] = (
+                        m.queue_id,
+                        m.queue_offset,
+                        m.msg_id,
+                        body,
+                        dict(m.properties),
+                    )
                 offset = got[-1].queue_offset + 1
     return out
 
@@ -127,7 +156,9 @@ def _served(store: Path, topic: str) -> dict[str, tuple]:
 def _check(served: dict[str, tuple], acked: list[Acked]) -> None:
     assert acked
     for a in acked:
-        assert a.uniq in served, f"acknowledged {a.uniq} (queue {a.queue_id} offset {a.queue_offset}) not served"
+        assert a.uniq in served, (
+            f"acknowledged {a.uniq} (queue {a.queue_id} offset {a.queue_offset}) not served"
+        )
         qid, qoff, msg_id, body, props = served[a.uniq]
         assert (qid, qoff, msg_id) == (a.queue_id, a.queue_offset, a.msg_id), a.uniq
         assert body == a.body, a.uniq
@@ -156,6 +187,11 @@ def test_store_apache_stopped_cleanly_is_served_whole(apache) -> None:
     served = _served(store, TOPIC)
     _check(served, acked)
     assert len(served) == len(acked)
+    assert _segments(store) == segments
+    # Apache's broker.conf set both sizes (64 KiB segments, 100-unit ConsumeQueue files): the
+    # default configuration (1 GiB, 300,000 units) takes them from the files.  Before: "segment
+    # is 65536 bytes, expected 1073741824"
+    assert _served(store, TOPIC, StoreConfig()) == served
     assert _segments(store) == segments
 
 
@@ -204,8 +240,16 @@ def test_round_trip_keeps_what_apache_appended_to_our_store(apache) -> None:
     with RemotingClient(addr, 10.0) as c:
         props = {"UNIQ_KEY": "A" * 32, "TAGS": "fromApache", "KEYS": "apache-1", "WAIT": "true"}
         ext = send_one(c, RT_TOPIC, 1, b"appended by Apache", props)
-        acked.append(Acked("A" * 32, int(ext["queueId"]), int(ext["queueOffset"]), ext["msgId"],
-                           b"appended by Apache", props))
+        acked.append(
+            Acked(
+                "A" * 32,
+                int(ext["queueId"]),
+                int(ext["queueOffset"]),
+                ext["msgId"],
+                b"appended by Apache",
+                props,
+            )
+        )
     assert acked[0].queue_offset == 30  # after rmq-broker's 30 messages of queue 1
     cluster.stop_broker("rt")
     served = _served(store, RT_TOPIC)

@@ -11,6 +11,7 @@ after it stopped; nothing is started and nothing in the store changes.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -53,10 +54,14 @@ def _wait_all_stored(store: Path, filled: Filled, timeout_s: float = 60.0) -> No
 @pytest.fixture(scope="module")
 def apache_store(tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("apache-store")
-    cluster = ApacheRocketMQ(work, brokers=(BROKER,), broker_config={
-        "mappedFileSizeCommitLog": str(64 * 1024),
-        "mappedFileSizeConsumeQueue": str(100 * 20),
-    })
+    cluster = ApacheRocketMQ(
+        work,
+        brokers=(BROKER,),
+        broker_config={
+            "mappedFileSizeCommitLog": str(64 * 1024),
+            "mappedFileSizeConsumeQueue": str(100 * 20),
+        },
+    )
     cluster.start()
     try:
         filled = fill(cluster.broker_addr(BROKER), TOPIC, queues=4, batches=4, batch_size=40)
@@ -127,29 +132,52 @@ def test_read_while_the_broker_runs(spark, apache_store) -> None:
 def test_filters_and_offsets(spark, apache_store) -> None:
     _cluster, store, filled = apache_store
     tagged = _read(spark, store, tags="Tag1 || Big").collect()
-    assert sorted(r["msgId"] for r in tagged) == sorted(s.uniq for s in filled.sent if s.tags in ("Tag1", "Big"))
-    ranged = _read(spark, store, startingOffsets='{"%s": {"2": 10}}' % TOPIC,
-                   endingOffsets='{"%s": {"2": 25}}' % TOPIC).where(F.col("queueId") == 2).collect()
+    assert sorted(r["msgId"] for r in tagged) == sorted(
+        s.uniq for s in filled.sent if s.tags in ("Tag1", "Big")
+    )
+    ranged = (
+        _read(
+            spark,
+            store,
+            startingOffsets=json.dumps({TOPIC: {"2": 10}}),
+            endingOffsets=json.dumps({TOPIC: {"2": 25}}),
+        )
+        .where(F.col("queueId") == 2)
+        .collect()
+    )
     assert sorted(r["queueOffset"] for r in ranged) == list(range(10, 25))
-    pushed = _read(spark, store).where((F.col("queueId") == 3) & (F.col("queueOffset") >= 150)).collect()
+    pushed = (
+        _read(spark, store).where((F.col("queueId") == 3) & (F.col("queueOffset") >= 150)).collect()
+    )
     want = len([s for s in filled.sent if s.queue_id == 3]) - 150
     assert sorted(r["queueOffset"] for r in pushed) == list(range(150, 150 + want))
     sql = _read(spark, store, sql="i BETWEEN 10 AND 19").collect()
     assert sorted(int(dict(r["properties"])["i"]) for r in sql) == list(range(10, 20))
 
 
-def test_streams_and_writes_are_refused(spark, apache_store) -> None:
-    _cluster, store, _filled = apache_store
-    with pytest.raises(Exception, match="Apache RocketMQ wrote"):
-        q = (spark.readStream.format("rmq").option("path", str(store)).option("topics", TOPIC).load()
-             .writeStream.format("memory").queryName("apache_store_stream").start())
+def test_streams_and_writes_are_refused_while_apache_holds_the_store(spark, apache_store) -> None:
+    """The embedded broker opens Apache's stores, but not one its broker holds (its POSIX lock)."""
+    cluster, store, _filled = apache_store
+    held = f"in use by another process \\(pid {cluster.brokers[BROKER].pid}\\)"
+    with pytest.raises(Exception, match=held):
+        q = (
+            spark.readStream.format("rmq")
+            .option("path", str(store))
+            .option("topics", TOPIC)
+            .load()
+            .writeStream.format("memory")
+            .queryName("apache_store_stream")
+            .start()
+        )
         try:
             q.processAllAvailable()
         finally:
             q.stop()
     df = spark.createDataFrame([("x",)], "body string")
-    with pytest.raises(Exception, match="Apache RocketMQ wrote"):
-        df.write.format("rmq").option("path", str(store)).option("topic", TOPIC).mode("append").save()
+    with pytest.raises(Exception, match=held):
+        df.write.format("rmq").option("path", str(store)).option("topic", TOPIC).mode(
+            "append"
+        ).save()
 
 
 def test_deleted_commitlog_segments(spark, apache_store, tmp_path: Path) -> None:
@@ -165,8 +193,8 @@ def test_deleted_commitlog_segments(spark, apache_store, tmp_path: Path) -> None
     assert rows and all(r["commitLogOffset"] >= kept_from for r in rows)
     lost = [s for s in filled.sent if s.uniq not in {r["msgId"] for r in rows}]
     assert lost and len(rows) + len(lost) == len(filled.sent)
-    with pytest.raises(Exception, match="failOnDataLoss|now starts at"):
-        _read(spark, copy, startingOffsets='{"%s": {"0": 0}}' % TOPIC).collect()
+    with pytest.raises(Exception, match=r"failOnDataLoss|now starts at"):
+        _read(spark, copy, startingOffsets=json.dumps({TOPIC: {"0": 0}})).collect()
 
 
 def test_batch_consume_queue_is_refused(spark, apache_store) -> None:

@@ -48,13 +48,22 @@ def test_every_column_lands(spark, sink_target, names: str) -> None:
     topic = _topic(names, "cols")
     brokers = create_topic(sink_target.namesrv_addr, topic, 4)
     n = 3000
-    df = (spark.range(n).coalesce(1)
-          .select(F.format_string("row-%d", "id").alias("body"),
-                  F.format_string("Tag%d", F.col("id") % 3).alias("tags"),
-                  F.array(F.format_string("k%d", "id"), F.lit("common")).alias("keys"),
-                  F.create_map(F.lit("i"), F.col("id").cast("string"), F.lit("city"), F.lit("Zürich")).alias("properties"),
-                  F.when(F.col("id") % 10 == 0, F.format_string("g%d", F.col("id") % 7)).alias("messageGroup"),
-                  F.col("id")))
+    df = (
+        spark.range(n)
+        .coalesce(1)
+        .select(
+            F.format_string("row-%d", "id").alias("body"),
+            F.format_string("Tag%d", F.col("id") % 3).alias("tags"),
+            F.array(F.format_string("k%d", "id"), F.lit("common")).alias("keys"),
+            F.create_map(
+                F.lit("i"), F.col("id").cast("string"), F.lit("city"), F.lit("Zürich")
+            ).alias("properties"),
+            F.when(F.col("id") % 10 == 0, F.format_string("g%d", F.col("id") % 7)).alias(
+                "messageGroup"
+            ),
+            F.col("id"),
+        )
+    )
     _write(df.drop("id"), sink_target.namesrv_addr, topic)
     t = read_topic(sink_target.namesrv_addr, topic)
     rows = t.to_pylist()
@@ -85,13 +94,21 @@ def test_queue_id_delay_and_timer(spark, sink_target, names: str) -> None:
     last = 4 * len(brokers) - 1  # write queues: brokers in name order, then queue ids
     due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=3)
     df = spark.createDataFrame(
-        [("fixed-0", last, None, None), ("fixed-1", last, None, None), ("late", None, 1, None), ("timer", None, None, due)],
-        "body string, queueId int, delayLevel int, deliverTimestamp timestamp")
+        [
+            ("fixed-0", last, None, None),
+            ("fixed-1", last, None, None),
+            ("late", None, 1, None),
+            ("timer", None, None, due),
+        ],
+        "body string, queueId int, delayLevel int, deliverTimestamp timestamp",
+    )
     _write(df, sink_target.namesrv_addr, topic)
     t = wait_count(sink_target.namesrv_addr, topic, 4)
     rows = {r["body"]: r for r in t.to_pylist()}
     assert sorted(rows) == [b"fixed-0", b"fixed-1", b"late", b"timer"]
-    assert {(rows[b]["brokerName"], rows[b]["queueId"]) for b in (b"fixed-0", b"fixed-1")} == {(brokers[-1], 3)}
+    assert {(rows[b]["brokerName"], rows[b]["queueId"]) for b in (b"fixed-0", b"fixed-1")} == {
+        (brokers[-1], 3)
+    }
     assert rows[b"fixed-0"]["queueOffset"] < rows[b"fixed-1"]["queueOffset"]
     # delivered, not at once: level 1 is 1 s after its birth; the timer message at its time (the
     # wheel's precision is 1 s).  (Apache RocketMQ keeps DELAY and TIMER_DELIVER_MS in the delivered
@@ -101,15 +118,19 @@ def test_queue_id_delay_and_timer(spark, sink_target, names: str) -> None:
     assert rows[b"timer"]["storeTimestamp"] >= due - dt.timedelta(seconds=1)
     if sink_target.name == "apache":
         assert dict(late["properties"]).get("DELAY") == "1"
-        assert int(dict(rows[b"timer"]["properties"])["TIMER_DELIVER_MS"]) == int(due.timestamp() * 1000)
+        assert int(dict(rows[b"timer"]["properties"])["TIMER_DELIVER_MS"]) == int(
+            due.timestamp() * 1000
+        )
 
 
 def test_bad_rows_fail_before_anything_is_sent(spark, sink_target, names: str) -> None:
     topic = _topic(names, "bad")
     create_topic(sink_target.namesrv_addr, topic, 4)
-    df = spark.createDataFrame([("ok", {"a": "1"}), ("reserved", {"UNIQ_KEY": "mine"})],
-                               "body string, properties map<string,string>").coalesce(1)
-    with pytest.raises(Exception, match="ILLEGAL_MESSAGE_PROPERTY_KEY.*UNIQ_KEY"):
+    df = spark.createDataFrame(
+        [("ok", {"a": "1"}), ("reserved", {"UNIQ_KEY": "mine"})],
+        "body string, properties map<string,string>",
+    ).coalesce(1)
+    with pytest.raises(Exception, match=r"ILLEGAL_MESSAGE_PROPERTY_KEY.*UNIQ_KEY"):
         _write(df, sink_target.namesrv_addr, topic)
     with pytest.raises(Exception, match="namesrvAddr: 'nope' is not host:port"):
         _write(df, "nope", topic)
@@ -123,8 +144,8 @@ def test_failed_broker_is_retried_on_another(_apache, names: str) -> None:
     batch meant for it goes to the other broker (DefaultMQProducer's retry), nothing lost."""
     import pyarrow as pa
 
-    from rmq_spark.datasource.cluster_writer import _Sender, key_prefix
     from rmq_spark.datasource.cluster_options import sink_options
+    from rmq_spark.datasource.cluster_writer import _Sender, key_prefix
 
     cluster = _apache.cluster_process
     topic = _topic(names, "retry")

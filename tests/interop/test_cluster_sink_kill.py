@@ -60,14 +60,26 @@ def sink_target(request: pytest.FixtureRequest):
 
 
 def _start(script: str, args: list[str], log: str) -> subprocess.Popen:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, script, *args], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, script, *args],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
-def _wait_started(proc: subprocess.Popen, log: str, runs_before: int, timeout_s: float = 180.0) -> bool:
+def _wait_started(
+    proc: subprocess.Popen, log: str, runs_before: int, timeout_s: float = 180.0
+) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with open(log, encoding="utf-8", errors="replace") as f:
@@ -101,7 +113,9 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
-def test_driver_killed_at_random_points_dedup_by_id_gives_every_row(sink_target, names: str, tmp_path: Path) -> None:
+def test_driver_killed_at_random_points_dedup_by_id_gives_every_row(
+    sink_target, names: str, tmp_path: Path
+) -> None:
     seed = int(os.environ.get("RMQ_KILL_SEED", time.time_ns() % 1_000_000))
     rng = random.Random(seed)
     print(f"cluster sink kill test seed {seed} (RMQ_KILL_SEED={seed} to repeat)")
@@ -113,7 +127,11 @@ def test_driver_killed_at_random_points_dedup_by_id_gives_every_row(sink_target,
     produce(store, "KIn", [f"row-{i}" for i in range(n)], tags=[f"t{i % 3}" for i in range(n)])
     script = str(tmp_path / "driver.py")
     Path(script).write_text(DRIVER)
-    checkpoint, warehouse, log = str(tmp_path / "ck"), str(tmp_path / "wh"), str(tmp_path / "driver.log")
+    checkpoint, warehouse, log = (
+        str(tmp_path / "ck"),
+        str(tmp_path / "wh"),
+        str(tmp_path / "driver.log"),
+    )
     args = [store, checkpoint, warehouse, sink_target.namesrv_addr, topic]
     kills = []
     try:

@@ -9,7 +9,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+from rocketmq import (
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+)
 from rocketmq.grpc_protocol import definition_pb2 as D
 from rocketmq.grpc_protocol import service_pb2 as S
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
@@ -41,7 +48,9 @@ def grpc_producer(rmq_java):
 
 
 def _receive(endpoint: str, group: str, topic: str, n: int, timeout_s: float = 30) -> list:
-    consumer = SimpleConsumer(_config(endpoint), group, {topic: FilterExpression()}, await_duration=2)
+    consumer = SimpleConsumer(
+        _config(endpoint), group, {topic: FilterExpression()}, await_duration=2
+    )
     consumer.startup()
     got: list = []
     try:
@@ -58,8 +67,15 @@ def _receive(endpoint: str, group: str, topic: str, n: int, timeout_s: float = 3
 def test_java_remoting_producer_to_python_grpc_consumer(rmq_java, names):
     topic, group = f"{names}_T", f"{names}_G"
     rmq_java.create_topic(topic, queues=2)
-    sent = rmq_java.run("producer", group=f"{group}_p", topic=topic, count=6, tags="TagA,TagB", key_prefix="k",
-                        props="color=red").events("sent")
+    sent = rmq_java.run(
+        "producer",
+        group=f"{group}_p",
+        topic=topic,
+        count=6,
+        tags="TagA,TagB",
+        key_prefix="k",
+        props="color=red",
+    ).events("sent")
     got = _receive(rmq_java.target.grpc_endpoint, group, topic, 6)
     assert sorted(m.body for m in got) == sorted(f"msg {i}".encode() for i in range(6))
     by_id = {e["msgId"]: e for e in sent}
@@ -81,14 +97,22 @@ def test_python_grpc_producer_to_java_remoting_consumers(rmq_java, names, grpc_p
         m.keys = f"gk-{i}"
         m.add_property("i", str(i))
         receipts[i] = p.send(m)
-    got = rmq_java.run("lite-pull-consumer", group=group, topic=topic, expect=6, settle_ms=1000).events("received")
+    got = rmq_java.run(
+        "lite-pull-consumer", group=group, topic=topic, expect=6, settle_ms=1000
+    ).events("received")
     assert sorted(e["body"] for e in got) == [f"grpc {i}" for i in range(6)]
     for e in got:
         r = receipts[int(e["properties"]["i"])]
         assert e["msgId"] == r.message_id and e["queueOffset"] == r.offset
         assert (e["tags"], e["keys"], e["topic"]) == ("TagG", f"gk-{e['properties']['i']}", topic)
-    pushed = rmq_java.run("seed001-push-consumer", group=f"{group}_push", topic=topic, tag_expr="TagG", expect=6,
-                          settle_ms=1000).events("received")
+    pushed = rmq_java.run(
+        "seed001-push-consumer",
+        group=f"{group}_push",
+        topic=topic,
+        tag_expr="TagG",
+        expect=6,
+        settle_ms=1000,
+    ).events("received")
     assert {e["msgId"] for e in pushed} == {r.message_id for r in receipts.values()}
 
 
@@ -101,7 +125,9 @@ def test_delay_sent_through_grpc_waits_for_the_java_consumer(rmq_java, names, gr
     deliver_at_s = int(time.time()) + 5  # the Python client takes whole seconds
     m.delivery_timestamp = deliver_at_s
     receipt = p.send(m)
-    got = rmq_java.run("seed001-push-consumer", group=group, topic=topic, expect=1, timeout_s=30).events("received")
+    got = rmq_java.run(
+        "seed001-push-consumer", group=group, topic=topic, expect=1, timeout_s=30
+    ).events("received")
     assert [e["msgId"] for e in got] == [receipt.message_id]
     assert got[0]["receivedAt"] >= deliver_at_s * 1000 - 200
 
@@ -110,8 +136,12 @@ def test_a_groups_offsets_are_the_same_through_both_protocols(rmq_java, names):
     topic, group = f"{names}_T", f"{names}_G"
     rmq_java.create_topic(topic, queues=2)
     rmq_java.run("producer", group=f"{group}_p", topic=topic, count=10)
-    rmq_java.run("seed001-pull-consumer", group=group, topic=topic, commit=True)  # commits over remoting
-    java_view = rmq_java.run("offsets", group=f"{group}_o", topic=topic, group_offsets=group).events("offsets")
+    rmq_java.run(
+        "seed001-pull-consumer", group=group, topic=topic, commit=True
+    )  # commits over remoting
+    java_view = rmq_java.run(
+        "offsets", group=f"{group}_o", topic=topic, group_offsets=group
+    ).events("offsets")
     import grpc
 
     with grpc.insecure_channel(rmq_java.target.grpc_endpoint) as ch:
@@ -125,7 +155,9 @@ def test_a_groups_offsets_are_the_same_through_both_protocols(rmq_java, names):
             # and the other way round: an offset committed over gRPC is what remoting reports
             stub.UpdateOffset(S.UpdateOffsetRequest(group=D.Resource(name=group), message_queue=mq, offset=1),
                               metadata=_metadata(), timeout=10)  # fmt: skip
-    again = rmq_java.run("offsets", group=f"{group}_o", topic=topic, group_offsets=group).events("offsets")
+    again = rmq_java.run("offsets", group=f"{group}_o", topic=topic, group_offsets=group).events(
+        "offsets"
+    )
     assert [o["committed"] for o in again] == [1] * len(again)
 
 
@@ -135,10 +167,14 @@ def test_java_transaction_producer_to_python_grpc_consumer(rmq_java, names):
     committed messages, with the transaction's message id."""
     topic, group = f"{names}_T", f"{names}_G"
     rmq_java.create_topic(topic, queues=2)
-    result = rmq_java.run("seed002-transaction-producer", group=f"{group}_tx", topic=topic, count=6, timeout_s=60)
+    result = rmq_java.run(
+        "seed002-transaction-producer", group=f"{group}_tx", topic=topic, count=6, timeout_s=60
+    )
     committed = {e["transactionId"] for e in result.events("local") if e["status"] == 1}
     got = _receive(rmq_java.target.grpc_endpoint, group, topic, 2)
     time.sleep(2)
-    got += _receive(rmq_java.target.grpc_endpoint, group, topic, 1, timeout_s=3)  # nothing more comes
+    got += _receive(
+        rmq_java.target.grpc_endpoint, group, topic, 1, timeout_s=3
+    )  # nothing more comes
     assert sorted(m.body for m in got) == [b"hello 1", b"hello 4"]
     assert {m.message_id for m in got} == committed

@@ -39,7 +39,12 @@ def test_signed_clients_pass_and_the_rest_are_refused(acl_broker, programs, java
             args += [f"--{k.replace('_', '-')}", v]
         return programs.run("acl-clients", *args, home=java_home, timeout_s=90)
 
-    ok = run(group=group, access_key="writer", secret_key="w-secret-123", consume_as="reader:r-secret-123")
+    ok = run(
+        group=group,
+        access_key="writer",
+        secret_key="w-secret-123",
+        consume_as="reader:r-secret-123",
+    )
     sent = ok.events("sent")
     assert [e["status"] for e in sent] == ["SEND_OK"] * 3
     assert sorted(e["msgId"] for e in ok.events("received")) == sorted(e["msgId"] for e in sent)

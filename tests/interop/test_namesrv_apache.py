@@ -3,6 +3,12 @@ rmq-broker's NameServer too, the way a user sees it: the same response code (SYS
 the broker absent from cluster info afterwards.  rmq-broker's answer names the problem where
 Apache's is a Java exception's text.
 
+Apache's NameServer has no access control (5.5.0: neither ``NamesrvConfig`` nor its processors
+know an ACL or authentication setting, only the brokers and the proxy do), so it cannot be run
+with ``--acl`` as rmq-broker's NameServer can; what is checked here is that a registration signed
+as ``AclClientRPCHook`` signs (``rmq-broker --namesrv-access-key``, the role of Apache's
+``innerClientAuthenticationCredentials``) still registers with it.
+
 What rmq-broker refuses beyond Apache (measured here with 5.5.0: Apache registers a brokerId of
 -1, an address without a port, a topic ``../x`` and 2,000,000,000 queues, and keeps a
 ``heartbeatTimeoutMillis`` of 2^62 as given) is in ``tests/remoting/test_namesrv_hardening.py``.
@@ -11,6 +17,7 @@ What rmq-broker refuses beyond Apache (measured here with 5.5.0: Apache register
 from __future__ import annotations
 
 import json
+import time
 import zlib
 
 import pytest
@@ -18,10 +25,12 @@ from _apache import ApacheRocketMQ
 
 from rmq_spark.broker.options import BrokerOptions
 from rmq_spark.broker.server import Broker
+from rmq_spark.cluster.acl import Credentials
 from rmq_spark.remoting import jsonbody
 from rmq_spark.remoting.client import RemotingClient
 from rmq_spark.remoting.codes import RequestCode, ResponseCode
 from rmq_spark.remoting.command import RemotingCommand
+from rmq_spark.services.config import BrokerConfig
 
 pytestmark = pytest.mark.interop
 
@@ -76,3 +85,30 @@ def test_what_apache_refuses_rmq_broker_refuses(namesrvs, case):
         s: (a.code, (a.remark or "")[:120]) for s, a in answers.items()}  # fmt: skip
     remark = answers["rmq-broker"].remark or ""
     assert named in remark and "Error:" not in remark and "Exception" not in remark, remark
+
+
+def test_a_signed_rmq_broker_registers_with_apaches_namesrv(namesrvs, tmp_path):
+    """rmq-broker signing its REGISTER_BROKER (AccessKey and Signature beside the header) is
+    registered by Apache's NameServer as any broker is, with its address, and leaves when it stops."""
+    opts = BrokerOptions(listen="127.0.0.1:0", remoting_listen="127.0.0.1:0", namesrv_addrs=(namesrvs["apache"],),
+                         namesrv_credentials=Credentials("rocketmq2", "12345678"))  # fmt: skip
+    config = BrokerConfig()
+    config.broker_name = "rmq-signed"
+    with Broker(str(tmp_path / "signed"), config=config, options=opts) as b:
+        deadline = time.monotonic() + 30
+        while "rmq-signed" not in _brokers(namesrvs["apache"]):
+            assert time.monotonic() < deadline, "rmq-signed never appeared in Apache's cluster info"
+            time.sleep(0.1)
+        with RemotingClient(namesrvs["apache"], timeout_s=10) as c:
+            info = jsonbody.loads(
+                c.request(RemotingCommand(RequestCode.GET_BROKER_CLUSTER_INFO, version=401)).body
+            )
+        assert info["brokerAddrTable"]["rmq-signed"]["brokerAddrs"] == {"0": b.remoting_endpoint}
+    deadline = time.monotonic() + 30
+    while "rmq-signed" in _brokers(
+        namesrvs["apache"]
+    ):  # UNREGISTER_BROKER (signed) and the closed connection
+        assert time.monotonic() < deadline, (
+            "rmq-signed stayed in Apache's cluster info after it stopped"
+        )
+        time.sleep(0.1)

@@ -27,7 +27,7 @@ QUERY_CONSUMER_OFFSET = 14
 def _broker_addrs(namesrv: str) -> list[str]:
     header, body = remoting_request(namesrv, GET_BROKER_CLUSTER_INFO)
     assert header["code"] == 0, header
-    text = re.sub(r'([{,])(-?\d+):', r'\1"\2":', body.decode())
+    text = re.sub(r"([{,])(-?\d+):", r'\1"\2":', body.decode())
     table = json.loads(text)["brokerAddrTable"]
     return sorted(b["brokerAddrs"]["0"] for b in table.values())
 
@@ -54,16 +54,46 @@ HOSTILE = [
     ("delete a path", DELETE_TOPIC_IN_BROKER, {"topic": "../commitlog"}, False),
     ("delete an absolute path", DELETE_TOPIC_IN_BROKER, {"topic": "/tmp"}, False),
     ("delete the empty topic", DELETE_TOPIC_IN_BROKER, {"topic": ""}, False),
-    ("reconfigure a system topic", UPDATE_AND_CREATE_TOPIC,
-     {"topic": "SCHEDULE_TOPIC_XXXX", "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"}, True),
-    ("a permission of 16", UPDATE_AND_CREATE_TOPIC,
-     {"topic": "HostilePerm", "readQueueNums": "1", "writeQueueNums": "1", "perm": "16"}, False),
-    ("a negative queue id", UPDATE_CONSUMER_OFFSET,
-     {"consumerGroup": "hostile_g", "topic": "HostileKeep", "queueId": "-1", "commitOffset": "0"}, False),
-    ("a negative offset", UPDATE_CONSUMER_OFFSET,
-     {"consumerGroup": "hostile_g", "topic": "HostileKeep", "queueId": "0", "commitOffset": "-5"}, False),
-    ("a group that is a path", UPDATE_CONSUMER_OFFSET,
-     {"consumerGroup": "../../x", "topic": "HostileKeep", "queueId": "0", "commitOffset": "0"}, False),
+    (
+        "reconfigure a system topic",
+        UPDATE_AND_CREATE_TOPIC,
+        {"topic": "SCHEDULE_TOPIC_XXXX", "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"},
+        True,
+    ),
+    (
+        "a permission of 16",
+        UPDATE_AND_CREATE_TOPIC,
+        {"topic": "HostilePerm", "readQueueNums": "1", "writeQueueNums": "1", "perm": "16"},
+        False,
+    ),
+    (
+        "a negative queue id",
+        UPDATE_CONSUMER_OFFSET,
+        {
+            "consumerGroup": "hostile_g",
+            "topic": "HostileKeep",
+            "queueId": "-1",
+            "commitOffset": "0",
+        },
+        False,
+    ),
+    (
+        "a negative offset",
+        UPDATE_CONSUMER_OFFSET,
+        {
+            "consumerGroup": "hostile_g",
+            "topic": "HostileKeep",
+            "queueId": "0",
+            "commitOffset": "-5",
+        },
+        False,
+    ),
+    (
+        "a group that is a path",
+        UPDATE_CONSUMER_OFFSET,
+        {"consumerGroup": "../../x", "topic": "HostileKeep", "queueId": "0", "commitOffset": "0"},
+        False,
+    ),
 ]
 
 
@@ -94,4 +124,6 @@ def test_hostile_requests_lose_nothing_on_either_broker(target, programs, java_h
         assert _max_offset(addr, "HostileKeep") == stored[addr]
         assert _send(addr, "HostileKeep", b"after")["code"] == 0
         assert _max_offset(addr, "HostileKeep") == stored[addr] + 1
-    print(f"{target.name}: " + "; ".join(f"{n}: {c}" for (n, _a), (c, _r) in sorted(answers.items())))
+    print(
+        f"{target.name}: " + "; ".join(f"{n}: {c}" for (n, _a), (c, _r) in sorted(answers.items()))
+    )

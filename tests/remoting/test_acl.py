@@ -28,13 +28,19 @@ SECRETS = {a["accessKey"]: a["secretKey"] for a in ACCOUNTS["accounts"]}
 def broker(tmp_path):
     acl = tmp_path / "acl.json"
     acl.write_text(json.dumps(ACCOUNTS))
-    opts = BrokerOptions(listen="127.0.0.1:0", remoting_listen="127.0.0.1:0", namesrv_listen="127.0.0.1:0",
-                         acl_path=str(acl))
+    opts = BrokerOptions(
+        listen="127.0.0.1:0",
+        remoting_listen="127.0.0.1:0",
+        namesrv_listen="127.0.0.1:0",
+        acl_path=str(acl),
+    )
     with Broker(str(tmp_path / "store"), options=opts) as b:
         yield b
 
 
-def _signed(code: int, fields: dict[str, str], body: bytes, ak: str | None, secret: str | None = None) -> RemotingCommand:
+def _signed(
+    code: int, fields: dict[str, str], body: bytes, ak: str | None, secret: str | None = None
+) -> RemotingCommand:
     ext = dict(fields)
     if ak is not None:
         ext[ACCESS_KEY] = ak
@@ -43,14 +49,35 @@ def _signed(code: int, fields: dict[str, str], body: bytes, ak: str | None, secr
 
 
 def _send(topic: str) -> dict[str, str]:
-    return {"a": "pg", "b": topic, "c": "TBW102", "d": "4", "e": "0", "f": "0", "g": "1", "h": "0", "i": "",
-            "j": "0", "k": "false"}
+    return {
+        "a": "pg",
+        "b": topic,
+        "c": "TBW102",
+        "d": "4",
+        "e": "0",
+        "f": "0",
+        "g": "1",
+        "h": "0",
+        "i": "",
+        "j": "0",
+        "k": "false",
+    }
 
 
 def _pull(topic: str, group: str) -> dict[str, str]:
-    return {"consumerGroup": group, "topic": topic, "queueId": "0", "queueOffset": "0", "maxMsgNums": "4",
-            "sysFlag": "4", "commitOffset": "0", "suspendTimeoutMillis": "0", "subscription": "*",
-            "subVersion": "0", "expressionType": "TAG"}
+    return {
+        "consumerGroup": group,
+        "topic": topic,
+        "queueId": "0",
+        "queueOffset": "0",
+        "maxMsgNums": "4",
+        "sysFlag": "4",
+        "commitOffset": "0",
+        "suspendTimeoutMillis": "0",
+        "subscription": "*",
+        "subVersion": "0",
+        "expressionType": "TAG",
+    }
 
 
 def test_signature_matches_rocketmqs_definition():
@@ -67,7 +94,10 @@ def test_signature_matches_rocketmqs_definition():
 def test_sends_and_pulls_need_a_valid_signature_and_the_permission(broker):
     with RemotingClient(broker.remoting_endpoint) as c:
         ask = c.request
-        assert ask(_signed(RequestCode.SEND_MESSAGE_V2, _send("Orders"), b"x", "writer")).code == ResponseCode.SUCCESS
+        assert (
+            ask(_signed(RequestCode.SEND_MESSAGE_V2, _send("Orders"), b"x", "writer")).code
+            == ResponseCode.SUCCESS
+        )
         unsigned = ask(_signed(RequestCode.SEND_MESSAGE_V2, _send("Orders"), b"x", None))
         assert unsigned.code == ResponseCode.NO_PERMISSION and "not signed" in unsigned.remark
         forged = ask(_signed(RequestCode.SEND_MESSAGE_V2, _send("Orders"), b"x", "writer", "guess"))
@@ -82,15 +112,33 @@ def test_sends_and_pulls_need_a_valid_signature_and_the_permission(broker):
         assert no_pub.code == ResponseCode.NO_PERMISSION and "PUB" in no_pub.remark
         other = ask(_signed(RequestCode.SEND_MESSAGE_V2, _send("Audit"), b"x", "writer"))
         assert other.code == ResponseCode.NO_PERMISSION
-        assert ask(_signed(RequestCode.PULL_MESSAGE, _pull("Orders", "billing"), b"", "reader")).code == ResponseCode.SUCCESS
-        denied_group = ask(_signed(RequestCode.PULL_MESSAGE, _pull("Orders", "other"), b"", "reader"))
+        assert (
+            ask(_signed(RequestCode.PULL_MESSAGE, _pull("Orders", "billing"), b"", "reader")).code
+            == ResponseCode.SUCCESS
+        )
+        denied_group = ask(
+            _signed(RequestCode.PULL_MESSAGE, _pull("Orders", "other"), b"", "reader")
+        )
         assert denied_group.code == ResponseCode.NO_PERMISSION and "group" in denied_group.remark
-        assert ask(_signed(RequestCode.PULL_MESSAGE, _pull("Orders", "billing"), b"", "writer")).code == \
-            ResponseCode.NO_PERMISSION
+        assert (
+            ask(_signed(RequestCode.PULL_MESSAGE, _pull("Orders", "billing"), b"", "writer")).code
+            == ResponseCode.NO_PERMISSION
+        )
         create = {"topic": "New", "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"}
-        assert ask(_signed(RequestCode.UPDATE_AND_CREATE_TOPIC, create, b"", "writer")).code == ResponseCode.NO_PERMISSION
-        assert ask(_signed(RequestCode.UPDATE_AND_CREATE_TOPIC, create, b"", "root")).code == ResponseCode.SUCCESS
+        assert (
+            ask(_signed(RequestCode.UPDATE_AND_CREATE_TOPIC, create, b"", "writer")).code
+            == ResponseCode.NO_PERMISSION
+        )
+        assert (
+            ask(_signed(RequestCode.UPDATE_AND_CREATE_TOPIC, create, b"", "root")).code
+            == ResponseCode.SUCCESS
+        )
     # the NameServer stays open, as RocketMQ's
     from rmq_spark.remoting.client import request
 
-    assert request(broker.namesrv_endpoint, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Orders"}).code == 0
+    assert (
+        request(
+            broker.namesrv_endpoint, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Orders"}
+        ).code
+        == 0
+    )

@@ -1,6 +1,7 @@
 """The remoting port's ACL matrix: every request code the broker serves x {no credentials, bad
 signature, no permission, permission, admin}, each exact answer asserted (as
-tests/broker/test_broker_access.py does for gRPC), and the bypasses a campaign found.
+tests/broker/test_broker_access.py does for gRPC), and the bypasses a campaign found; then the
+same for every code of the broker's NameServer (reads open to anyone, writes an admin's only).
 
 The account ``alice`` may PUB|SUB topic ``A`` and use group ``gA`` only; ``root`` is an admin."""
 
@@ -19,6 +20,12 @@ from rmq_spark.remoting.client import RemotingClient
 from rmq_spark.remoting.codes import RequestCode as R
 from rmq_spark.remoting.codes import ResponseCode as C
 from rmq_spark.remoting.command import RemotingCommand
+from rmq_spark.remoting.namesrv_requests import (
+    GET_KV_CONFIG,
+    NAMESRV_REQUESTS,
+    PUT_KV_CONFIG,
+    QUERY_DATA_VERSION,
+)
 from rmq_spark.remoting.requests import BROKER_REQUESTS
 
 ACCOUNTS = {"accounts": [
@@ -36,7 +43,9 @@ def _props(**kv: str) -> str:
     return "".join(f"{k}{SEP1}{v}{SEP2}" for k, v in kv.items())
 
 
-def _signed(code: int, fields: dict[str, str], body: bytes, ak: str | None, secret: str | None = None) -> RemotingCommand:
+def _signed(
+    code: int, fields: dict[str, str], body: bytes, ak: str | None, secret: str | None = None
+) -> RemotingCommand:
     ext = dict(fields)
     if ak is not None:
         ext[ACCESS_KEY] = ak
@@ -45,8 +54,19 @@ def _signed(code: int, fields: dict[str, str], body: bytes, ak: str | None, secr
 
 
 def _send_v2(topic: str, props: str = "", group: str = "pg") -> dict[str, str]:
-    return {"a": group, "b": topic, "c": "TBW102", "d": "4", "e": "0", "f": "0", "g": "1", "h": "0", "i": props,
-            "j": "0", "k": "false"}
+    return {
+        "a": group,
+        "b": topic,
+        "c": "TBW102",
+        "d": "4",
+        "e": "0",
+        "f": "0",
+        "g": "1",
+        "h": "0",
+        "i": props,
+        "j": "0",
+        "k": "false",
+    }
 
 
 def _batch(*bodies: bytes) -> bytes:
@@ -73,10 +93,16 @@ def acl_broker(tmp_path_factory):
         seeds = {}
         for topic in ("A", "B"):
             create = {"topic": topic, "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"}
-            assert c.request(_signed(R.UPDATE_AND_CREATE_TOPIC, create, b"", "root")).code == C.SUCCESS
-            seeds[topic] = _offset_of(c.request(_signed(R.SEND_MESSAGE_V2, _send_v2(topic), b"seed", "root")))
+            assert (
+                c.request(_signed(R.UPDATE_AND_CREATE_TOPIC, create, b"", "root")).code == C.SUCCESS
+            )
+            seeds[topic] = _offset_of(
+                c.request(_signed(R.SEND_MESSAGE_V2, _send_v2(topic), b"seed", "root"))
+            )
             half = _props(TRAN_MSG="true", PGROUP="pg", UNIQ_KEY=f"half-{topic}")
-            seeds["half-" + topic] = _offset_of(c.request(_signed(R.SEND_MESSAGE_V2, _send_v2(topic, half), b"h", "root")))
+            seeds["half-" + topic] = _offset_of(
+                c.request(_signed(R.SEND_MESSAGE_V2, _send_v2(topic, half), b"h", "root"))
+            )
         yield b, seeds
 
 
@@ -176,7 +202,15 @@ def test_every_code_has_a_row_and_a_case(acl_broker):
     assert served == {int(c) for c in BUILDERS}
 
 
-def _ask(broker, code: int, ak: str | None, topic: str, group: str, seeds: dict, secret: str | None = None):
+def _ask(
+    broker,
+    code: int,
+    ak: str | None,
+    topic: str,
+    group: str,
+    seeds: dict,
+    secret: str | None = None,
+):
     fields, body = BUILDERS[code](topic, group, seeds)
     with RemotingClient(broker.remoting_endpoint) as c:
         return c.request(_signed(code, fields, body, ak, secret))
@@ -186,9 +220,13 @@ def _ask(broker, code: int, ak: str | None, topic: str, group: str, seeds: dict,
 def test_acl_matrix(acl_broker, code):
     broker, seeds = acl_broker
     unsigned = _ask(broker, code, None, "A", "gA", seeds)
-    assert (unsigned.code, "not signed" in (unsigned.remark or "")) == (C.NO_PERMISSION, True), unsigned.remark
+    assert (unsigned.code, "not signed" in (unsigned.remark or "")) == (C.NO_PERMISSION, True), (
+        unsigned.remark
+    )
     forged = _ask(broker, code, "alice", "A", "gA", seeds, secret="guess")
-    assert (forged.code, "signature" in (forged.remark or "")) == (C.NO_PERMISSION, True), forged.remark
+    assert (forged.code, "signature" in (forged.remark or "")) == (C.NO_PERMISSION, True), (
+        forged.remark
+    )
     unknown = _ask(broker, code, "mallory", "A", "gA", seeds, secret="x")
     assert unknown.code == C.NO_PERMISSION
 
@@ -198,7 +236,10 @@ def test_acl_matrix(acl_broker, code):
         assert denied.code == C.NO_PERMISSION and "admin" in denied.remark
         assert permitted.code == C.NO_PERMISSION and "admin" in permitted.remark
     elif code in AUTHENTICATED_ONLY:
-        assert denied.code == permitted.code == ANSWERS.get(code, C.SUCCESS), (denied.remark, permitted.remark)
+        assert denied.code == permitted.code == ANSWERS.get(code, C.SUCCESS), (
+            denied.remark,
+            permitted.remark,
+        )
     else:
         assert denied.code == C.NO_PERMISSION, (denied.code, denied.remark)
         assert "alice" in denied.remark
@@ -218,8 +259,11 @@ def test_a_send_naming_two_topics_is_stored_where_it_was_authorized(acl_broker):
     with RemotingClient(broker.remoting_endpoint) as c:
         before = _max_offset(c, "A"), _max_offset(c, "B")
         for code in (R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE):
-            fields = {**_send_v2("A"), "topic": "B", "m": "true"} if code == R.SEND_BATCH_MESSAGE else \
-                {**_send_v2("A"), "topic": "B"}
+            fields = (
+                {**_send_v2("A"), "topic": "B", "m": "true"}
+                if code == R.SEND_BATCH_MESSAGE
+                else {**_send_v2("A"), "topic": "B"}
+            )
             body = _batch(b"x") if code == R.SEND_BATCH_MESSAGE else b"x"
             assert c.request(_signed(code, fields, body, "alice")).code == C.SUCCESS
             # and the other way round: authorized on nothing it may use
@@ -233,14 +277,28 @@ def test_records_are_read_by_offset_only_with_their_topics_permission(acl_broker
     with RemotingClient(broker.remoting_endpoint) as c:
         view = c.request(_signed(R.VIEW_MESSAGE_BY_ID, {"offset": str(seeds["A"])}, b"", "alice"))
         assert view.code == C.SUCCESS and b"seed" in view.body
-        for offset in (seeds["B"], seeds["half-A"]):  # another topic; an uncommitted half (a system topic)
+        for offset in (
+            seeds["B"],
+            seeds["half-A"],
+        ):  # another topic; an uncommitted half (a system topic)
             view = c.request(_signed(R.VIEW_MESSAGE_BY_ID, {"offset": str(offset)}, b"", "alice"))
             assert view.code == C.NO_PERMISSION and view.body == b""
         # a record of B copied into alice's own retry topic, which she could then read
-        back = {"offset": str(seeds["B"]), "group": "gA", "delayLevel": "1", "maxReconsumeTimes": "16"}
-        retry_before = _max_offset(c, "%RETRY%gA") if c.request(_signed(
-            R.GET_TOPIC_CONFIG, {"topic": "%RETRY%gA"}, b"", "root")).code == C.SUCCESS else 0
-        assert c.request(_signed(R.CONSUMER_SEND_MSG_BACK, back, b"", "alice")).code == C.NO_PERMISSION
+        back = {
+            "offset": str(seeds["B"]),
+            "group": "gA",
+            "delayLevel": "1",
+            "maxReconsumeTimes": "16",
+        }
+        retry_before = (
+            _max_offset(c, "%RETRY%gA")
+            if c.request(_signed(R.GET_TOPIC_CONFIG, {"topic": "%RETRY%gA"}, b"", "root")).code
+            == C.SUCCESS
+            else 0
+        )
+        assert (
+            c.request(_signed(R.CONSUMER_SEND_MSG_BACK, back, b"", "alice")).code == C.NO_PERMISSION
+        )
         if retry_before:
             assert _max_offset(c, "%RETRY%gA") == retry_before
 
@@ -260,19 +318,27 @@ def test_system_retry_and_dead_letter_topics_follow_their_own_permission(acl_bro
 def test_a_client_cannot_unregister_another_connections_client(acl_broker):
     broker, _ = acl_broker
     _fields, body = _heartbeat("A", "gA", {})
-    with RemotingClient(broker.remoting_endpoint) as one, RemotingClient(broker.remoting_endpoint) as two:
+    with (
+        RemotingClient(broker.remoting_endpoint) as one,
+        RemotingClient(broker.remoting_endpoint) as two,
+    ):
         assert one.request(_signed(R.HEART_BEAT, {}, body, "alice")).code == C.SUCCESS
         listed = {"consumerGroup": "gA"}
-        assert json.loads(one.request(_signed(R.GET_CONSUMER_LIST_BY_GROUP, listed, b"", "alice")).body) == \
-            {"consumerIdList": ["c1"]}
+        assert json.loads(
+            one.request(_signed(R.GET_CONSUMER_LIST_BY_GROUP, listed, b"", "alice")).body
+        ) == {"consumerIdList": ["c1"]}
         assert two.request(_signed(R.UNREGISTER_CLIENT, {"clientID": "c1", "consumerGroup": "gA"}, b"",
                                    "alice")).code == C.SUCCESS  # fmt: skip
-        assert json.loads(one.request(_signed(R.GET_CONSUMER_LIST_BY_GROUP, listed, b"", "alice")).body) == \
-            {"consumerIdList": ["c1"]}
+        assert json.loads(
+            one.request(_signed(R.GET_CONSUMER_LIST_BY_GROUP, listed, b"", "alice")).body
+        ) == {"consumerIdList": ["c1"]}
         # its own connection may
         assert one.request(_signed(R.UNREGISTER_CLIENT, {"clientID": "c1", "consumerGroup": "gA"}, b"",
                                    "alice")).code == C.SUCCESS  # fmt: skip
-        assert one.request(_signed(R.GET_CONSUMER_LIST_BY_GROUP, listed, b"", "alice")).code == C.SYSTEM_ERROR
+        assert (
+            one.request(_signed(R.GET_CONSUMER_LIST_BY_GROUP, listed, b"", "alice")).code
+            == C.SYSTEM_ERROR
+        )
 
 
 def test_transaction_check_backs_go_only_to_producers_that_may_publish_the_halfs_topic():
@@ -306,3 +372,86 @@ def test_transaction_check_backs_go_only_to_producers_that_may_publish_the_halfs
     half_b = MessageExt(topic="RMQ_SYS_TRANS_HALF_TOPIC", body=b"secret", properties={"REAL_TOPIC": "B"},
                         store_host="127.0.0.1", commitlog_offset=0)  # fmt: skip
     assert not checker.check("pg", half_b) and intruder.sent == []
+
+
+# --- the NameServer's codes ---------------------------------------------------------------------
+# one well-formed request per NameServer code (rmq_spark.remoting.namesrv_requests); the broker
+# registered is a peer (the local broker cannot be registered by anyone)
+_PEER = {
+    "brokerName": "peer-m",
+    "brokerAddr": "10.1.1.1:10911",
+    "clusterName": "Peers",
+    "brokerId": "0",
+}
+_PEER_TOPIC = {"topicName": "OnPeer", "readQueueNums": 1, "writeQueueNums": 1, "perm": 6}
+_PEER_BODY = json.dumps(
+    {"topicConfigSerializeWrapper": {"topicConfigTable": {"OnPeer": _PEER_TOPIC}}}
+).encode()
+NAMESRV_BUILDERS: dict[int, tuple[dict[str, str], bytes]] = {
+    R.GET_ROUTEINFO_BY_TOPIC: ({"topic": "A"}, b""),
+    R.GET_BROKER_CLUSTER_INFO: ({}, b""),
+    R.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: ({}, b""),
+    R.GET_TOPICS_BY_CLUSTER: ({"cluster": "DefaultCluster"}, b""),
+    QUERY_DATA_VERSION: (_PEER, b'{"counter":1,"timestamp":0}'),
+    GET_KV_CONFIG: ({"namespace": "ORDER_TOPIC_CONFIG", "key": "A"}, b""),
+    R.REGISTER_BROKER: (
+        {**_PEER, "heartbeatTimeoutMillis": "120000", "compressed": "false"},
+        _PEER_BODY,
+    ),
+    R.UNREGISTER_BROKER: (_PEER, b""),
+    R.DELETE_TOPIC_IN_NAMESRV: ({"topic": "OnPeer", "clusterName": "Peers"}, b""),
+    PUT_KV_CONFIG: ({"namespace": "ORDER_TOPIC_CONFIG", "key": "A", "value": "peer-m:1"}, b""),
+}
+# the answer of each code when it is let through (GET_KV_CONFIG: no kv config is kept)
+NAMESRV_ANSWERS = {GET_KV_CONFIG: C.QUERY_NOT_FOUND}
+NAMESRV_ADMIN_ONLY = {
+    R.REGISTER_BROKER,
+    R.UNREGISTER_BROKER,
+    R.DELETE_TOPIC_IN_NAMESRV,
+    PUT_KV_CONFIG,
+}
+# identity -> (access key, secret to sign with); None: unsigned
+IDENTITIES = {
+    "no credentials": (None, None), "bad signature": ("root", "guess"), "unknown key": ("mallory", "x"),
+    "no permission": ("subber", None), "permission": ("alice", None), "admin": ("root", None),
+}  # fmt: skip
+
+
+def _refusal(identity: str, code: int) -> str:
+    """The exact remark of a write refused to ``identity``."""
+    not_admin = "accessKey {} is not an admin account: request code {} needs one"
+    return {
+        "no credentials": "the request is not signed (AccessKey and Signature are missing): "
+                          "access control is on",
+        "bad signature": "Check signature failed for accessKey=root",
+        "unknown key": "No acl config for mallory",
+        "no permission": not_admin.format("subber", code),
+        "permission": not_admin.format("alice", code),
+    }[identity]  # fmt: skip
+
+
+def test_every_namesrv_code_has_a_row_and_a_case(acl_broker):
+    broker, _ = acl_broker
+    served = set(broker.remoting.namesrv_server.processor.handlers)
+    assert served == set(NAMESRV_REQUESTS) == {int(c) for c in NAMESRV_BUILDERS}
+    assert {c for c, s in NAMESRV_REQUESTS.items() if not s.open} == NAMESRV_ADMIN_ONLY
+
+
+@pytest.mark.parametrize("identity", list(IDENTITIES))
+@pytest.mark.parametrize("code", sorted(NAMESRV_BUILDERS), ids=str)
+def test_namesrv_acl_matrix(acl_broker, code, identity):
+    """With --acl the NameServer's reads are served to anyone, signed or not (as RocketMQ's
+    NameServer serves them), and its writes only to an admin's signature."""
+    broker, _ = acl_broker
+    ak, secret = IDENTITIES[identity]
+    fields, body = NAMESRV_BUILDERS[code]
+    with RemotingClient(broker.namesrv_endpoint) as c:
+        answer = c.request(_signed(code, fields, body, ak, secret))
+        if code in NAMESRV_ADMIN_ONLY and identity != "admin":
+            assert (answer.code, answer.remark) == (C.NO_PERMISSION, _refusal(identity, code))
+        else:
+            assert answer.code == NAMESRV_ANSWERS.get(code, C.SUCCESS), (answer.code, answer.remark)
+        if code == R.REGISTER_BROKER:
+            registered = "peer-m" in json.loads(c.request(RemotingCommand(R.GET_BROKER_CLUSTER_INFO)).body)[
+                "brokerAddrTable"]  # fmt: skip
+            assert registered == (identity == "admin")

@@ -21,14 +21,22 @@ from rmq_spark.remoting.command import (
 from rmq_spark.remoting.headers import HeaderError, fields_of
 
 # bytes exactly as the Java producers sent them to a NameServer
-JAVA_498_JSON = (b'\x00\x00\x00\x84\x00\x00\x00\x80{"code":105,"extFields":{"topic":"TBW102"},"flag":0,'
-                 b'"language":"JAVA","opaque":0,"serializeTypeCurrentRPC":"JSON","version":409}')
-JAVA_498_ROCKETMQ = (b"\x00\x00\x00*\x01\x00\x00&\x00i\x00\x01\x99\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
-                     b"\x00\x00\x00\x00\x11\x00\x05topic\x00\x00\x00\x06TBW102")
-JAVA_550_JSON = (b'\x00\x00\x00\x86\x00\x00\x00\x82{"code":105,"extFields":{"topic":"CapTopic"},"flag":0,'
-                 b'"language":"JAVA","opaque":0,"serializeTypeCurrentRPC":"JSON","version":513}')
-JAVA_550_ROCKETMQ = (b"\x00\x00\x00,\x01\x00\x00(\x00i\x00\x02\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
-                     b"\x00\x00\x00\x00\x13\x00\x05topic\x00\x00\x00\x08CapTopic")
+JAVA_498_JSON = (
+    b'\x00\x00\x00\x84\x00\x00\x00\x80{"code":105,"extFields":{"topic":"TBW102"},"flag":0,'
+    b'"language":"JAVA","opaque":0,"serializeTypeCurrentRPC":"JSON","version":409}'
+)
+JAVA_498_ROCKETMQ = (
+    b"\x00\x00\x00*\x01\x00\x00&\x00i\x00\x01\x99\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    b"\x00\x00\x00\x00\x11\x00\x05topic\x00\x00\x00\x06TBW102"
+)
+JAVA_550_JSON = (
+    b'\x00\x00\x00\x86\x00\x00\x00\x82{"code":105,"extFields":{"topic":"CapTopic"},"flag":0,'
+    b'"language":"JAVA","opaque":0,"serializeTypeCurrentRPC":"JSON","version":513}'
+)
+JAVA_550_ROCKETMQ = (
+    b"\x00\x00\x00,\x01\x00\x00(\x00i\x00\x02\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    b"\x00\x00\x00\x00\x13\x00\x05topic\x00\x00\x00\x08CapTopic"
+)
 
 
 @pytest.mark.parametrize(("frame", "stype", "version", "topic"), [
@@ -62,16 +70,26 @@ def test_round_trip_with_remark_body_and_unicode_fields(stype):
 
 
 def test_a_response_keeps_the_requests_opaque_and_serialization():
-    req = RemotingCommand(11, {"topic": "T"}, opaque=9, version=409, serialize_type=SerializeType.ROCKETMQ)
+    req = RemotingCommand(
+        11, {"topic": "T"}, opaque=9, version=409, serialize_type=SerializeType.ROCKETMQ
+    )
     resp = req.response(19, "PULL_NOT_FOUND", {"nextBeginOffset": "3"})
-    assert (resp.opaque, resp.serialize_type, resp.flag, resp.code) == (9, SerializeType.ROCKETMQ, 1, 19)
+    assert (resp.opaque, resp.serialize_type, resp.flag, resp.code) == (
+        9,
+        SerializeType.ROCKETMQ,
+        1,
+        19,
+    )
     assert decode_frame(resp.encode()[4:]).ext_fields == {"nextBeginOffset": "3"}
 
 
 def test_binary_header_writes_the_code_as_a_short():
     # RocketMQSerializable writes (short) code: POP_MESSAGE (200050) does not fit and wraps
     data = RemotingCommand(200050, serialize_type=SerializeType.ROCKETMQ).encode()
-    assert struct.unpack_from(">h", data, 8)[0] == struct.unpack(">h", struct.pack(">H", 200050 & 0xFFFF))[0]
+    assert (
+        struct.unpack_from(">h", data, 8)[0]
+        == struct.unpack(">h", struct.pack(">H", 200050 & 0xFFFF))[0]
+    )
 
 
 @pytest.mark.parametrize(("frame", "why"), [
@@ -102,8 +120,13 @@ def test_malformed_headers_raise_frame_error(payload, why):
 
 
 def test_header_fields_missing_or_not_numbers_are_header_errors():
-    f = fields_of({"a": "x", "e": "12", "g": "99999999999"}, {"a": "producerGroup", "e": "queueId", "g": "born"})
-    assert f.str("producerGroup") == "x" and f.int("queueId") == 12 and f.long("born") == 99999999999
+    f = fields_of(
+        {"a": "x", "e": "12", "g": "99999999999"},
+        {"a": "producerGroup", "e": "queueId", "g": "born"},
+    )
+    assert (
+        f.str("producerGroup") == "x" and f.int("queueId") == 12 and f.long("born") == 99999999999
+    )
     with pytest.raises(HeaderError, match="topic"):
         f.str("topic")
     with pytest.raises(HeaderError, match="not a number"):

@@ -37,6 +37,8 @@ from rmq_spark.remoting.acl import ACCESS_KEY, SIGNATURE, sign
 from rmq_spark.remoting.client import RemotingClient, request
 from rmq_spark.remoting.codes import RequestCode, ResponseCode
 from rmq_spark.remoting.command import RemotingCommand, SerializeType
+from rmq_spark.remoting.namesrv_requests import NAMESRV_REQUESTS, OTHER_BODY_MAX_BYTES
+from rmq_spark.remoting.requests import RequestGate
 
 R, C = RequestCode, ResponseCode
 LOCAL_TOPIC = "LocalOrders"
@@ -264,17 +266,70 @@ def test_the_registry_is_bounded():
     assert m.size == (2, 2)
 
 
-@pytest.mark.parametrize(("header", "match"), [
-    (_header("x" * 128, "10.0.0.1:1"), "brokerName is 128 characters; the limit is 127"),
+@pytest.mark.parametrize(("header", "remark"), [
+    (_header("x" * 128, "10.0.0.1:1"), "the custom header's field 'brokerName' is 128 characters; the limit is 127"),
     (_header("b", "10.0.0.1:1", cluster="a b"), "clusterName 'a b' holds characters other than printable ASCII"),
     (_header("b", "nohost"), "brokerAddr 'nohost' is not HOST:PORT"),
-    (_header("b", "h:70000"), "is not HOST:PORT"),
-    (_header("b", "h:1", broker_id=-1), "brokerId -1 is not between 0 and 2147483647"),
-    (_header("b", "h" * 300 + ":1"), "brokerAddr is 302 characters; the limit is 255"),
+    (_header("b", "h:70000"), "brokerAddr 'h:70000' is not HOST:PORT"),
+    (_header("b", "h:1", broker_id=-1), "the custom header's field 'brokerId' is -1: it must be in [0, 2147483647]"),
+    (_header("b", "h" * 300 + ":1"), "the custom header's field 'brokerAddr' is 302 characters; the limit is 255"),
+    ({**_header("b", "h:1"), "clusterName": ""}, "clusterName is missing or empty"),
+    ({k: v for k, v in _header("b", "h:1").items() if k != "brokerAddr"},
+     "the custom header's field 'brokerAddr' is missing"),
 ])  # fmt: skip
-def test_broker_identity_is_checked(header, match):
-    with pytest.raises(RegistrationError, match=match):
-        RegisterHeader.read(header)
+def test_broker_identity_is_checked_by_the_request_table(header, remark):
+    """REGISTER_BROKER's row decodes and checks the header before any handler runs (the registry
+    checks the same rules again: check_identity)."""
+    answer = RequestGate(NAMESRV_REQUESTS, None)(None, RemotingCommand(R.REGISTER_BROKER, header))
+    assert answer is not None and (answer.code, answer.remark) == (C.SYSTEM_ERROR, remark)
+
+
+def test_the_registry_checks_identity_at_its_own_boundary():
+    m = _manager([0])
+    with pytest.raises(RegistrationError) as e:
+        m.register(BrokerEntry("C", "b", "nohost", 0, {}))
+    assert str(e.value) == "brokerAddr 'nohost' is not HOST:PORT"
+    with pytest.raises(RegistrationError) as e:
+        m.register(BrokerEntry("C", "b", "h:1", -1, {}))
+    assert str(e.value) == "brokerId -1 is not between 0 and 2147483647"
+    assert m.size == (0, 0)
+
+
+def test_every_namesrv_code_has_a_row_and_a_handler_without_one_fails_at_start(broker, monkeypatch):
+    """The NameServer's processor installs the request table's gate over NAMESRV_REQUESTS; a
+    handler registered without a row fails when the processor is built, not when it is called."""
+    processor = broker.remoting.namesrv_server.processor
+    assert isinstance(processor.before, RequestGate) and processor.before.table is NAMESRV_REQUESTS
+    assert set(processor.handlers) == set(NAMESRV_REQUESTS)
+    assert {c for c, s in NAMESRV_REQUESTS.items() if s.body_max != OTHER_BODY_MAX_BYTES} == {
+        R.REGISTER_BROKER
+    }
+    original = ns_processor.Processor.register
+
+    def register_one_more(self, code, handler, **kw):
+        original(self, code, handler, **kw)
+        if code == R.REGISTER_BROKER:
+            original(self, 99999, handler)
+
+    monkeypatch.setattr(ns_processor.Processor, "register", register_one_more)
+    with pytest.raises(AssertionError, match=r"without a row in the request table: \[99999\]"):
+        ns_processor.namesrv_processor(broker.remoting.routes)
+
+
+def test_handlers_read_only_the_decoded_header(broker):
+    """What a handler executes is what the row decoded: undeclared ext fields are dropped, and a
+    number is read in its canonical form."""
+    with RemotingClient(broker.namesrv_endpoint) as c:
+        answer = c.request(
+            RemotingCommand(
+                R.REGISTER_BROKER,
+                {**_header("peer", "10.0.0.9:10911", broker_id=0), "brokerId": " 1", "extra": "x"},
+                _body({"T": 1}),
+            )
+        )
+        assert answer.code == C.SUCCESS, answer.remark
+        info = jsonbody.loads(c.request(RemotingCommand(R.GET_BROKER_CLUSTER_INFO)).body)
+        assert info["brokerAddrTable"]["peer"]["brokerAddrs"] == {"1": "10.0.0.9:10911"}
 
 
 @pytest.mark.parametrize(("table", "match"), [
@@ -355,7 +410,9 @@ def test_a_registration_body_over_the_limit_is_refused_before_it_is_read(broker)
         body,
         timeout_s=30,
     )
-    assert answer.code == C.SYSTEM_ERROR and "the limit is 8388608" in _clear(answer.remark)
+    assert answer.code == C.SYSTEM_ERROR
+    assert _clear(answer.remark) == (f"the request body is {len(body)} bytes; request code 103 takes at most "
+                                     "8388608")  # fmt: skip
     assert broker.remoting.routes.size == (0, 0)
 
 
@@ -410,9 +467,27 @@ def test_other_requests_bodies_and_echoed_names_are_bounded(broker):
         b"x" * (100 << 10),
     )
     assert big.code == C.SYSTEM_ERROR
-    assert _clear(big.remark) == "request code 105 takes at most 65536 bytes of body, not 102400"
+    assert (
+        _clear(big.remark)
+        == "the request body is 102400 bytes; request code 105 takes at most 65536"
+    )
     missing = request(broker.namesrv_endpoint, R.GET_ROUTEINFO_BY_TOPIC, {"topic": "T" * 100_000})
     assert missing.code == C.TOPIC_NOT_EXIST and len(_clear(missing.remark)) < 200
+
+
+@pytest.mark.parametrize(("topic", "remark"), [
+    ("NoSuchTopic", None),
+    ("../commitlog", "No topic route info in name server: topic '../commitlog' contains characters outside "
+                     "[%|a-zA-Z0-9_-]"),
+    ("", "No topic route info in name server: topic is empty"),
+])  # fmt: skip
+def test_a_route_query_names_a_topic_no_broker_can_hold_as_not_existing(broker, topic, remark):
+    """A topic name validated by the same rules as every other way in; one no broker can hold has
+    no route (TOPIC_NOT_EXIST, as a NameServer answers any topic it does not know)."""
+    broker.store.topics.auto_create = False  # a valid name gets no auto-creation route either
+    answer = request(broker.namesrv_endpoint, R.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+    assert answer.code == C.TOPIC_NOT_EXIST
+    assert answer.remark == (remark or f"No topic route info in name server for the topic: {topic}")
 
 
 def test_a_registration_read_after_its_connection_closed_does_not_linger(broker, monkeypatch):

@@ -77,7 +77,7 @@ def test_compressed_registration_body():
     )
     table = compressed_topic_table(zlib.compress(raw, 9))
     assert table == {"Orders": QueueData(8, 4, 6), "%RETRY%g": QueueData(1, 1, 6)}
-    with pytest.raises(RegistrationError, match="truncated|runs past"):
+    with pytest.raises(RegistrationError, match=r"truncated|runs past"):
         compressed_topic_table(zlib.compress(raw[:30]))
     with pytest.raises(RegistrationError, match="is not valid zlib data"):
         compressed_topic_table(b"not deflated")

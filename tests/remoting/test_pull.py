@@ -181,7 +181,7 @@ def test_twenty_thousand_parked_pulls_expire_while_other_clients_are_served(brok
     host, _, port = broker.remoting_endpoint.rpartition(":")
     socks, readers = [], []
     try:
-        for c in range(20):
+        for _c in range(20):
             s = socket.create_connection((host, int(port)), timeout=60)
             socks.append(s)
             r = _Reader(s)
@@ -282,7 +282,7 @@ def test_stopping_with_parked_pulls_answers_them_and_logs_no_error(tmp_path, cap
     host, _, port = b.remoting_endpoint.rpartition(":")
     socks, readers = [], []
     try:
-        for c in range(3):
+        for _c in range(3):
             s = socket.create_connection((host, int(port)), timeout=30)
             socks.append(s)
             r = _Reader(s)

@@ -1262,6 +1262,9 @@ ACL = {
 }
 # RocketMQ's plain ACL keeps these for admin accounts (issue 28, 4)
 ADMIN_CODES = {17, 25, 200, 207, 215, 222}
+# the NameServer's writes: an admin's signature with --acl (REGISTER_BROKER, UNREGISTER_BROKER,
+# DELETE_TOPIC_IN_NAMESRV, PUT_KV_CONFIG); its reads are open to anyone
+NAMESRV_ADMIN_CODES = {103, 104, 216, 100}
 
 
 class Campaign:
@@ -1467,11 +1470,22 @@ class Campaign:
             self._fault(case, f"a correctly signed request was refused: {remark[:200]!r}")
         if answer.code == 0:
             self._accepted(case, ext, body, answer)
-            if self.guarded and case.port == "broker" and case.auth in ("none", "bad"):
+            if (
+                self.guarded
+                and case.auth in ("none", "bad")
+                and (case.port == "broker" or case.code in NAMESRV_ADMIN_CODES)
+            ):
                 self._fault(
                     case,
                     f"a request {'unsigned' if case.auth == 'none' else 'badly signed'} got SUCCESS",
                 )
+            if (
+                self.guarded
+                and case.auth == "app"
+                and case.port == "namesrv"
+                and case.code in NAMESRV_ADMIN_CODES
+            ):
+                self._fault(case, "a non-admin account got SUCCESS for a NameServer write")
             if (
                 self.guarded
                 and case.auth == "app"
@@ -1746,10 +1760,16 @@ def campaign(request, tmp_path_factory):
 
 
 def test_every_registered_code_has_a_spec(registered):
-    """Nothing excluded silently: the broker's and the NameServer's codes each have a row."""
+    """Nothing excluded silently: the broker's and the NameServer's codes each have a row, here
+    and in the request table whose gate every request of both ports passes."""
+    from rmq_spark.remoting.namesrv_requests import NAMESRV_REQUESTS
+    from rmq_spark.remoting.requests import BROKER_REQUESTS
+
     missing = sorted(registered - set(SPECS))
     assert not missing, f"codes registered without a fuzz spec (add them to SPECS): {missing}"
     assert ("broker", 310) in registered and ("namesrv", 103) in registered
+    tables = {"broker": BROKER_REQUESTS, "namesrv": NAMESRV_REQUESTS}
+    assert registered == {(port, code) for port, table in tables.items() for code in table}
 
 
 CODES = sorted(SPECS)

@@ -21,7 +21,9 @@ from rmq_spark.store import layout as L
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     root = tmp_path_factory.mktemp("send_rules")
-    opts = BrokerOptions(listen="127.0.0.1:0", remoting_listen="127.0.0.1:0", namesrv_listen="127.0.0.1:0")
+    opts = BrokerOptions(
+        listen="127.0.0.1:0", remoting_listen="127.0.0.1:0", namesrv_listen="127.0.0.1:0"
+    )
     with Broker(str(root / "store"), options=opts) as b:
         yield b
 
@@ -31,7 +33,9 @@ def _v2(topic: str = "Rules", sys_flag: int = 0, **extra: str) -> dict[str, str]
             "i": "", "j": "0", "k": "false", **extra}  # fmt: skip
 
 
-def _item(body: bytes, props: bytes = b"", props_len: int | None = None, total: int | None = None) -> bytes:
+def _item(
+    body: bytes, props: bytes = b"", props_len: int | None = None, total: int | None = None
+) -> bytes:
     plen = len(props) if props_len is None else props_len
     size = 20 + len(body) + 2 + len(props) if total is None else total
     return struct.pack(">iiiii", size, 0, 0, 0, len(body)) + body + struct.pack(">h", plen) + props
@@ -43,20 +47,28 @@ def _ask(b: Broker, code: int, fields: dict[str, str], body: bytes = b"") -> Rem
 
 
 def _max_offset(b: Broker, topic: str) -> int:
-    return int(_ask(b, R.GET_MAX_OFFSET, {"topic": topic, "queueId": "0"}).ext_fields.get("offset", "-1"))
+    return int(
+        _ask(b, R.GET_MAX_OFFSET, {"topic": topic, "queueId": "0"}).ext_fields.get("offset", "-1")
+    )
 
 
 def test_compressed_bodies_must_inflate_within_the_limit(broker):
-    ok = _ask(broker, R.SEND_MESSAGE_V2, _v2(sys_flag=L.FLAG_COMPRESSED), zlib.compress(b"hello" * 100))
+    ok = _ask(
+        broker, R.SEND_MESSAGE_V2, _v2(sys_flag=L.FLAG_COMPRESSED), zlib.compress(b"hello" * 100)
+    )
     assert ok.code == C.SUCCESS, ok.remark
     before = _max_offset(broker, "Rules")
-    not_zlib = _ask(broker, R.SEND_MESSAGE_V2, _v2(sys_flag=L.FLAG_COMPRESSED), b"plain text, not zlib")
+    not_zlib = _ask(
+        broker, R.SEND_MESSAGE_V2, _v2(sys_flag=L.FLAG_COMPRESSED), b"plain text, not zlib"
+    )
     assert not_zlib.code == C.MESSAGE_ILLEGAL and "COMPRESSED" in not_zlib.remark, not_zlib.remark
     bomb = zlib.compress(b"\0" * (L.BODY_MAX_BYTES + 1), 9)
     assert len(bomb) < 8192
     refused = _ask(broker, R.SEND_MESSAGE_V2, _v2(sys_flag=L.FLAG_COMPRESSED), bomb)
     assert refused.code == C.MESSAGE_ILLEGAL, refused.remark
-    batch = _ask(broker, R.SEND_BATCH_MESSAGE, _v2(sys_flag=L.FLAG_COMPRESSED, m="true"), _item(b"nope"))
+    batch = _ask(
+        broker, R.SEND_BATCH_MESSAGE, _v2(sys_flag=L.FLAG_COMPRESSED, m="true"), _item(b"nope")
+    )
     assert batch.code == C.MESSAGE_ILLEGAL, batch.remark
     assert _max_offset(broker, "Rules") == before
 
@@ -95,7 +107,9 @@ def test_code_320_is_a_batch_with_or_without_its_flag(broker):
     assert _max_offset(broker, "Rules") == before + 2
 
 
-@pytest.mark.parametrize("group", ["../../x", "a\x00b", "g" * 100_000, ""], ids=["path", "nul", "100k", "empty"])
+@pytest.mark.parametrize(
+    "group", ["../../x", "a\x00b", "g" * 100_000, ""], ids=["path", "nul", "100k", "empty"]
+)
 def test_group_names_are_validated_on_remoting(broker, group, tmp_path):
     fields = {"consumerGroup": group, "topic": "Rules", "queueId": "0", "commitOffset": "0"}
     answer = _ask(broker, R.UPDATE_CONSUMER_OFFSET, fields)

@@ -19,11 +19,10 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from rmq_spark.services.config import BrokerConfig  # noqa: E402
-from rmq_spark.services.schedule.service import ScheduleService, store_rules  # noqa: E402
-from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
-from rmq_spark.services.timer.service import TimerService  # noqa: E402
-
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.schedule.service import ScheduleService, store_rules
+from rmq_spark.services.timer.service import TimerService
+from rmq_spark.store.store import MessageStore, StoreConfig
 
 # --- helpers for the tests: varied messages, and what a delivery wrote ----------------------------
 _ODD_KEYS = ("REAL_TOPICX", "DELAYX", "TIMER_DELIVER_MS2", "UNIQ_KEYS", "A" * 16, "__CRC32", "k")
@@ -38,7 +37,7 @@ def varied_messages(rng, n: int, topics: list[str]) -> list:  # type: ignore[no-
     out = []
     for i in range(n):
         props: dict[str, str] = {}
-        keys = list(_ODD_KEYS) + [L.P_TAGS, L.P_KEYS, "x"]
+        keys = [*_ODD_KEYS, L.P_TAGS, L.P_KEYS, "x"]
         rng.shuffle(keys)
         for k in keys[: rng.randint(0, len(keys))]:
             props[k] = rng.choice(["v", "é€ß", "a b\x03c", str(rng.randint(-5, 10**12))])
@@ -59,9 +58,19 @@ def delivered_view(store, topics: list[str]) -> dict:  # type: ignore[no-untyped
                 continue
             codes = cq.units(0, len(msgs))["tags_code"].tolist()
             view[(topic, q)] = [
-                (m.body, m.properties, m.flag, m.sys_flag, m.born_timestamp_ms, m.born_host,
-                 m.reconsume_times, m.store_host, m.store_size, code)  # fmt: skip
-                for m, code in zip(msgs, codes)
+                (
+                    m.body,
+                    m.properties,
+                    m.flag,
+                    m.sys_flag,
+                    m.born_timestamp_ms,
+                    m.born_host,
+                    m.reconsume_times,
+                    m.store_host,
+                    m.store_size,
+                    code,
+                )
+                for m, code in zip(msgs, codes, strict=True)
             ]
     return view
 

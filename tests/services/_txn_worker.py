@@ -16,11 +16,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from rmq_spark.services.config import BrokerConfig  # noqa: E402
-from rmq_spark.store.clock import Clock, SystemClock  # noqa: E402
-from rmq_spark.store.message import Message  # noqa: E402
-from rmq_spark.store.store import MessageStore, StoreConfig  # noqa: E402
-from rmq_spark.services.transaction.service import EndTxStatus, TransactionAction, TransactionService  # noqa: E402
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.transaction.service import (
+    EndTxStatus,
+    TransactionAction,
+    TransactionService,
+)
+from rmq_spark.store.clock import Clock, SystemClock
+from rmq_spark.store.message import Message
+from rmq_spark.store.store import MessageStore, StoreConfig
 
 PG = "PG"
 DONE = {
@@ -63,7 +67,13 @@ def main() -> None:
         halves = dict(
             zip(
                 keys,
-                zip(r.append.phys_offsets.tolist(), r.append.queue_offsets.tolist(), r.uniq_keys),
+                zip(
+                    r.append.phys_offsets.tolist(),
+                    r.append.queue_offsets.tolist(),
+                    r.uniq_keys,
+                    strict=True,
+                ),
+                strict=True,
             )
         )
         mode = rng.random()

@@ -16,12 +16,12 @@ from _delay_worker import (
     run_and_kill,
 )
 
-from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import ConfigError, MessageIllegalError, StoreError
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.schedule.service import ScheduleService, store_rules
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message, tags_code
-from rmq_spark.services.schedule.service import ScheduleService, store_rules
 from rmq_spark.store.store import MessageStore, StoreConfig
 
 T0 = 1_700_000_000_000
@@ -34,7 +34,9 @@ def open_service(
         store=StoreConfig(commitlog_segment_bytes=1 << 20, cq_segment_units=1000, **store_kw),
         delay_levels=levels,
     )
-    store = MessageStore(root, cfg.store, clock=clock, start_services=False, tags_code_rules=store_rules(cfg))
+    store = MessageStore(
+        root, cfg.store, clock=clock, start_services=False, tags_code_rules=store_rules(cfg)
+    )
     return store, ScheduleService(store, cfg, clock, batch_max_msgs=batch)
 
 
@@ -107,7 +109,11 @@ def test_delivers_in_order_when_due_and_restores_the_message(store_dir):
         assert m.properties[L.P_UNIQ_KEY] == ids[i]
         assert m.properties["KEYS"] == f"m{i}"
         # what Apache's ScheduleMessageService stores: the schedule record's properties as they were
-        assert (m.properties[L.P_DELAY], m.properties[L.P_REAL_TOPIC], m.properties[L.P_REAL_QID]) == ("2", "Orders", "1")
+        assert (
+            m.properties[L.P_DELAY],
+            m.properties[L.P_REAL_TOPIC],
+            m.properties[L.P_REAL_QID],
+        ) == ("2", "Orders", "1")
         assert L.P_TIMER_OUT_MS not in m.properties
         assert not any(k.endswith("_SOURCE") for k in m.properties)
     units = store.consume_queue("Orders", 1).units(0, 5)
@@ -349,7 +355,9 @@ def test_random_crashes_deliver_every_message_exactly_once(tmp_path, seed):
 
 # --- threads and real processes -------------------------------------------------------------------
 def test_service_thread_delivers_on_the_real_clock(store_dir):
-    cfg = BrokerConfig(store=StoreConfig(commitlog_segment_bytes=1 << 20), delay_levels="100ms 300ms")
+    cfg = BrokerConfig(
+        store=StoreConfig(commitlog_segment_bytes=1 << 20), delay_levels="100ms 300ms"
+    )
     store = MessageStore(store_dir, cfg.store, tags_code_rules=store_rules(cfg))
     svc = ScheduleService(store, cfg, store.clock)
     svc.start()
@@ -367,7 +375,10 @@ def test_service_thread_delivers_on_the_real_clock(store_dir):
         cq = store.consume_queue(L.SCHEDULE_TOPIC, q)
         units = cq.units(0, cq.max_offset)
         recs = store.get_messages(L.SCHEDULE_TOPIC, q, 0, max_msgs=100).messages
-        due.update((r.properties[L.P_UNIQ_KEY], int(t)) for r, t in zip(recs, units["tags_code"]))
+        due.update(
+            (r.properties[L.P_UNIQ_KEY], int(t))
+            for r, t in zip(recs, units["tags_code"], strict=True)
+        )
     for m in got:  # never early
         assert m.store_timestamp_ms >= due[m.properties[L.P_UNIQ_KEY]]
     store.shutdown()
@@ -397,7 +408,9 @@ def test_sigkilled_broker_delivers_exactly_once(tmp_path):
     rng = random.Random(5)
     targets = sorted(rng.sample(range(100, len(sent) - 100), 3))
     seen = run_and_kill(root, conf, "Orders", targets)
-    assert all(s >= t for s, t in zip(seen, targets))  # each kill landed while delivering
+    assert all(
+        s >= t for s, t in zip(seen, targets, strict=True)
+    )  # each kill landed while delivering
     store = MessageStore(root, cfg.store, tags_code_rules=store_rules(cfg))
     svc = ScheduleService(store, cfg, store.clock)
     last_due = max(
@@ -441,7 +454,7 @@ def test_gather_runs_concatenates_the_runs():
         starts = rng.integers(0, size, k)
         lens = np.minimum(rng.integers(0, 700, k), size - starts)
         lens[0] = 0
-        want = b"".join(pool[s : s + n].tobytes() for s, n in zip(starts, lens))
+        want = b"".join(pool[s : s + n].tobytes() for s, n in zip(starts, lens, strict=True))
         assert bytes(gather_runs(pool, starts, lens, int(lens.sum()))) == want
     assert gather_runs(np.zeros(4, np.uint8), np.array([1]), np.array([0]), 0) == bytearray()
 
@@ -449,7 +462,9 @@ def test_gather_runs_concatenates_the_runs():
 # --- recovery without a marker of its own (issue 29: the copy stores what Apache stores) ------------
 def twin(level: int, body: bytes, uniq: str) -> Message:
     """A message a client sent twice (a resend): the same unique id, born time and body."""
-    return Message("Orders", body, {L.P_DELAY: str(level), L.P_UNIQ_KEY: uniq}, born_timestamp_ms=T0 - 5)
+    return Message(
+        "Orders", body, {L.P_DELAY: str(level), L.P_UNIQ_KEY: uniq}, born_timestamp_ms=T0 - 5
+    )
 
 
 def test_crash_recovery_matches_copies_past_resends_and_discarded_records(store_dir):
@@ -474,7 +489,11 @@ def test_crash_recovery_matches_copies_past_resends_and_discarded_records(store_
     clock.advance(500)
     assert svc.run_once() == 2
     assert sorted(bodies(store, "Orders")) == [b"A", b"A", b"B", b"C"]
-    assert not any(k.endswith("_SOURCE") for m in store.get_messages("Orders", 0, 0).messages for k in m.properties)
+    assert not any(
+        k.endswith("_SOURCE")
+        for m in store.get_messages("Orders", 0, 0).messages
+        for k in m.properties
+    )
     store.shutdown()
 
 

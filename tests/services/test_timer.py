@@ -5,7 +5,6 @@ broker and the BrokerCore composition."""
 from __future__ import annotations
 
 import base64
-import json
 import os
 import random
 import time
@@ -19,15 +18,21 @@ from _delay_worker import (
     run_and_kill,
 )
 
-from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, StoreError
+from rmq_spark.services.config import BrokerConfig
+from rmq_spark.services.timer.recall import (
+    RecallError,
+    RecallFailure,
+    build_recall_handle,
+    parse_recall_handle,
+)
+from rmq_spark.services.timer.service import TIMER_CHECK_FILE, TimerService
+from rmq_spark.services.timer.wheel import ENTRY, TimerWheel
 from rmq_spark.store import layout as L
+from rmq_spark.store import timerfiles
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message, tags_code
 from rmq_spark.store.store import MessageStore, StoreConfig
-from rmq_spark.services.timer.recall import RecallError, RecallFailure, build_recall_handle, parse_recall_handle
-from rmq_spark.services.timer.service import TIMER_CHECK_FILE, TimerService
-from rmq_spark.services.timer.wheel import ENTRY, TimerWheel
 
 T0 = 1_700_000_000_000
 
@@ -114,7 +119,7 @@ def test_transform_leaves_levels_past_times_and_halves_alone(store_dir):
 def test_transform_rejects_bad_and_too_distant_times(store_dir):
     clock = FakeClock(T0)
     store, svc = open_service(store_dir, clock, max_delay_s=60)
-    with pytest.raises(MessageIllegalError, match="WHEEL_TIMER_MSG_ILLEGAL.*TIMER_DELAY_MS"):
+    with pytest.raises(MessageIllegalError, match=r"WHEEL_TIMER_MSG_ILLEGAL.*TIMER_DELAY_MS"):
         svc.transform(timed("Orders", b"a", **{L.P_TIMER_DELAY_MS: "soon"}))
     with pytest.raises(MessageIllegalError, match="maximum is 60s"):
         svc.transform(timed("Orders", b"b", **{L.P_TIMER_DELIVER_MS: str(T0 + 60_001)}))
@@ -189,9 +194,11 @@ def test_delivered_message_is_restored(store_dir):
     assert m.properties[L.P_TIMER_DEQUEUE_MS] == str(T0 + 100)
     assert (m.properties[L.P_REAL_TOPIC], m.properties[L.P_REAL_QID]) == ("Orders", "3")
     assert m.properties[L.P_TIMER_DELAY_MS] == "100"
-    assert {k: v for k, v in m.properties.items() if k not in (L.P_TIMER_ENQUEUE_MS, L.P_TIMER_DEQUEUE_MS)} == {
-        k: v for k, v in timer_record.properties.items() if k != "__CRC32#"
-    }
+    assert {
+        k: v
+        for k, v in m.properties.items()
+        if k not in (L.P_TIMER_ENQUEUE_MS, L.P_TIMER_DEQUEUE_MS)
+    } == {k: v for k, v in timer_record.properties.items() if k != "__CRC32#"}
     assert not any(k.endswith("_SOURCE") for k in m.properties)
     assert int(store.consume_queue("Orders", 3).units(0, 1)["tags_code"][0]) == tags_code("TagT")
     store.shutdown()
@@ -346,9 +353,14 @@ def test_restart_rebuilds_pending_messages(store_dir):
     assert svc.run_once() == 2
     svc.shutdown()
     store.shutdown()
-    with open(os.path.join(store_dir, L.CONFIG_DIR, TIMER_CHECK_FILE)) as f:
-        saved = json.load(f)
-    assert (saved["queueOffset"], saved["doneQueueOffset"], saved["doneTimeMs"]) == (0, 3, T0 + 200)
+    # kept as Apache keeps it: read from the first pending slot, every record below 3 enqueued,
+    # one unit for the record still pending and one for the last record (delivered: a past slot)
+    check = timerfiles.read_check(store_dir)
+    assert (check.last_read_ms, check.queue_offset, check.master_offset) == (T0, 3, 3)
+    assert check.flush_pos == 2 * timerfiles.UNIT_SIZE
+    assert not os.path.exists(os.path.join(store_dir, L.CONFIG_DIR, TIMER_CHECK_FILE))
+    rec = timerfiles.recover(store_dir, T0 + 200)
+    assert rec.pending["write_ms"].tolist() == [T0] and rec.pending["delta"].tolist() == [300]
     store, svc = open_service(store_dir, clock)
     assert svc.pending_count == 1
     clock.advance(100)
@@ -405,7 +417,7 @@ def test_random_crashes_deliver_every_message_exactly_once(tmp_path, seed):
             if msgs:
                 ids, hs = send(store, svc, msgs)
                 expected.update(ids)
-                handles += list(zip(ids, hs))
+                handles += list(zip(ids, hs, strict=True))
         if handles and rng.random() < 0.3:
             uid, h = handles.pop(rng.randrange(len(handles)))
             try:
@@ -518,7 +530,9 @@ def test_sigkilled_broker_delivers_exactly_once(tmp_path):
     rng = random.Random(11)
     targets = sorted(rng.sample(range(100, 1800), 3))
     seen = run_and_kill(root, conf, "Orders", targets)
-    assert all(s >= t for s, t in zip(seen, targets))  # each kill landed while delivering
+    assert all(
+        s >= t for s, t in zip(seen, targets, strict=True)
+    )  # each kill landed while delivering
     store = MessageStore(root, cfg.store)
     svc = TimerService(store, cfg, store.clock)
     time.sleep(max(0.0, (now + 4800 - store.clock.now_ms()) / 1000))
@@ -567,7 +581,13 @@ def test_patched_delivery_writes_what_the_general_path_writes(tmp_path, crc):
     """Re-writing records by patching their bytes yields the messages that decoding and
     encoding them yields (properties, routing, tags codes, headers), record CRC on or off."""
     views, patched = patched_and_general(
-        tmp_path, crc, open_service, send, L.P_TIMER_DELAY_MS, lambda rng: str(rng.randint(1, 5000)), seed=12
+        tmp_path,
+        crc,
+        open_service,
+        send,
+        L.P_TIMER_DELAY_MS,
+        lambda rng: str(rng.randint(1, 5000)),
+        seed=12,
     )
     assert sum(map(len, views[0].values())) == 300
     assert views[0] == views[1]
@@ -623,7 +643,9 @@ def test_a_client_message_that_looks_like_a_copy_claims_no_delivery(store_dir):
         L.P_UNIQ_KEY: ids[0], L.P_TIMER_OUT_MS: str(T0 + 100), L.P_REAL_TOPIC: "Orders", L.P_REAL_QID: "0",
         L.P_TIMER_ENQUEUE_MS: str(record.store_timestamp_ms + 1), L.P_TIMER_DEQUEUE_MS: str(T0 + 100),
     }  # fmt: skip
-    store.put_messages([svc.transform(Message("Orders", b"p", lookalike, born_timestamp_ms=T0 + 7))])
+    store.put_messages(
+        [svc.transform(Message("Orders", b"p", lookalike, born_timestamp_ms=T0 + 7))]
+    )
     svc.crash()
     store.crash()
     store, svc = open_service(store_dir, clock)

@@ -15,22 +15,12 @@ from dataclasses import replace
 
 import pyarrow as pa
 import pytest
-
 from _killing import lines_until_killed
 
+from rmq_spark.errors import MessageIllegalError
 from rmq_spark.services.config import BrokerConfig
 from rmq_spark.services.core import BrokerCore
-from rmq_spark.errors import MessageIllegalError
-from rmq_spark.store import layout as L
-from rmq_spark.store.clock import FakeClock, SystemClock
-from rmq_spark.store.config import TopicConfig
-from rmq_spark.store.message import Message, MessageExt
-from rmq_spark.store.store import MessageStore, StoreConfig
-from rmq_spark.store.index.service import IndexService
-from rmq_spark.store.query import MessageQuery
 from rmq_spark.services.redelivery.records import DELIVERY_REQUEST_KEYS
-from rmq_spark.services.transaction.service import EndTxStatus, HalfRef, TransactionService, TxnState
-from rmq_spark.services.transaction.service import TransactionAction as A
 from rmq_spark.services.transaction.check import (
     CHECK_GROUP,
     P_CHECK_SOURCE,
@@ -38,6 +28,20 @@ from rmq_spark.services.transaction.check import (
     immunity_time_ms,
     op_half_offsets,
 )
+from rmq_spark.services.transaction.service import (
+    EndTxStatus,
+    HalfRef,
+    TransactionService,
+    TxnState,
+)
+from rmq_spark.services.transaction.service import TransactionAction as A
+from rmq_spark.store import layout as L
+from rmq_spark.store.clock import FakeClock, SystemClock
+from rmq_spark.store.config import TopicConfig
+from rmq_spark.store.index.service import IndexService
+from rmq_spark.store.message import Message, MessageExt
+from rmq_spark.store.query import MessageQuery
+from rmq_spark.store.store import MessageStore, StoreConfig
 
 HALF, OP, MAXT = L.TRANS_HALF_TOPIC, L.TRANS_OP_HALF_TOPIC, L.TRANS_CHECK_MAX_TIME_TOPIC
 SMALL = {"commitlog_segment_bytes": 64 * 1024, "cq_segment_units": 64}
@@ -76,7 +80,9 @@ class Env:
         r = self.svc.prepare(msgs, group)
         return [
             (int(p), int(q), u)
-            for p, q, u in zip(r.append.phys_offsets, r.append.queue_offsets, r.uniq_keys)
+            for p, q, u in zip(
+                r.append.phys_offsets, r.append.queue_offsets, r.uniq_keys, strict=True
+            )
         ]
 
     def end(self, h: tuple[int, int, str], action: A, **kw: object) -> EndTxStatus:
@@ -173,7 +179,9 @@ def test_broker_core_send_stores_halves_and_a_commit_goes_through_the_other_hook
             core.store.max_offset(HALF, 0) == 2 and core.store.max_offset(L.SCHEDULE_TOPIC, 1) == 0
         )
         svc.real_message_hook = core._delivery_hooks  # a committed delayed message is delayed then
-        for p, q in zip(r.append.phys_offsets.tolist(), r.append.queue_offsets.tolist()):
+        for p, q in zip(
+            r.append.phys_offsets.tolist(), r.append.queue_offsets.tolist(), strict=True
+        ):
             assert svc.end_transaction(p, q, PG, None, A.COMMIT) is EndTxStatus.SUCCESS
         assert (
             core.store.max_offset("T", 0) == 1 and core.store.max_offset(L.SCHEDULE_TOPIC, 1) == 1
@@ -326,7 +334,7 @@ def _mixed_batch(n: int) -> list[Message]:
                 queue_id=i % 4,
                 flag=i % 3,
                 born_timestamp_ms=1000 + i,
-                born_host="::1" if i % 11 == 0 else "10.0.0.%d" % (i % 3),
+                born_host="::1" if i % 11 == 0 else f"10.0.0.{i % 3}",
                 born_port=i,
                 reconsume_times=i % 2,
             )
@@ -339,7 +347,9 @@ def _expected_real(m: Message, uniq: str) -> dict[str, str]:
     (as Apache RocketMQ 5.5.0 stores it)."""
     drop = {L.P_TRAN_MSG, L.P_REAL_TOPIC, L.P_REAL_QID}
     props = {k: v for k, v in m.properties.items() if k not in drop}
-    props.update({L.P_UNIQ_KEY: uniq, L.P_TRANSACTION_ID: uniq, L.P_PGROUP: PG, L.P_TRAN_MSG: "true"})
+    props.update(
+        {L.P_UNIQ_KEY: uniq, L.P_TRANSACTION_ID: uniq, L.P_PGROUP: PG, L.P_TRAN_MSG: "true"}
+    )
     return props
 
 
@@ -354,7 +364,7 @@ def test_a_big_group_commit_stores_each_half_as_its_real_message(env, from_disk)
     assert own == [f"CLIENT-{i}" for i in range(0, 300, 5)]
     halves = env.queue(HALF)
     assert [h.commitlog_offset for h in halves] == r.append.phys_offsets.tolist()
-    for m, h, u in zip(msgs, halves, r.uniq_keys):
+    for m, h, u in zip(msgs, halves, r.uniq_keys, strict=True):
         assert h.properties == {
             **{k: v for k, v in _expected_real(m, u).items() if k != L.P_TRAN_MSG},
             L.P_REAL_TOPIC: m.topic,
@@ -362,7 +372,10 @@ def test_a_big_group_commit_stores_each_half_as_its_real_message(env, from_disk)
             L.P_TRAN_MSG: "true",
         }
         assert (h.body, h.flag, h.born_host, h.born_port) == (
-            m.body, m.flag, m.born_host, m.born_port
+            m.body,
+            m.flag,
+            m.born_host,
+            m.born_port,
         )
     if from_disk:
         env.restart()
@@ -370,13 +383,19 @@ def test_a_big_group_commit_stores_each_half_as_its_real_message(env, from_disk)
     assert g.ok and sorted(g.transaction_ids) == sorted(r.uniq_keys)
     real = {m.prepared_transaction_offset: m for m in env.real("T") + env.real("U")}
     assert len(real) == 300
-    for m, p, u in zip(msgs, r.append.phys_offsets.tolist(), r.uniq_keys):
+    for m, p, u in zip(msgs, r.append.phys_offsets.tolist(), r.uniq_keys, strict=True):
         got = real[p]
         assert (got.topic, got.queue_id, got.body, got.flag, got.reconsume_times) == (
-            m.topic, m.queue_id, m.body, m.flag, m.reconsume_times
+            m.topic,
+            m.queue_id,
+            m.body,
+            m.flag,
+            m.reconsume_times,
         )
         assert (got.born_timestamp_ms, got.born_host, got.born_port) == (
-            m.born_timestamp_ms, m.born_host, m.born_port
+            m.born_timestamp_ms,
+            m.born_host,
+            m.born_port,
         )
         assert got.properties == _expected_real(m, u)
         assert got.transaction_type == L.TRANSACTION_COMMIT_TYPE
@@ -392,8 +411,16 @@ def _real_records(store: MessageStore) -> list[tuple]:
             for m in store.get_messages(topic, q, 0, max_msgs=10_000).messages:
                 out.append(
                     (
-                        m.topic, m.queue_id, m.body, m.flag, m.sys_flag, m.born_timestamp_ms,
-                        m.born_host, m.born_port, m.reconsume_times, list(m.properties.items()),
+                        m.topic,
+                        m.queue_id,
+                        m.body,
+                        m.flag,
+                        m.sys_flag,
+                        m.born_timestamp_ms,
+                        m.born_host,
+                        m.born_port,
+                        m.reconsume_times,
+                        list(m.properties.items()),
                     )
                 )
             units = store.consume_queue(topic, q, create=False)
@@ -403,7 +430,9 @@ def _real_records(store: MessageStore) -> list[tuple]:
 
 
 @pytest.mark.parametrize("prop_crc", [False, True])
-def test_a_patched_group_commit_writes_what_the_general_path_writes(tmp_path, monkeypatch, prop_crc):
+def test_a_patched_group_commit_writes_what_the_general_path_writes(
+    tmp_path, monkeypatch, prop_crc
+):
     """Large groups of halves read back from the store are committed by patching their bytes;
     the records, their queues and tags codes, and the index entries of their keys equal those of
     the general path."""
@@ -412,24 +441,29 @@ def test_a_patched_group_commit_writes_what_the_general_path_writes(tmp_path, mo
     msgs = [m for m in _mixed_batch(400) if m.born_host != "::1"]  # IPv4: the patchable records
     runs, patched = [], []
     encode = T.encode_commits
-    monkeypatch.setattr(T, "encode_commits", lambda *a, **k: patched.append(encode(*a, **k)) or patched[-1])
+    monkeypatch.setattr(
+        T, "encode_commits", lambda *a, **k: patched.append(encode(*a, **k)) or patched[-1]
+    )
+
+    def reopen(patch: bool) -> tuple[MessageStore, TransactionService]:
+        store = MessageStore(
+            str(tmp_path / str(patch)),
+            StoreConfig(**SMALL, append_prop_crc=prop_crc),
+            clock=FakeClock(),
+            dispatchers=[IndexService],
+            start_services=False,
+        )
+        svc = TransactionService(store, BrokerConfig(), store.clock)
+        svc.real_message_hook, svc.hook_only_on = (lambda m: m), DELIVERY_REQUEST_KEYS
+        return store, svc
+
     for patch in (True, False):
         monkeypatch.setattr(T, "PATCH_COMMIT_MIN", 1 if patch else 10**9)
-        for step in ("prepare", "commit"):  # the halves read back: not in memory any more
-            if step == "commit":
-                svc.shutdown()
-                store.shutdown()
-            store = MessageStore(
-                str(tmp_path / str(patch)),
-                StoreConfig(**SMALL, append_prop_crc=prop_crc),
-                clock=FakeClock(),
-                dispatchers=[IndexService],
-                start_services=False,
-            )
-            svc = TransactionService(store, BrokerConfig(), store.clock)
-            svc.real_message_hook, svc.hook_only_on = (lambda m: m), DELIVERY_REQUEST_KEYS
-            if step == "prepare":
-                r = svc.prepare([replace(m, properties=dict(m.properties)) for m in msgs], PG)
+        store, svc = reopen(patch)
+        r = svc.prepare([replace(m, properties=dict(m.properties)) for m in msgs], PG)
+        svc.shutdown()
+        store.shutdown()
+        store, svc = reopen(patch)  # the halves read back: not in memory any more
         assert svc.commit_group(r.append.phys_offsets.tolist()).ok
         ids = {u: f"<id{i}>" for i, u in enumerate(r.uniq_keys)}  # fresh ids per run
         records = [
@@ -465,7 +499,13 @@ def test_prepare_bodies_stores_what_prepare_stores(env, n):
     def view(ms: list[MessageExt], ids: list[str]) -> list[tuple]:
         name = {u: f"<id{i}>" for i, u in enumerate(ids)}
         return [
-            (m.topic, m.queue_id, m.body, m.sys_flag, [(k, name.get(v, v)) for k, v in m.properties.items()])
+            (
+                m.topic,
+                m.queue_id,
+                m.body,
+                m.sys_flag,
+                [(k, name.get(v, v)) for k, v in m.properties.items()],
+            )
             for m in ms
         ]
 
@@ -473,7 +513,9 @@ def test_prepare_bodies_stores_what_prepare_stores(env, n):
     assert view(halves[:n], r1.uniq_keys) == view(halves[n:], r2.uniq_keys)
     with pytest.raises(MessageIllegalError, match="out of range"):
         env.svc.prepare_bodies("T", 9, bodies, props, PG)
-    assert env.svc.commit_group(r1.append.phys_offsets.tolist() + r2.append.phys_offsets.tolist()).ok
+    assert env.svc.commit_group(
+        r1.append.phys_offsets.tolist() + r2.append.phys_offsets.tolist()
+    ).ok
     real = env.store.get_messages("T", 2, 0, max_msgs=10_000).messages
     assert view(real[:n], r1.uniq_keys) == view(real[n:], r2.uniq_keys)
     assert [m.body for m in real[:n]] == bodies
@@ -536,9 +578,9 @@ def test_halves_read_back_in_bulk_after_a_restart(env):
     env.svc._read = lambda p: one_by_one.append(p) or read(p)  # type: ignore[method-assign]
     offsets = [h[0] for h in hs]
     for bad in (offsets[3] + 3, int(plain.phys_offsets[0])):
-        r = env.svc.commit_group(offsets + [bad])
+        r = env.svc.commit_group([*offsets, bad])
         assert r.status is EndTxStatus.NOT_FOUND and list(r.rejected) == [bad]
-    wrong = env.svc.commit_group(offsets[:-1] + [HalfRef(offsets[-1], producer_group="other")])
+    wrong = env.svc.commit_group([*offsets[:-1], HalfRef(offsets[-1], producer_group="other")])
     assert not wrong.ok and list(wrong.rejected) == [offsets[-1]]
     assert env.real("T") == env.queue("T")[:1] and env.real("U") == []  # nothing written
     g = env.svc.commit_group(offsets)
@@ -737,7 +779,9 @@ def test_group_ends_refuse_halves_older_than_the_file_reserved_time(env):
     assert [m.body for m in env.real()] == [b"m0"]
     (young,) = env.prepare(1)
     g = env.svc.rollback_group([old[0][0], young[0]])  # a rollback ends the young one
-    assert g.ok and g.rejected == {old[0][0]: EndTxStatus.EXPIRED} and g.transaction_ids == [young[2]]
+    assert (
+        g.ok and g.rejected == {old[0][0]: EndTxStatus.EXPIRED} and g.transaction_ids == [young[2]]
+    )
     assert env.svc.transaction_state(young[2]) is TxnState.ROLLED_BACK
     assert env.svc.rollback_group([h[0] for h in old]).status is EndTxStatus.EXPIRED
 
@@ -953,14 +997,18 @@ def test_the_start_reads_a_commits_real_messages_as_decoding_them_does(tmp_path,
         hs = e.prepare(reals, topic=f"T{k % 3}")
         r = e.svc.commit_group([h[0] for h in hs])
         start = int(r.put.append.phys_offsets[1])  # the first real message, after the op
-        segments = {e.store.commitlog.mfq.find(int(p)).from_offset for p in r.put.append.phys_offsets}
+        segments = {
+            e.store.commitlog.mfq.find(int(p)).from_offset for p in r.put.append.phys_offsets
+        }
         seen_blank |= len(segments) > 1
         want = {h[0] for h in hs}
         for n in (reals, reals + 5, max(reals - 1, 0)):
             assert _commits_after(e.store, start, n) == decoded(e.store, start, n)
         assert _commits_after(e.store, start, reals) == want
         op = int(r.put.append.phys_offsets[0])
-        assert _commits_after(e.store, op, reals) == decoded(e.store, op, reals) == set()  # the op is no commit
+        assert (
+            _commits_after(e.store, op, reals) == decoded(e.store, op, reals) == set()
+        )  # the op is no commit
     assert seen_blank or reals < 300
     e.close()
 
@@ -1066,7 +1114,9 @@ class _Model:
             for k in keys:
                 self.decision[k] = self.rng.choice([A.COMMIT, A.COMMIT, A.ROLLBACK])
             r = env.svc.prepare([Message("T", b"k%d" % k, queue_id=k % 4) for k in keys], PG)
-            for k, p, q, u in zip(keys, r.append.phys_offsets, r.append.queue_offsets, r.uniq_keys):
+            for k, p, q, u in zip(
+                keys, r.append.phys_offsets, r.append.queue_offsets, r.uniq_keys, strict=True
+            ):
                 self.halves[k] = (int(p), int(q), u)
         elif op == "end" and pending:
             k = self.rng.choice(pending)
@@ -1217,7 +1267,9 @@ class _OpQueue:
         })  # fmt: skip
 
 
-def _reference_walk(bodies: list[str], tags: list[str], start: int, stop_at: int, pull: int) -> tuple[int, list[int]]:
+def _reference_walk(
+    bodies: list[str], tags: list[str], start: int, stop_at: int, pull: int
+) -> tuple[int, list[int]]:
     """RocketMQ's removeMap / opMsgMap walk, one half at a time with dictionaries: the model
     the arrays of OpWindow are held to (halves taken, new op offset)."""
     from rmq_spark.services.transaction.check import calculate_op_offset
@@ -1232,7 +1284,9 @@ def _reference_walk(bodies: list[str], tags: list[str], start: int, stop_at: int
         if loaded >= len(bodies):
             return False
         for op in range(loaded, min(len(bodies), loaded + pull)):
-            named = [int(t) for t in bodies[op].split(",") if t.isdigit()] if tags[op] == "d" else []
+            named = (
+                [int(t) for t in bodies[op].split(",") if t.isdigit()] if tags[op] == "d" else []
+            )
             named = [h for h in named if h >= start]
             if not named:
                 done.add(op)
@@ -1286,7 +1340,9 @@ def test_op_window_takes_runs_of_halves_as_the_walk_half_by_half_does(seed):
     start, halves = rng.randrange(0, 5), rng.randrange(50, 400)
     order = list(range(start, halves))
     rng.shuffle(order) if seed % 3 == 0 else None
-    missing = set(rng.sample(order, rng.randrange(0, 3)))  # halves no op names: the walk stops there
+    missing = set(
+        rng.sample(order, rng.randrange(0, 3))
+    )  # halves no op names: the walk stops there
     bodies, tags, at = [], [], 0
     while at < len(order):
         k = rng.choice((1, 1, 2, 7, 40, 120))

@@ -32,13 +32,17 @@ def open_store(d, clock=None, **kw) -> MessageStore:
     return MessageStore(str(d), StoreConfig(**{**SMALL, **kw}), clock=clock or FakeClock())
 
 
-def put(s: MessageStore, n: int, start: int = 0, body_bytes: int = 100) -> list[tuple[str, int, int, bytes, str]]:
+def put(
+    s: MessageStore, n: int, start: int = 0, body_bytes: int = 100
+) -> list[tuple[str, int, int, bytes, str]]:
     """``n`` messages over two topics and three queues: (topic, queue, queue offset, body, uniq)."""
     out = []
     for i in range(start, start + n):
         topic, qid = f"T{i % 2}", i % 3
         body = (b"m%05d-" % i) * (body_bytes // 7 + 1)
-        r = s.put_message(Message(topic, body[:body_bytes], {"TAGS": f"t{i % 4}", "KEYS": f"k{i}"}, queue_id=qid))
+        r = s.put_message(
+            Message(topic, body[:body_bytes], {"TAGS": f"t{i % 4}", "KEYS": f"k{i}"}, queue_id=qid)
+        )
         assert r.ok
         out.append((topic, qid, r.append.queue_offsets[0], body[:body_bytes], r.uniq_keys[0]))
     return out
@@ -218,7 +222,9 @@ def test_consume_queue_unit_proving_a_record_past_the_cut_stops_the_store(tmp_pa
     path = tmp_path / "commitlog" / ("0" * 20)
     with open(path, "r+b") as f:
         pos = after
-        while pos < end:  # stored by a clock that stepped back (Apache's store times are not kept monotonic)
+        while (
+            pos < end
+        ):  # stored by a clock that stepped back (Apache's store times are not kept monotonic)
             f.seek(pos)
             size = struct.unpack(">i", f.read(4))[0]
             f.seek(pos + POS_STORE_TIMESTAMP_V4)
@@ -255,7 +261,9 @@ def test_apache_checkpoint_vouches_for_flushed_records(tmp_path):
         f.write(bytes(64))  # the flushed last record lost
     with pytest.raises(CorruptStoreError) as e:
         open_store(tmp_path)
-    assert f"position {last_start}" in str(e.value) and "the checkpoint says records stored up to" in str(e.value)
+    assert f"position {last_start}" in str(
+        e.value
+    ) and "the checkpoint says records stored up to" in str(e.value)
 
 
 # --- what cannot be served is refused before anything is written --------------------------------
@@ -274,21 +282,62 @@ def _mk(root, rel: str, data: bytes | None = b"x") -> None:
 UNSERVABLE = {
     "rocksdb-cq": (lambda r: _mk(r, "consumequeue/CURRENT", b"MANIFEST-000001\n"), "RocksDB"),
     "rocksdb-sst": (lambda r: _mk(r, "consumequeue/000012.sst"), "RocksDB"),
-    "rocksdb-config": (lambda r: os.makedirs(os.path.join(r, "config", "rdb")), "RocksDB configuration"),
+    "rocksdb-config": (
+        lambda r: os.makedirs(os.path.join(r, "config", "rdb")),
+        "RocksDB configuration",
+    ),
     "batch-cq-dir": (lambda r: _mk(r, "batchconsumequeue/B/0/" + "0" * 20), "batch ConsumeQueues"),
-    "batch-cq-attr": (lambda r: _mk(r, "config/topics.json", json.dumps({"topicConfigTable": {"B": {
-        "topicName": "B", "attributes": {"+queue.type": "BatchCQ"}}}}).encode()), "queue.type=BatchCQ"),
-    "compaction-attr": (lambda r: _mk(r, "config/topics.json", json.dumps({"topicConfigTable": {"C": {
-        "topicName": "C", "attributes": {"+cleanup.policy": "COMPACTION"}}}}).encode()), "COMPACTION"),
+    "batch-cq-attr": (
+        lambda r: _mk(
+            r,
+            "config/topics.json",
+            json.dumps(
+                {
+                    "topicConfigTable": {
+                        "B": {"topicName": "B", "attributes": {"+queue.type": "BatchCQ"}}
+                    }
+                }
+            ).encode(),
+        ),
+        "queue.type=BatchCQ",
+    ),
+    "compaction-attr": (
+        lambda r: _mk(
+            r,
+            "config/topics.json",
+            json.dumps(
+                {
+                    "topicConfigTable": {
+                        "C": {"topicName": "C", "attributes": {"+cleanup.policy": "COMPACTION"}}
+                    }
+                }
+            ).encode(),
+        ),
+        "COMPACTION",
+    ),
     "compaction-log": (lambda r: _mk(r, "compaction/compactionLog/C/0/" + "0" * 20), "compaction"),
-    "dledger": (lambda r: (_mk(r, "DefaultBroker-n0/data/" + "0" * 20), _mk(r, "DefaultBroker-n0/index/" + "0" * 20)),
-                "DLedger"),
+    "dledger": (
+        lambda r: (
+            _mk(r, "DefaultBroker-n0/data/" + "0" * 20),
+            _mk(r, "DefaultBroker-n0/index/" + "0" * 20),
+        ),
+        "DLedger",
+    ),
     "controller-epoch": (lambda r: _mk(r, "epochFileCheckpoint"), "controller"),
     "controller-identity": (lambda r: _mk(r, "brokerIdentity"), "controller"),
     "tiered-metadata": (lambda r: _mk(r, "config/tieredStoreMetadata.json", b"{}"), "tiered store"),
     "tiered-index": (lambda r: os.makedirs(os.path.join(r, "tiered_index_file")), "tiered store"),
-    "commitlog-elsewhere": (lambda r: (_mk(r, "consumequeue/T/0/" + "0" * 20, b"\1" * 20), _mk(r, "timerwheel")),
-                            "storePathCommitLog"),
+    "cq-ext": (
+        lambda r: _mk(r, "consumequeue_ext/T/0/" + "0" * 20, bytes(4096)),
+        "enableConsumeQueueExt",
+    ),
+    "commitlog-elsewhere": (
+        lambda r: (
+            _mk(r, "consumequeue/T/0/" + "0" * 20, b"\1" * 20),
+            _mk(r, "config/timermetrics"),
+        ),
+        "storePathCommitLog",
+    ),
 }
 
 
@@ -327,8 +376,12 @@ def test_store_held_with_apaches_posix_lock_is_refused(tmp_path):
     s = open_store(tmp_path)
     put(s, 3)
     s.shutdown()
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path / L.LOCK_FILE)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(tmp_path / L.LOCK_FILE)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = tree_digest(tmp_path)
@@ -359,7 +412,101 @@ except OSError:
     with open_store(tmp_path) as s:
         with pytest.raises(StoreLockedError):
             open_store(tmp_path)
-        got = subprocess.run([sys.executable, "-c", probe, str(tmp_path / L.LOCK_FILE)], capture_output=True,
-                             text=True, check=True).stdout.strip()
+        got = subprocess.run(
+            [sys.executable, "-c", probe, str(tmp_path / L.LOCK_FILE)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert got == "held"
         assert s.commitlog is not None
+
+
+# --- segment sizes other than the defaults (mappedFileSizeCommitLog, mappedFileSizeConsumeQueue) ----
+
+
+def test_segment_sizes_are_taken_from_the_files(tmp_path):
+    """A store written with 64 KiB CommitLog segments and ConsumeQueue files of 100 units (as an
+    Apache broker.conf may set them) opens with the default configuration, serves every message
+    and appends in its own sizes.  Before: ``segment is 65536 bytes, expected 1073741824``."""
+    first = open_store(tmp_path, append_prop_crc=False)
+    rows = put(first, 900, body_bytes=300)
+    first.shutdown()
+    _mk(str(tmp_path), "config/subscriptionGroup.json", b"{}")  # as Apache's
+    segments = sorted(os.listdir(tmp_path / "commitlog"))
+    assert len(segments) >= 4
+    with MessageStore(str(tmp_path), StoreConfig(), clock=FakeClock()) as s:
+        assert (s.config.commitlog_segment_bytes, s.config.cq_segment_units) == (64 * 1024, 100)
+        assert served(s) == want(rows)
+        rows += put(s, 300, start=900, body_bytes=300)
+    sizes = {
+        os.path.getsize(tmp_path / "commitlog" / n) for n in os.listdir(tmp_path / "commitlog")
+    }
+    assert sizes == {64 * 1024} and len(os.listdir(tmp_path / "commitlog")) > len(segments)
+    cq_sizes = {
+        os.path.getsize(os.path.join(b, f))
+        for b, _, fs in os.walk(tmp_path / "consumequeue")
+        for f in fs
+    }
+    assert cq_sizes == {100 * L.CQ_UNIT_BYTES}
+    with MessageStore(str(tmp_path), StoreConfig(), clock=FakeClock()) as s:
+        assert served(s) == want(rows)
+
+
+def _resize(path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+def _only_first_segment(root, size: int) -> None:
+    """One segment left, cut to ``size`` bytes."""
+    for path in sorted((root / "commitlog").iterdir())[1:]:
+        os.unlink(path)
+    _resize(root / "commitlog" / ("0" * 20), size)
+
+
+SIZE_MISMATCH = {
+    "commitlog-size": (
+        lambda r: _resize(sorted((r / "commitlog").iterdir())[1], 32 * 1024),
+        "CommitLog segment of 32768 bytes, but {first} is 65536",
+    ),
+    "commitlog-name": (
+        lambda r: os.rename(
+            sorted((r / "commitlog").iterdir())[-1],
+            r / "commitlog" / f"{3 * 64 * 1024 + 4096:020d}",
+        ),
+        "expected",
+    ),
+    "cq-units": (
+        lambda r: _resize(r / "consumequeue" / "T1" / "1" / ("0" * 20), 1990),
+        "not a whole number of 20-byte units",
+    ),
+    "cq-size": (
+        lambda r: _resize(r / "consumequeue" / "T1" / "1" / ("0" * 20), 4000),
+        "ConsumeQueue file of 4000 bytes, but",
+    ),
+    "commitlog-short": (
+        lambda r: _only_first_segment(r, 1000),
+        "CommitLog segment of 1000 bytes, less than 4096",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SIZE_MISMATCH))
+def test_segment_files_that_disagree_are_refused_naming_the_file(tmp_path, kind):
+    s = open_store(tmp_path, append_prop_crc=False)
+    put(s, 900, body_bytes=300)
+    s.shutdown()
+    _mk(
+        str(tmp_path), "config/subscriptionGroup.json", b"{}"
+    )  # as Apache's (in a store of its own,
+    # a segment of another size than configured stays CorruptStoreError: test_recovery.py)
+    make, said = SIZE_MISMATCH[kind]
+    make(tmp_path)
+    before = tree_digest(tmp_path)
+    with pytest.raises(ApacheStoreError) as e:
+        MessageStore(str(tmp_path), StoreConfig(), clock=FakeClock())
+    first = str(sorted((tmp_path / "commitlog").iterdir())[0])
+    assert said.format(first=first) in str(e.value)
+    assert str(tmp_path) in str(e.value)
+    assert tree_digest(tmp_path) == before

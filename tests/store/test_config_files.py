@@ -58,7 +58,9 @@ def test_topics_json_of_the_wrong_shape_names_file_and_key(tmp_path, data, key, 
 
 def test_a_top_level_that_is_not_an_object_is_named(tmp_path):
     path = write_config(str(tmp_path), L.TOPICS_FILE, [1, 2, 3])
-    with pytest.raises(ConfigError, match=f"config file {path}: must be a JSON object, not an array"):
+    with pytest.raises(
+        ConfigError, match=f"config file {path}: must be a JSON object, not an array"
+    ):
         TopicConfigManager(str(tmp_path))
 
 
@@ -84,16 +86,24 @@ def test_consumer_offset_json_of_the_wrong_shape_names_file_and_key(tmp_path, da
 def test_delay_and_timer_progress_files_are_checked_too(tmp_path):
     root = str(tmp_path / "a")
     path = write_config(root, L.DELAY_OFFSET_FILE, {"offsetTable": {"1": "soon"}})
-    with pytest.raises(ConfigError, match=f"config file {path}: key 'offsetTable.1': 'soon' is not an integer"):
+    with pytest.raises(
+        ConfigError, match=f"config file {path}: key 'offsetTable.1': 'soon' is not an integer"
+    ):
         BrokerCore(root, start_services=False)
     root = str(tmp_path / "b")
     path = write_config(root, "timercheck.json", {"queueOffset": [0]})
-    with pytest.raises(ConfigError, match=f"config file {path}: key 'queueOffset': \\[0\\] is not an integer"):
+    with pytest.raises(
+        ConfigError, match=f"config file {path}: key 'queueOffset': \\[0\\] is not an integer"
+    ):
         BrokerCore(root, start_services=False)
 
 
 def test_valid_files_still_load(tmp_path):
-    write_config(str(tmp_path), L.TOPICS_FILE, {"topicConfigTable": {"T": topic(readQueueNums="2", order=False)}})
+    write_config(
+        str(tmp_path),
+        L.TOPICS_FILE,
+        {"topicConfigTable": {"T": topic(readQueueNums="2", order=False)}},
+    )
     write_config(str(tmp_path), L.CONSUMER_OFFSET_FILE, {"offsetTable": {"T@g": {"0": 5, "1": -1}}})
     assert TopicConfigManager(str(tmp_path)).get("T").read_queue_nums == 2  # type: ignore[union-attr]
     assert ConsumerOffsetManager(str(tmp_path)).query_topic("g", "T") == {0: 5, 1: -1}
@@ -104,8 +114,13 @@ def test_the_broker_process_names_the_file_and_exits_2(tmp_path):
     path = write_config(store, L.TOPICS_FILE, {"topicConfigTable": {"T": topic(readQueueNums=-5)}})
     r = subprocess.run(
         [sys.executable, "-m", "rmq_spark.broker", "--store", store, "--listen", "127.0.0.1:0"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 2, r.stderr
-    assert f"config file {path}: key 'topicConfigTable.T.readQueueNums': -5 is not between 1 and 1024" in r.stderr
+    assert (
+        f"config file {path}: key 'topicConfigTable.T.readQueueNums': -5 is not between 1 and 1024"
+        in r.stderr
+    )
     assert "Traceback" not in r.stderr

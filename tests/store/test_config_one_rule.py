@@ -191,7 +191,7 @@ def test_create_many_is_one_write_and_all_or_nothing(tmp_path, writes):
     assert topics.create_many(cfgs) == cfgs and writes == [300]
     with pytest.raises(ConfigError, match="topic 'Bad': perm 16 is not between 0 and 15"):
         topics.create_many([TopicConfig("New", 1, 1), TopicConfig("Bad", 1, 1, perm=16)])
-    with pytest.raises(MessageIllegalError, match="topic '../x' contains characters"):
+    with pytest.raises(MessageIllegalError, match=r"topic '../x' contains characters"):
         topics.get_or_create_many(["%RETRY%fine", "../x"])
     assert writes == [300] and topics.get("New") is None and topics.get("%RETRY%fine") is None
     # an update and a create in one call: one write; an unchanged config is no write

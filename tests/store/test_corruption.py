@@ -17,7 +17,7 @@ from rmq_spark.store.record import POS_BODY_V4
 from rmq_spark.store.store import MessageStore, StoreConfig
 
 SEG = 32 * 1024
-SMALL = dict(commitlog_segment_bytes=SEG, cq_segment_units=40)
+SMALL = {"commitlog_segment_bytes": SEG, "cq_segment_units": 40}
 
 
 def open_store(d, **kw):
@@ -56,7 +56,7 @@ def test_bad_size_field_in_a_crashed_store_stops_it_with_file_and_position(tmp_p
     record starts; the valid records after it still prove the log was written past it."""
     d = str(tmp_path / "s")
     placed = crashed_with_checkpoint_behind(d)
-    offset, size = placed[20]
+    offset, _size = placed[20]
     path, pos = segment_path(d, offset), offset % SEG
     with open(path, "rb") as f:
         f.seek(pos + byte)
@@ -83,7 +83,7 @@ def test_zeroed_record_in_a_crashed_store_is_not_a_torn_tail(tmp_path):
 def test_torn_last_record_of_a_crashed_store_is_still_cut(tmp_path):
     d = str(tmp_path / "s")
     placed = crashed_with_checkpoint_behind(d)
-    offset, size = placed[-1]
+    offset, _size = placed[-1]
     patch(segment_path(d, offset), offset % SEG + 1, b"\x7f")  # its size field, nothing after
     with open_store(d) as s:
         assert s.commitlog.max_offset == offset
@@ -98,6 +98,7 @@ def kill_during_write(monkeypatch, s, msgs, copied_from=32):
     """Put ``msgs`` as one write that dies half done, leaving the bytes as glibc's ``memcpy``
     leaves a buffer it was copying (its first vector is stored last): the write's start a hole,
     its later records whole; then the store dies."""
+
     def torn(self, data, position=None, publish=True):
         pos = self.wrote_position if position is None else position
         self.mm[pos + copied_from : pos + len(data)] = bytes(memoryview(data)[copied_from:])
@@ -113,18 +114,24 @@ def kill_during_write(monkeypatch, s, msgs, copied_from=32):
 
 
 @pytest.mark.parametrize("flush", ["sync", "async"])
-def test_write_torn_by_a_kill_is_cut_though_whole_records_follow_its_hole(tmp_path, monkeypatch, caplog, flush):
+def test_write_torn_by_a_kill_is_cut_though_whole_records_follow_its_hole(
+    tmp_path, monkeypatch, caplog, flush
+):
     """The torn write was never acknowledged (it had not returned): the hole at its start with
     valid records after it is its torn tail, not damage, because the write was in flight."""
     d = str(tmp_path / "s")
     s = open_store(d, flush=flush)
     for i in range(10):
         assert s.put_message(Message("A", b"d%d" % i, queue_id=0)).ok
-    start = kill_during_write(monkeypatch, s, [Message("A", b"t%d" % i * 30, queue_id=0) for i in range(5)])
+    start = kill_during_write(
+        monkeypatch, s, [Message("A", b"t%d" % i * 30, queue_id=0) for i in range(5)]
+    )
     with open_store(d) as s:
         assert s.commitlog.max_offset == start
         assert s.max_offset("A", 0) == 10
-        assert [m.body for m in s.get_messages("A", 0, 0, max_msgs=100).messages] == [b"d%d" % i for i in range(10)]
+        assert [m.body for m in s.get_messages("A", 0, 0, max_msgs=100).messages] == [
+            b"d%d" % i for i in range(10)
+        ]
         assert s.put_message(Message("A", b"after", queue_id=0)).ok  # the cut tail was zeroed
     assert f"CommitLog cut at position {start % SEG}" in caplog.text and "in flight" in caplog.text
     with open_store(d) as s:  # and the next start finds nothing wrong
@@ -156,7 +163,9 @@ def test_marker_of_the_write_in_flight_that_does_not_check_counts_as_none(tmp_pa
     s = open_store(d, flush="sync")
     for i in range(10):
         assert s.put_message(Message("A", b"d%d" % i, queue_id=0)).ok
-    start = kill_during_write(monkeypatch, s, [Message("A", b"t%d" % i * 30, queue_id=0) for i in range(5)])
+    start = kill_during_write(
+        monkeypatch, s, [Message("A", b"t%d" % i * 30, queue_id=0) for i in range(5)]
+    )
     patch(os.path.join(d, "inflight"), 10, b"\xff")
     with pytest.raises(CorruptStoreError, match=f"position {start % SEG}"):
         open_store(d)
@@ -167,10 +176,10 @@ def test_marker_of_the_write_in_flight_that_does_not_check_counts_as_none(tmp_pa
 def clean_store(d, n=60):
     with open_store(d) as s:
         for i in range(n):
-            assert s.put_message(Message("B", b"body-%d" % i * 5, {"KEYS": "k%d" % i}, queue_id=i % 2)).ok
-        return [
-            m for q in range(2) for m in s.get_messages("B", q, 0, max_msgs=100).messages
-        ]
+            assert s.put_message(
+                Message("B", b"body-%d" % i * 5, {"KEYS": f"k{i}"}, queue_id=i % 2)
+            ).ok
+        return [m for q in range(2) for m in s.get_messages("B", q, 0, max_msgs=100).messages]
 
 
 def reads(s, at):
@@ -178,7 +187,9 @@ def reads(s, at):
     path (a pull from before it serves the records up to it and ends there, the one that starts at
     it raises: issue 28 item 23) and the bulk Arrow path."""
     served = s.get_messages("B", 0, 0, max_msgs=100)
-    assert [m.queue_offset for m in served.messages] == list(range(at)) and served.next_begin_offset == at
+    assert [m.queue_offset for m in served.messages] == list(
+        range(at)
+    ) and served.next_begin_offset == at
     yield lambda: s.get_messages("B", 0, at, max_msgs=100)
     yield lambda: s.read_arrow("B", 0, 0, s.max_offset("B", 0))
 
@@ -222,10 +233,13 @@ def test_damage_found_by_a_read_is_never_served(store_dir):
     victim = msgs[3]
     path, pos = segment_path(store_dir, victim.commitlog_offset), victim.commitlog_offset % SEG
     with open_store(store_dir) as s:
-        s.commitlog.mfq.find(victim.commitlog_offset).mm[pos : pos + victim.store_size] = bytes(victim.store_size)
+        s.commitlog.mfq.find(victim.commitlog_offset).mm[pos : pos + victim.store_size] = bytes(
+            victim.store_size
+        )
         for read in reads(s, victim.queue_offset):
-            with pytest.raises(CorruptStoreError, match=f"position {pos}.*zero bytes"):
+            with pytest.raises(CorruptStoreError, match=f"position {pos}.*zero bytes") as e:
                 read()
+            assert e.value.path == path and e.value.position == pos  # the file named, and where
         assert s.look_message_by_offset(victim.commitlog_offset) is None  # no record starts there
 
 
@@ -234,7 +248,9 @@ def cq_path(d, topic, qid):
 
 
 @pytest.mark.parametrize("unit", [0, 5, 29])
-@pytest.mark.parametrize("garbage", [b"\xff" * 20, b"\x00" * 20, b"\x00\x00\x00\x00\x00\x00\x01\x00" + bytes(12)])
+@pytest.mark.parametrize(
+    "garbage", [b"\xff" * 20, b"\x00" * 20, b"\x00\x00\x00\x00\x00\x00\x01\x00" + bytes(12)]
+)
 def test_damaged_consume_queue_unit_is_rebuilt_from_the_commitlog(store_dir, caplog, unit, garbage):
     """Item 7: a unit overwritten with garbage no longer cuts its queue (30 messages unreachable)."""
     msgs = clean_store(store_dir)
@@ -265,7 +281,11 @@ def test_unit_pointing_at_another_record_is_rebuilt(store_dir, caplog):
 @pytest.mark.parametrize("what", ["one queue", "every queue"])
 def test_deleted_consume_queue_directory_is_rebuilt_on_a_clean_start(store_dir, what):
     msgs = clean_store(store_dir)
-    shutil.rmtree(os.path.join(store_dir, "consumequeue", "B", "1") if what == "one queue" else os.path.join(store_dir, "consumequeue"))
+    shutil.rmtree(
+        os.path.join(store_dir, "consumequeue", "B", "1")
+        if what == "one queue"
+        else os.path.join(store_dir, "consumequeue")
+    )
     with open_store(store_dir) as s:
         for q in range(2):
             got = s.get_messages("B", q, 0, max_msgs=100).messages
@@ -278,8 +298,12 @@ def test_index_rebuild_after_a_crash_never_reads_keys_from_a_damaged_record(stor
     from rmq_spark.store.index.service import IndexService
     from rmq_spark.store.query import MessageQuery
 
-    s = MessageStore(store_dir, StoreConfig(**SMALL, flush="sync", flush_interval_ms=3_600_000), clock=FakeClock(),
-                     dispatchers=[IndexService])
+    s = MessageStore(
+        store_dir,
+        StoreConfig(**SMALL, flush="sync", flush_interval_ms=3_600_000),
+        clock=FakeClock(),
+        dispatchers=[IndexService],
+    )
     first = s.put_message(Message("A", b"x", {"KEYS": "k0"})).append
     s.put_message(Message("A", b"y", {"KEYS": "k1"}))
     s.flush_all()
@@ -291,13 +315,17 @@ def test_index_rebuild_after_a_crash_never_reads_keys_from_a_damaged_record(stor
     assert first.wrote_offset < keys_at < first.wrote_offset + first.wrote_bytes
     patch(path, keys_at, bytes(7))  # its KEYS property
     with pytest.raises(CorruptStoreError) as e:
-        s = MessageStore(store_dir, StoreConfig(**SMALL), clock=FakeClock(), dispatchers=[IndexService])
+        s = MessageStore(
+            store_dir, StoreConfig(**SMALL), clock=FakeClock(), dispatchers=[IndexService]
+        )
         MessageQuery(s).by_key("A", "k0")
     assert e.value.path == path and e.value.position == first.wrote_offset
 
 
 @pytest.mark.parametrize("name", ["consumerOffset.json", "topics.json"])
-def test_config_file_damaged_into_valid_json_is_told_apart_and_its_copy_read(store_dir, caplog, name):
+def test_config_file_damaged_into_valid_json_is_told_apart_and_its_copy_read(
+    store_dir, caplog, name
+):
     """A digit flipped in a committed offset leaves valid JSON: the checksum tells it, and the
     copy (``.bak``, written with the same, current content) is read instead, with a log line."""
     with open_store(store_dir) as s:
@@ -327,7 +355,7 @@ def test_damaged_index_file_of_a_clean_store_is_rebuilt(store_dir, caplog, where
     cfg = StoreConfig(**SMALL, extra={"index_slots": 8, "index_entries": 64})
     with MessageStore(store_dir, cfg, clock=FakeClock(), dispatchers=[IndexService]) as s:
         for i in range(10):
-            s.put_message(Message("A", b"v%d" % i, {"KEYS": "k%d" % i}))
+            s.put_message(Message("A", b"v%d" % i, {"KEYS": f"k{i}"}))
     (name,) = os.listdir(os.path.join(store_dir, "index"))
     path = os.path.join(store_dir, "index", name)
     entries = HEADER_BYTES + 8 * 4
@@ -339,7 +367,7 @@ def test_damaged_index_file_of_a_clean_store_is_rebuilt(store_dir, caplog, where
     with MessageStore(store_dir, cfg, clock=FakeClock(), dispatchers=[IndexService]) as s:
         q = MessageQuery(s)
         for i in range(10):
-            assert [m.body for m in q.by_key("A", "k%d" % i)] == [b"v%d" % i]
+            assert [m.body for m in q.by_key("A", f"k{i}")] == [b"v%d" % i]
     assert path in caplog.text and "rebuilt from the CommitLog" in caplog.text
 
 

@@ -37,12 +37,12 @@ from rmq_spark.store.message import Message
 from rmq_spark.store.query import MessageQuery
 from rmq_spark.store.store import MessageStore, StoreConfig
 
-CONFIG = dict(
-    commitlog_segment_bytes=4096,
-    cq_segment_units=8,
-    extra={"index_slots": 4, "index_entries": 16},
-    flush_interval_ms=3_600_000,
-)
+CONFIG = {
+    "commitlog_segment_bytes": 4096,
+    "cq_segment_units": 8,
+    "extra": {"index_slots": 4, "index_entries": 16},
+    "flush_interval_ms": 3_600_000,
+}
 TAIL_STEP = 32  # a flip every 32nd byte of a zero-filled tail
 GROUP = "G"
 MESSAGES = [  # (topic, queue, body, key)
@@ -66,18 +66,37 @@ class Acked:
 
 
 def open_store(d: str, **kw) -> MessageStore:
-    return MessageStore(d, StoreConfig(**{**CONFIG, **kw}), clock=FakeClock(1_700_000_000_000),
-                        dispatchers=[IndexService], start_services=kw.pop("start_services", False))
+    return MessageStore(
+        d,
+        StoreConfig(**{**CONFIG, **kw}),
+        clock=FakeClock(1_700_000_000_000),
+        dispatchers=[IndexService],
+        start_services=kw.pop("start_services", False),
+    )
 
 
 def build(d: str, crashed: bool) -> Acked:
     acked = Acked()
-    s = MessageStore(d, StoreConfig(**CONFIG, flush="sync" if crashed else "async"), clock=FakeClock(1_700_000_000_000),
-                     dispatchers=[IndexService])
+    s = MessageStore(
+        d,
+        StoreConfig(**CONFIG, flush="sync" if crashed else "async"),
+        clock=FakeClock(1_700_000_000_000),
+        dispatchers=[IndexService],
+    )
     for i, (topic, qid, body, key) in enumerate(MESSAGES):
-        r = s.put_message(Message(topic, body, {"KEYS": key, "TAGS": "t%d" % (i % 2)}, queue_id=qid))
+        r = s.put_message(Message(topic, body, {"KEYS": key, "TAGS": f"t{i % 2}"}, queue_id=qid))
         assert r.ok
-        acked.rows.append((topic, qid, r.append.queue_offsets[0], body, key, r.uniq_keys[0], r.append.wrote_offset))
+        acked.rows.append(
+            (
+                topic,
+                qid,
+                r.append.queue_offsets[0],
+                body,
+                key,
+                r.uniq_keys[0],
+                r.append.wrote_offset,
+            )
+        )
         if i == 2:
             s.offsets.commit(GROUP, "A", 0, 1, persist=True)
             acked.offsets[("A", 0)] = 1
@@ -144,7 +163,9 @@ class Failure(AssertionError):
 
 def check_refusal(e: CorruptStoreError, d: str) -> None:
     if not e.path.startswith(d) or e.position < 0 or e.path not in str(e):
-        raise Failure(f"refused without a file and position: {e!r} path={e.path!r} pos={e.position}")
+        raise Failure(
+            f"refused without a file and position: {e!r} path={e.path!r} pos={e.position}"
+        )
 
 
 def served_ok(acked: Acked, served_offsets: set[int], crashed: bool) -> bool:
@@ -155,8 +176,10 @@ def served_ok(acked: Acked, served_offsets: set[int], crashed: bool) -> bool:
     if not crashed:
         return False
     kept = [o for o in want if o in served_offsets]
-    return len(served_offsets) == len(kept) and kept == want[: len(kept)] and all(
-        o >= acked.durable_end for o in want[len(kept):]
+    return (
+        len(served_offsets) == len(kept)
+        and kept == want[: len(kept)]
+        and all(o >= acked.durable_end for o in want[len(kept) :])
     )
 
 
@@ -182,19 +205,43 @@ def verify(d: str, acked: Acked, crashed: bool) -> str:
                 outcome = "refused a read"
                 served.update(r[-1] for r in rows)  # nothing served from this queue: nothing wrong
                 continue
-            for i, (m, a) in enumerate(zip(got, arrow)):
+            for i, (m, a) in enumerate(zip(got, arrow, strict=True)):
                 row = rows[i] if i < len(rows) else None
-                if row is None or (m.topic, m.queue_id, m.queue_offset, m.body, m.keys, m.uniq_key, m.commitlog_offset) != row:
+                if (
+                    row is None
+                    or (
+                        m.topic,
+                        m.queue_id,
+                        m.queue_offset,
+                        m.body,
+                        m.keys,
+                        m.uniq_key,
+                        m.commitlog_offset,
+                    )
+                    != row
+                ):
                     raise Failure(f"get_messages served a wrong message {m!r} for {row}")
-                if (a["topic"], a["queueId"], a["queueOffset"], a["body"], a["keys"], a["msgId"], a["commitLogOffset"]) != row:
+                if (
+                    a["topic"],
+                    a["queueId"],
+                    a["queueOffset"],
+                    a["body"],
+                    a["keys"],
+                    a["msgId"],
+                    a["commitLogOffset"],
+                ) != row:
                     raise Failure(f"read_arrow served a wrong row {a} for {row}")
             if len(got) != len(arrow):
-                raise Failure(f"{topic}/{qid}: get_messages served {len(got)}, read_arrow {len(arrow)}")
+                raise Failure(
+                    f"{topic}/{qid}: get_messages served {len(got)}, read_arrow {len(arrow)}"
+                )
             served.update(m.commitlog_offset for m in got)
         if not served_ok(acked, served, crashed):
-            raise Failure(f"served CommitLog offsets {sorted(served)}, acknowledged {[r[-1] for r in acked.rows]}")
+            raise Failure(
+                f"served CommitLog offsets {sorted(served)}, acknowledged {[r[-1] for r in acked.rows]}"
+            )
         q = MessageQuery(s)
-        for topic, qid, qoff, body, key, uniq, phys in acked.rows:
+        for topic, _qid, _qoff, body, key, uniq, phys in acked.rows:
             if phys not in served or (crashed and phys >= s.commitlog.max_offset):
                 continue
             try:
@@ -205,12 +252,16 @@ def verify(d: str, acked: Acked, crashed: bool) -> str:
                 outcome = "refused a read"
                 continue
             if [(m.commitlog_offset, m.body) for m in hits] != [(phys, body)]:
-                raise Failure(f"by_key({topic}, {key}) gave {[m.commitlog_offset for m in hits]}, want [{phys}]")
+                raise Failure(
+                    f"by_key({topic}, {key}) gave {[m.commitlog_offset for m in hits]}, want [{phys}]"
+                )
             if one is None or (one.commitlog_offset, one.body) != (phys, body):
                 raise Failure(f"by_unique_id({uniq}) gave {one!r}")
         for (topic, qid), off in acked.offsets.items():
             if s.offsets.query(GROUP, topic, qid) != off:
-                raise Failure(f"consumer offset of {topic}/{qid} is {s.offsets.query(GROUP, topic, qid)}, committed {off}")
+                raise Failure(
+                    f"consumer offset of {topic}/{qid} is {s.offsets.query(GROUP, topic, qid)}, committed {off}"
+                )
         for topic in ("A", "B"):
             cfg = s.topics.get(topic)
             if cfg is None or (cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm) != (4, 4, 6):
@@ -230,7 +281,9 @@ def no_fsync(monkeypatch):
 def test_every_byte_flipped_and_every_range_zeroed(tmp_path, state):
     crashed = state == "crashed"
     if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        tmp_path = tmp_path_in_memory = tempfile.mkdtemp(prefix="rmq-corrupt-", dir="/dev/shm")  # msync is free
+        tmp_path = tmp_path_in_memory = tempfile.mkdtemp(
+            prefix="rmq-corrupt-", dir="/dev/shm"
+        )  # msync is free
     else:
         tmp_path_in_memory = None
     try:
@@ -250,7 +303,7 @@ def _run(tmp_path: str, state: str, crashed: bool) -> None:
     d = os.path.join(tmp_path, "s")
     offs = [r[-1] for r in acked.rows]
     log_end = data_extent(files["commitlog/" + "0" * 20])
-    record_extents = list(zip(offs, offs[1:] + [log_end]))
+    record_extents = list(zip(offs, [*offs[1:], log_end], strict=True))
     tally: dict[str, int] = {}
     failures: list[str] = []
     restore(d, files)
@@ -274,4 +327,6 @@ def _run(tmp_path: str, state: str, crashed: bool) -> None:
     for k in sorted(tally):
         print(f"{state:8s} {k}: {tally[k]}")
     assert CASES[state] > 3500, tally
-    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:: max(1, len(failures) // 60)])
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(
+        failures[:: max(1, len(failures) // 60)]
+    )

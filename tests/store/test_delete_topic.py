@@ -19,16 +19,22 @@ from rmq_spark.store.message import Message
 from rmq_spark.store.query import MessageQuery
 from rmq_spark.store.store import MessageStore, StoreConfig
 
-SMALL = dict(commitlog_segment_bytes=32 * 1024, cq_segment_units=40)
+SMALL = {"commitlog_segment_bytes": 32 * 1024, "cq_segment_units": 40}
 
 
 def open_store(d, **kw):
-    return MessageStore(d, StoreConfig(**{**SMALL, **kw}), clock=FakeClock(), dispatchers=[IndexService])
+    return MessageStore(
+        d, StoreConfig(**{**SMALL, **kw}), clock=FakeClock(), dispatchers=[IndexService]
+    )
 
 
 def put(s, topic, n, tag, queues=2):
     for i in range(n):
-        r = s.put_message(Message(topic, f"{tag}-{i}".encode(), {"KEYS": f"k{i}", "TAGS": tag}, queue_id=i % queues))
+        r = s.put_message(
+            Message(
+                topic, f"{tag}-{i}".encode(), {"KEYS": f"k{i}", "TAGS": tag}, queue_id=i % queues
+            )
+        )
         assert r.ok
 
 
@@ -83,18 +89,21 @@ def test_a_topic_created_again_starts_empty(deleted_and_recreated):
     s.shutdown()
 
 
-def test_a_clean_restart_keeps_the_old_messages_hidden_without_a_rebuild(deleted_and_recreated, store_dir, caplog):
+def test_a_clean_restart_keeps_the_old_messages_hidden_without_a_rebuild(
+    deleted_and_recreated, store_dir, caplog
+):
     deleted_and_recreated.shutdown()
-    with caplog.at_level(logging.ERROR, logger="rmq_spark.store"):
-        with open_store(store_dir) as s:
-            check(s)
-            assert s.offsets.query_topic("G", "Orders") == {}
+    with caplog.at_level(logging.ERROR, logger="rmq_spark.store"), open_store(store_dir) as s:
+        check(s)
+        assert s.offsets.query_topic("G", "Orders") == {}
     assert not [r for r in caplog.records if "rebuilt" in r.getMessage()], caplog.text
 
 
 def test_a_crash_re_dispatches_only_the_new_messages(deleted_and_recreated, store_dir):
     s = deleted_and_recreated
-    s.checkpoint.dispatched_offset = s.checkpoint.confirm_phy_offset = 0  # recovery scans the whole log
+    s.checkpoint.dispatched_offset = s.checkpoint.confirm_phy_offset = (
+        0  # recovery scans the whole log
+    )
     s.checkpoint.flush()
     s.crash()
     with open_store(store_dir) as s:
@@ -102,7 +111,9 @@ def test_a_crash_re_dispatches_only_the_new_messages(deleted_and_recreated, stor
         check(s)
 
 
-def test_lost_consume_queues_are_rebuilt_without_the_deleted_topic(deleted_and_recreated, store_dir):
+def test_lost_consume_queues_are_rebuilt_without_the_deleted_topic(
+    deleted_and_recreated, store_dir
+):
     s = deleted_and_recreated
     s.rebuild_consume_queues()
     check(s)

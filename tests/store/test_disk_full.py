@@ -28,7 +28,11 @@ from rmq_spark.store.message import Message
 from rmq_spark.store.query import MessageQuery
 from rmq_spark.store.store import MessageStore, StoreConfig
 
-CONFIG = dict(commitlog_segment_bytes=4096, cq_segment_units=8, extra={"index_slots": 4, "index_entries": 8})
+CONFIG = {
+    "commitlog_segment_bytes": 4096,
+    "cq_segment_units": 8,
+    "extra": {"index_slots": 4, "index_entries": 8},
+}
 
 
 class FullDisk:
@@ -64,7 +68,9 @@ class FullDisk:
                     self.failed += 1
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 if name == "posix_fallocate":
-                    self._allocated.setdefault(self._path(args[0]), []).append((args[1], args[1] + args[2]))
+                    self._allocated.setdefault(self._path(args[0]), []).append(
+                        (args[1], args[1] + args[2])
+                    )
             return fn(*args, **kw)
 
         return call
@@ -85,13 +91,17 @@ def open_store(d: str) -> MessageStore:
     return MessageStore(d, StoreConfig(**CONFIG), clock=FakeClock(), dispatchers=[IndexService])
 
 
-def workload(s: MessageStore, acked: dict[tuple[str, int], list[bytes]], refused: list[str]) -> None:
+def workload(
+    s: MessageStore, acked: dict[tuple[str, int], list[bytes]], refused: list[str]
+) -> None:
     """A short run: single puts, batches and bulk puts to new and old queues, rolling segments of
     the CommitLog, ConsumeQueues and index; consumer offsets saved; reads after every put."""
     steps = [
-        lambda i: s.put_message(Message("A", b"one-%d" % i, {"KEYS": "k%d" % i}, queue_id=i % 2)),
-        lambda i: s.put_messages([Message("B", b"batch-%d-%d" % (i, k) * 3, queue_id=0) for k in range(5)]),
-        lambda i: s.put_bodies("C%d" % (i % 3), 1, [b"bulk-%d-%d" % (i, k) * 20 for k in range(12)]),
+        lambda i: s.put_message(Message("A", b"one-%d" % i, {"KEYS": f"k{i}"}, queue_id=i % 2)),
+        lambda i: s.put_messages(
+            [Message("B", b"batch-%d-%d" % (i, k) * 3, queue_id=0) for k in range(5)]
+        ),
+        lambda i: s.put_bodies(f"C{i % 3}", 1, [b"bulk-%d-%d" % (i, k) * 20 for k in range(12)]),
     ]
     for i in range(24):
         step = steps[i % 3]
@@ -119,7 +129,10 @@ def check_reads(s: MessageStore, acked: dict[tuple[str, int], list[bytes]]) -> N
     for (topic, qid), bodies in acked.items():
         got = s.get_messages(topic, qid, 0, max_msgs=1000).messages
         assert [m.body for m in got] == bodies, (topic, qid)
-        assert s.read_arrow(topic, qid, 0, len(bodies), columns=["body"]).column("body").to_pylist() == bodies
+        assert (
+            s.read_arrow(topic, qid, 0, len(bodies), columns=["body"]).column("body").to_pylist()
+            == bodies
+        )
 
 
 def test_disk_full_at_every_write_of_a_short_run(tmp_path, monkeypatch):
@@ -156,7 +169,7 @@ def test_disk_full_at_every_write_of_a_short_run(tmp_path, monkeypatch):
         with open_store(d) as s:
             check_reads(s, acked)
             assert {k for k in s.queue_keys() if s.max_offset(*k)} == set(acked), k
-            for (topic, qid), bodies in acked.items():
+            for (topic, qid), _bodies in acked.items():
                 keys = [m.keys for m in s.get_messages(topic, qid, 0, max_msgs=1000).messages]
                 if topic == "A":
                     for key in keys:

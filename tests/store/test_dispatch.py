@@ -13,7 +13,7 @@ from rmq_spark.store.dispatch import GROUP_TOPICS_VECTORISED, SMALL_DISPATCH, gr
 
 def by_hand(topics, queue_ids):
     out: dict = {}
-    for i, (t, q) in enumerate(zip(topics, queue_ids)):
+    for i, (t, q) in enumerate(zip(topics, queue_ids, strict=True)):
         out.setdefault((t, q), []).append(i)
     return out
 

@@ -28,9 +28,7 @@ MAP_TYPE = pa.map_(pa.string(), pa.string())
 
 
 def props_array(rows: list[Mapping[str, str] | None]) -> pa.Array:
-    return pa.array(
-        [None if row is None else list(row.items()) for row in rows], type=MAP_TYPE
-    )
+    return pa.array([None if row is None else list(row.items()) for row in rows], type=MAP_TYPE)
 
 
 def evaluate_both(expression: str, rows: list[Mapping[str, str] | None]) -> list[bool]:
@@ -72,8 +70,10 @@ def test_java_string_hash_known_values(text: str, expected: int) -> None:
 
 @given(st.text(max_size=40))
 def test_java_string_hash_matches_the_polynomial(text: str) -> None:
-    units = struct.unpack(f"<{len(text.encode('utf-16-le', 'surrogatepass')) // 2}H",
-                          text.encode("utf-16-le", "surrogatepass"))
+    units = struct.unpack(
+        f"<{len(text.encode('utf-16-le', 'surrogatepass')) // 2}H",
+        text.encode("utf-16-le", "surrogatepass"),
+    )
     total = sum(u * pow(31, len(units) - 1 - i, 2**32) for i, u in enumerate(units)) % 2**32
     expected = total - 2**32 if total >= 2**31 else total
     assert java_string_hash(text) == expected
@@ -656,21 +656,64 @@ class JavaModel:
 # --- generating valid expressions and rendering them to SQL text ---
 
 NAMES = ["a", "b", "c"]
-STRING_POOL = ["", "0", "1", "-1", "2", "10", "+3", "007", "1.5", "-2.5", "1e3", "1E3", " 4 ",
-               "5.", ".5", "2f", "3D", "NaN", "-NaN", "Infinity", "-Infinity", "true", "TRUE",
-               "false", "abc", "a'b", "2147483647", "2147483648", "-2147483649",
-               "9223372036854775807", "9223372036854775808", "99999999999999999999", "-0",
-               "-0.0", "0.0", "0x10", "0x1p3", "1_000", "\u0661\u0662", "\t7\n", "x1", "1x",
-               "中文", "😀"]
+STRING_POOL = [
+    "",
+    "0",
+    "1",
+    "-1",
+    "2",
+    "10",
+    "+3",
+    "007",
+    "1.5",
+    "-2.5",
+    "1e3",
+    "1E3",
+    " 4 ",
+    "5.",
+    ".5",
+    "2f",
+    "3D",
+    "NaN",
+    "-NaN",
+    "Infinity",
+    "-Infinity",
+    "true",
+    "TRUE",
+    "false",
+    "abc",
+    "a'b",
+    "2147483647",
+    "2147483648",
+    "-2147483649",
+    "9223372036854775807",
+    "9223372036854775808",
+    "99999999999999999999",
+    "-0",
+    "-0.0",
+    "0.0",
+    "0x10",
+    "0x1p3",
+    "1_000",
+    "\u0661\u0662",
+    "\t7\n",
+    "x1",
+    "1x",
+    "中文",
+    "😀",
+]
 SEARCH_POOL = ["", "a", "1", "x1", "'", "中", "😀", ".", "0"]
 
 prop_ast = st.builds(lambda n: ("prop", n), st.sampled_from(NAMES))
 int_lit = st.sampled_from([0, 1, 2, 3, 5, 7, 10, 100, 2147483647]).map(
-    lambda v: ("lit", "Integer", v))
+    lambda v: ("lit", "Integer", v)
+)
 long_lit = st.sampled_from([2147483648, 3000000000, 9223372036854775807]).map(
-    lambda v: ("lit", "Long", v))
+    lambda v: ("lit", "Long", v)
+)
 double_lit = st.sampled_from([0.0, 0.5, 1.5, 2.0, 3.14, 1e3, 1e-3, 1e20]).map(
-    lambda v: ("lit", "Double", v))
+    lambda v: ("lit", "Double", v)
+)
 number_lit = st.one_of(int_lit, long_lit, double_lit)
 string_lit = st.sampled_from(STRING_POOL[:30]).map(lambda v: ("lit", "String", v))
 bool_lit = st.sampled_from([True, False]).map(lambda v: ("lit", "Boolean", v))
@@ -679,14 +722,23 @@ bool_lit = st.sampled_from([True, False]).map(lambda v: ("lit", "Boolean", v))
 def orderable(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     """Operands RocketMQ accepts around <, >, BETWEEN: no string/boolean literals, no boolean
     expressions (negations of anything are allowed)."""
-    return st.one_of(prop_ast, number_lit, st.builds(lambda x: ("neg", x),
-                                                     st.one_of(prop_ast, number_lit, inner)))
+    return st.one_of(
+        prop_ast,
+        number_lit,
+        st.builds(lambda x: ("neg", x), st.one_of(prop_ast, number_lit, inner)),
+    )
 
 
 def boolean_asts() -> st.SearchStrategy[Any]:
     def extend(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-        operand = st.one_of(prop_ast, number_lit, string_lit, bool_lit, inner,
-                            st.builds(lambda x: ("neg", x), st.one_of(prop_ast, number_lit)))
+        operand = st.one_of(
+            prop_ast,
+            number_lit,
+            string_lit,
+            bool_lit,
+            inner,
+            st.builds(lambda x: ("neg", x), st.one_of(prop_ast, number_lit)),
+        )
         order_operand = orderable(st.one_of(string_lit, inner))
 
         def eq_pair(left: Any, right: Any) -> Any:
@@ -696,8 +748,11 @@ def boolean_asts() -> st.SearchStrategy[Any]:
             def is_bool_literal(x: Any) -> bool:
                 return x[0] == "boollit" or (x[0] == "lit" and x[1] == "Boolean")
 
-            if is_bool_literal(left) and right[0] in ("lit", "boollit") \
-                    and not is_bool_literal(right):
+            if (
+                is_bool_literal(left)
+                and right[0] in ("lit", "boollit")
+                and not is_bool_literal(right)
+            ):
                 return (right, left)
             return (left, right)
 
@@ -707,19 +762,37 @@ def boolean_asts() -> st.SearchStrategy[Any]:
             return ("between", value, low, high, negated)
 
         return st.one_of(
-            st.builds(lambda op, lr: (op, *lr), st.sampled_from(["eq", "ne"]),
-                      st.builds(eq_pair, operand, operand)),
-            st.builds(lambda op, x, y: ("cmp", op, x, y),
-                      st.sampled_from(["<", "<=", ">", ">="]), order_operand, order_operand),
-            st.builds(between, order_operand, st.one_of(prop_ast, number_lit),
-                      st.one_of(prop_ast, number_lit), st.booleans()),
-            st.builds(lambda n, vs, neg: ("in", n, tuple(vs), neg), st.sampled_from(NAMES),
-                      st.lists(st.sampled_from(STRING_POOL), min_size=1, max_size=4),
-                      st.booleans()),
-            st.builds(lambda op, x, s, neg: ("like", op, x, s, neg),
-                      st.sampled_from(["CONTAINS", "STARTSWITH", "ENDSWITH"]),
-                      st.one_of(prop_ast, string_lit, inner, number_lit),
-                      st.sampled_from(SEARCH_POOL), st.booleans()),
+            st.builds(
+                lambda op, lr: (op, *lr),
+                st.sampled_from(["eq", "ne"]),
+                st.builds(eq_pair, operand, operand),
+            ),
+            st.builds(
+                lambda op, x, y: ("cmp", op, x, y),
+                st.sampled_from(["<", "<=", ">", ">="]),
+                order_operand,
+                order_operand,
+            ),
+            st.builds(
+                between,
+                order_operand,
+                st.one_of(prop_ast, number_lit),
+                st.one_of(prop_ast, number_lit),
+                st.booleans(),
+            ),
+            st.builds(
+                lambda n, vs, neg: ("in", n, tuple(vs), neg),
+                st.sampled_from(NAMES),
+                st.lists(st.sampled_from(STRING_POOL), min_size=1, max_size=4),
+                st.booleans(),
+            ),
+            st.builds(
+                lambda op, x, s, neg: ("like", op, x, s, neg),
+                st.sampled_from(["CONTAINS", "STARTSWITH", "ENDSWITH"]),
+                st.one_of(prop_ast, string_lit, inner, number_lit),
+                st.sampled_from(SEARCH_POOL),
+                st.booleans(),
+            ),
             st.builds(lambda x, neg: ("isnull", x, neg), operand, st.booleans()),
             st.builds(lambda x, y: ("and", x, y), inner, inner),
             st.builds(lambda x, y: ("or", x, y), inner, inner),
@@ -729,10 +802,17 @@ def boolean_asts() -> st.SearchStrategy[Any]:
     leaves = st.one_of(
         st.builds(lambda n: ("boolprop", n), st.sampled_from(NAMES)),
         st.sampled_from([True, False, None]).map(lambda v: ("boollit", v)),
-        st.builds(lambda n, v: ("eq", ("prop", n), v), st.sampled_from(NAMES),
-                  st.one_of(string_lit, number_lit)),
-        st.builds(lambda op, n, v: ("cmp", op, ("prop", n), v),
-                  st.sampled_from(["<", ">="]), st.sampled_from(NAMES), number_lit),
+        st.builds(
+            lambda n, v: ("eq", ("prop", n), v),
+            st.sampled_from(NAMES),
+            st.one_of(string_lit, number_lit),
+        ),
+        st.builds(
+            lambda op, n, v: ("cmp", op, ("prop", n), v),
+            st.sampled_from(["<", ">="]),
+            st.sampled_from(NAMES),
+            number_lit,
+        ),
     )
     return st.recursive(leaves, extend, max_leaves=10)
 
@@ -798,9 +878,11 @@ class Renderer:
 property_rows = st.lists(
     st.one_of(
         st.none(),
-        st.dictionaries(st.sampled_from(NAMES),
-                        st.one_of(st.sampled_from(STRING_POOL), st.text(max_size=3)),
-                        max_size=3),
+        st.dictionaries(
+            st.sampled_from(NAMES),
+            st.one_of(st.sampled_from(STRING_POOL), st.text(max_size=3)),
+            max_size=3,
+        ),
     ),
     min_size=1,
     max_size=12,
@@ -808,8 +890,9 @@ property_rows = st.lists(
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ast=boolean_asts(), rows=property_rows,
-       upper=st.lists(st.booleans(), min_size=1, max_size=5))
+@given(
+    ast=boolean_asts(), rows=property_rows, upper=st.lists(st.booleans(), min_size=1, max_size=5)
+)
 def test_sql_mask_equals_matches_equals_java_model(
     ast: Any, rows: list[dict[str, str] | None], upper: list[bool]
 ) -> None:
@@ -823,9 +906,11 @@ def test_sql_mask_equals_matches_equals_java_model(
 
 
 @settings(max_examples=200, deadline=None)
-@given(value=st.one_of(st.sampled_from(STRING_POOL), st.text(max_size=6)),
-       literal=st.one_of(number_lit, string_lit, bool_lit),
-       op=st.sampled_from(["=", "<>", "<", "<=", ">", ">="]))
+@given(
+    value=st.one_of(st.sampled_from(STRING_POOL), st.text(max_size=6)),
+    literal=st.one_of(number_lit, string_lit, bool_lit),
+    op=st.sampled_from(["=", "<>", "<", "<=", ">", ">="]),
+)
 def test_sql_single_comparison_against_java_model(value: str, literal: Any, op: str) -> None:
     if op not in ("=", "<>") and literal[1] not in ("Integer", "Long", "Double"):
         literal = ("lit", "Double", 1.5)

@@ -4,6 +4,7 @@ directory."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -19,7 +20,13 @@ from rmq_spark.errors import ConfigError
 from rmq_spark.store import layout as L
 from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.hashing import java_string_hash, java_string_hashes
-from rmq_spark.store.index.indexfile import ENTRY_STRUCT, HEADER, IndexFile, index_hash, index_hashes
+from rmq_spark.store.index.indexfile import (
+    ENTRY_STRUCT,
+    HEADER,
+    IndexFile,
+    index_hash,
+    index_hashes,
+)
 from rmq_spark.store.index.service import HOLD_RECORDS, IndexService
 from rmq_spark.store.message import Message
 from rmq_spark.store.store import MessageStore, StoreConfig
@@ -78,10 +85,14 @@ def test_vectorized_hash_equals_scalar_java_hash(strings):
 
     from rmq_spark.store.hashing import java_string_hashes_arrow
 
-    column = pa.array(["pad"] + strings, pa.string()).slice(1)  # a sliced column, ASCII or not
+    column = pa.array(["pad", *strings], pa.string()).slice(1)  # a sliced column, ASCII or not
     assert java_string_hashes_arrow(column).tolist() == [java_string_hash(s) for s in strings]
-    ascii_only = pa.array(["pad"] + [s.encode("ascii", "ignore").decode() for s in strings], pa.string()).slice(1)
-    assert java_string_hashes_arrow(ascii_only).tolist() == [java_string_hash(s) for s in ascii_only.to_pylist()]
+    ascii_only = pa.array(
+        ["pad"] + [s.encode("ascii", "ignore").decode() for s in strings], pa.string()
+    ).slice(1)
+    assert java_string_hashes_arrow(ascii_only).tolist() == [
+        java_string_hash(s) for s in ascii_only.to_pylist()
+    ]
     # the scalar keyHash (a few keys) equals the vectorized one (many keys)
     vectorized = np.abs(java_string_hashes(strings).astype(np.int64))
     vectorized[vectorized > 2**31 - 1] = 0
@@ -96,10 +107,14 @@ def test_hash_of_ids_behind_a_prefix_equals_the_hash_of_the_joined_strings(prefi
     from rmq_spark.store.index.indexfile import index_hashes_of_ids
     from rmq_spark.store.message import IdColumn, new_uniq_ids_array, split_ids
 
-    rows = np.frombuffer(bytes(random.Random(n).choice(b"0123456789ABCDEF") for _ in range(n * width)), np.uint8)
+    rows = np.frombuffer(
+        bytes(random.Random(n).choice(b"0123456789ABCDEF") for _ in range(n * width)), np.uint8
+    )
     rows = rows.reshape(n, width)
     joined = [prefix + bytes(r).decode() for r in rows]
-    assert java_string_hashes_of_rows(prefix, rows).tolist() == [java_string_hash(s) for s in joined]
+    assert java_string_hashes_of_rows(prefix, rows).tolist() == [
+        java_string_hash(s) for s in joined
+    ]
     ids = new_uniq_ids_array(n)
     column = IdColumn(ids)
     strings = split_ids(ids)
@@ -183,7 +198,7 @@ def test_batch_put_equals_one_key_at_a_time(tmp_path):
     phys = np.arange(200, dtype=np.int64) * 37
     ts = 1_700_000_000_000 + np.arange(200, dtype=np.int64) * 450
     a = IndexFile(str(tmp_path / "a"), 13, 300, create=True)
-    for k, p, t in zip(keys, phys.tolist(), ts.tolist()):
+    for k, p, t in zip(keys, phys.tolist(), ts.tolist(), strict=True):
         assert a.put_key(k, p, t)
     b = IndexFile(str(tmp_path / "b"), 13, 300, create=True)
     assert b.put_hashes(index_hashes(keys[:77]), phys[:77], ts[:77]) == 77
@@ -209,12 +224,14 @@ def test_dispatch_indexes_uniq_key_and_each_key_word(store_dir):
     clock = FakeClock()
     with open_store(store_dir, clock, slots=64, entries=256) as s:
         idx = index_of(s)
-        r = s.put_messages([
-            Message("T", b"a", {"KEYS": "x  y "}),
-            Message("U", b"b", {"KEYS": "x"}),
-            Message("T", b"c", {"KEYS": "z"}, sys_flag=L.TRANSACTION_ROLLBACK_TYPE),
-            Message("T", b"d", {"KEYS": "w"}, sys_flag=L.TRANSACTION_PREPARED_TYPE),
-        ])
+        r = s.put_messages(
+            [
+                Message("T", b"a", {"KEYS": "x  y "}),
+                Message("U", b"b", {"KEYS": "x"}),
+                Message("T", b"c", {"KEYS": "z"}, sys_flag=L.TRANSACTION_ROLLBACK_TYPE),
+                Message("T", b"d", {"KEYS": "w"}, sys_flag=L.TRANSACTION_PREPARED_TYPE),
+            ]
+        )
         p = r.append.phys_offsets.tolist()
         assert idx.key_count == 3 + 2 + 0 + 2  # uniq+x+y, uniq+x, (rollback: none), uniq+w
         assert idx.query_offsets("T", "x") == [p[0]]
@@ -245,7 +262,7 @@ def test_rollover_across_several_files(store_dir):
         assert len(idx.files) == 8 and idx.key_count == 120
         names = sorted(os.listdir(os.path.join(store_dir, L.INDEX_DIR)))
         assert all(len(n) == 17 and n.isdigit() for n in names) and len(set(names)) == 8
-        for prev, f in zip(idx.files, idx.files[1:]):
+        for prev, f in itertools.pairwise(idx.files):
             assert prev.is_full and prev.end_phy <= f.begin_phy and prev.end_ts <= f.begin_ts
         assert idx.query_offsets("T", "even", max_num=100) == phys[::2][::-1]
         for i in range(40):
@@ -429,7 +446,11 @@ def test_catch_up_reads_the_same_fields_as_a_full_decode(store_dir):
             pos = m.commitlog_offset - mf.from_offset
             full = decode_record(mf.mm, pos, read_body=False)
             assert _index_fields(mf.mm, pos) == (
-                full.topic, full.sys_flag, full.store_timestamp_ms, full.keys, full.uniq_key
+                full.topic,
+                full.sys_flag,
+                full.store_timestamp_ms,
+                full.keys,
+                full.uniq_key,
             )
 
 
@@ -440,9 +461,13 @@ def test_a_large_batch_of_several_topics_with_ids_only_is_indexed_as_one_record_
     from rmq_spark.store.properties import encode_properties
 
     def batch(first, count):
-        props = [{} if i % 100 == 0 else {"UNIQ_KEY": f"ID{i:06d}"} for i in range(first, first + count)]
+        props = [
+            {} if i % 100 == 0 else {"UNIQ_KEY": f"ID{i:06d}"} for i in range(first, first + count)
+        ]
         topics = ["OP" if i % 100 == 0 else "Real" for i in range(first, first + count)]
-        return encode_columns(topics, 0, [b"m"] * count, props, [encode_properties(p) for p in props])
+        return encode_columns(
+            topics, 0, [b"m"] * count, props, [encode_properties(p) for p in props]
+        )
 
     roots = [str(tmp_path / "batched"), str(tmp_path / "single")]
     sizes = {"slots": 97, "entries": 2000, "commitlog_segment_bytes": 1 << 20}
@@ -475,14 +500,18 @@ def test_a_large_batch_with_keys_is_indexed_as_one_record_at_a_time(tmp_path, to
         ps = [props(i) for i in range(first, first + count)]
         names = [topics[i % len(topics)] for i in range(first, first + count)]
         one = len(set(names)) == 1
-        return encode_columns(names[0] if one else names, 0, [b"m"] * count, ps, [encode_properties(p) for p in ps])
+        return encode_columns(
+            names[0] if one else names, 0, [b"m"] * count, ps, [encode_properties(p) for p in ps]
+        )
 
     roots = [str(tmp_path / "batched"), str(tmp_path / "single")]
     sizes = {"slots": 397, "entries": 4000, "commitlog_segment_bytes": 1 << 20}
     with open_store(roots[0], FakeClock(), **sizes) as s:
         s.put_encoded(batch(0, 900))
         batched = index_bytes(roots[0], s)
-        assert index_of(s).query_offsets(topics[0], "order-4") and index_of(s).query_offsets(topics[0], "日本")
+        assert index_of(s).query_offsets(topics[0], "order-4") and index_of(s).query_offsets(
+            topics[0], "日本"
+        )
     with open_store(roots[1], FakeClock(), **sizes) as s:
         for i in range(900):
             s.put_encoded(batch(i, 1))

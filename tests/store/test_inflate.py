@@ -354,14 +354,18 @@ def test_read_chunks_bounds_the_inflated_bodies_of_a_batch(store_dir, tags):
 
 
 @pytest.mark.parametrize("where", ["store", "reader"])
-def test_readarrow_steps_are_bounded_by_the_inflated_size_of_their_bodies(store_dir, monkeypatch, where):
+def test_readarrow_steps_are_bounded_by_the_inflated_size_of_their_bodies(
+    store_dir, monkeypatch, where
+):
     """The connector's ReadArrow (wire_chunks): a step of rows ends where its compressed bodies
     would pass READ_INFLATED_MAX once inflated, not after READ_STEP rows whatever they hold."""
     import rmq_spark.broker.connector.readers as readers
 
     monkeypatch.setattr(readers, "READ_INFLATED_MAX", 4 << 20)
     n, body = 30, zlib.compress(bytes(1 << 20))  # 1 KiB stored, 1 MiB inflated each
-    with MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=4 << 20), clock=FakeClock()) as s:
+    with MessageStore(
+        store_dir, StoreConfig(commitlog_segment_bytes=4 << 20), clock=FakeClock()
+    ) as s:
         s.put_messages([Message(TOPIC, body if i % 2 else b"plain %d" % i, {}, sys_flag=L.FLAG_COMPRESSED if i % 2 else 0)
                         for i in range(n)])  # fmt: skip
         src = StoreReader(store_dir) if where == "reader" else s
@@ -381,5 +385,7 @@ def test_readarrow_steps_are_bounded_by_the_inflated_size_of_their_bodies(store_
                 src.close()
     rows = [r for c in chunks for r in codec.load_batch(c).to_pylist()]
     assert [r["queueOffset"] for r in rows] == list(range(n))  # every row once, in order
-    assert [r["body"] for r in rows] == [bytes(1 << 20) if i % 2 else b"plain %d" % i for i in range(n)]
+    assert [r["body"] for r in rows] == [
+        bytes(1 << 20) if i % 2 else b"plain %d" % i for i in range(n)
+    ]
     assert len(steps) >= 4 and max(steps) <= (4 << 20) + 100

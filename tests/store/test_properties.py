@@ -19,11 +19,17 @@ T = L.TRANSIENT_PREFIX
 def test_encode_properties_fast_and_general_paths():
     cases = [
         ({}, b""),
-        ({"a": "1", "KEYS": "k1 k2", "u": "\u00e9\u4e2d"}, "a\x011\x02KEYS\x01k1 k2\x02u\x01\u00e9\u4e2d\x02".encode()),
+        (
+            {"a": "1", "KEYS": "k1 k2", "u": "\u00e9\u4e2d"},
+            "a\x011\x02KEYS\x01k1 k2\x02u\x01\u00e9\u4e2d\x02".encode(),
+        ),
         ({"a": None, "b": "2"}, b"b\x012\x02"),  # None is dropped
         ({"n": 5, "b": "x"}, b"n\x015\x02b\x01x\x02"),  # a non-string value is str()-ed
         ({T + "x": "1", "b": "2"}, b"b\x012\x02"),  # a transient key is not stored
-        ({"b": "v" + T}, ("b\x01v" + T + "\x02").encode()),  # ... but a value may contain the prefix
+        (
+            {"b": "v" + T},
+            ("b\x01v" + T + "\x02").encode(),
+        ),  # ... but a value may contain the prefix
     ]
     for props, want in cases:
         assert encode_properties(props) == want, props  # type: ignore[arg-type]
@@ -38,9 +44,15 @@ def test_decode_properties_rule_and_crc():
 
 
 def test_find_properties_agrees_with_decode():
-    raw = encode_properties({"KEYS": "k1", "UNIQ_KEY": "u", "x": "y"}) + b"KEYS\x01k2\x02KEYS\x01\x02"
+    raw = (
+        encode_properties({"KEYS": "k1", "UNIQ_KEY": "u", "x": "y"}) + b"KEYS\x01k2\x02KEYS\x01\x02"
+    )
     full = decode_properties(raw)
-    assert find_properties(raw, "KEYS", "UNIQ_KEY", "missing") == [full["KEYS"], full["UNIQ_KEY"], None]
+    assert find_properties(raw, "KEYS", "UNIQ_KEY", "missing") == [
+        full["KEYS"],
+        full["UNIQ_KEY"],
+        None,
+    ]
     assert full["KEYS"] == "k2"  # the last non-empty value wins
 
 

@@ -8,6 +8,7 @@ import random
 import struct
 import zlib
 
+import numpy as np
 import pytest
 
 from rmq_spark.errors import CorruptStoreError
@@ -18,8 +19,6 @@ from rmq_spark.store.message import Message
 from rmq_spark.store.pulled import record_starts, records_arrow
 from rmq_spark.store.store import MessageStore, StoreConfig
 
-import numpy as np
-
 
 def _records(s: MessageStore, topic: str, start: int, end: int) -> bytes:
     cq = s.consume_queue(topic, 0)
@@ -29,7 +28,9 @@ def _records(s: MessageStore, topic: str, start: int, end: int) -> bytes:
 @pytest.mark.parametrize("topic", ["P", "T" * 127])
 def test_pulled_records_equal_the_bulk_read(store_dir, topic):
     rng = random.Random(3)
-    with MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=1 << 20), clock=FakeClock()) as s:
+    with MessageStore(
+        store_dir, StoreConfig(commitlog_segment_bytes=1 << 20), clock=FakeClock()
+    ) as s:
         msgs = []
         for i in range(300):
             body = bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 3, 12, 13, 200])))
@@ -40,7 +41,7 @@ def test_pulled_records_equal_the_bulk_read(store_dir, topic):
                 props["UNIQ_KEY"] = f"ID{i:06d}"
             msgs.append(Message(topic, body, props))
         for i in range(0, 300, 50):
-            s.put_messages(msgs[i:i + 50])
+            s.put_messages(msgs[i : i + 50])
         for start, end in [(0, 300), (5, 6), (120, 201)]:
             data = _records(s, topic, start, end)
             got = records_arrow(data)
@@ -56,8 +57,15 @@ def test_pulled_records_equal_the_bulk_read(store_dir, topic):
 
 
 def test_zlib_bodies_are_inflated(store_dir):
-    with MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=1 << 20), clock=FakeClock()) as s:
+    with MessageStore(
+        store_dir, StoreConfig(commitlog_segment_bytes=1 << 20), clock=FakeClock()
+    ) as s:
         raw = b"hello " * 1000
-        s.put_messages([Message("Z", b"plain", {}), Message("Z", zlib.compress(raw), {}, sys_flag=L.FLAG_COMPRESSED)])
+        s.put_messages(
+            [
+                Message("Z", b"plain", {}),
+                Message("Z", zlib.compress(raw), {}, sys_flag=L.FLAG_COMPRESSED),
+            ]
+        )
         got = records_arrow(_records(s, "Z", 0, 2))
         assert got.column("body").to_pylist() == [b"plain", raw]

@@ -32,7 +32,9 @@ from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.store import MessageStore, StoreConfig
 
 T0 = 1_700_000_000_000
-LONG_TOPIC = "%RETRY%" + "g" * 125  # a TOPICLEN of two bytes (MAGIC_V2): only retry topics are that long
+LONG_TOPIC = (
+    "%RETRY%" + "g" * 125
+)  # a TOPICLEN of two bytes (MAGIC_V2): only retry topics are that long
 
 
 def store_files(root: str) -> dict[str, bytes]:
@@ -110,7 +112,9 @@ PATHS = {
     "large batches": lambda s, ms: [s.put_messages(c) for c in chunks(ms, 150)],
     "one batch": lambda s, ms: [s.put_messages(ms)],
     "checked rows, one each": lambda s, ms: [s.put_rows([row_of(m)]) for m in ms],
-    "checked rows, a few each": lambda s, ms: [s.put_rows([row_of(m) for m in c]) for c in chunks(ms, 5)],
+    "checked rows, a few each": lambda s, ms: [
+        s.put_rows([row_of(m) for m in c]) for c in chunks(ms, 5)
+    ],
 }
 
 
@@ -124,7 +128,7 @@ def test_store_put_paths_write_the_bytes_of_the_general_path(tmp_path, path, crc
         results = PATHS[path](s, [Message(**vars(m)) for m in msgs])
         assert all(r.ok for r in results)
         if path.startswith("checked rows, one"):
-            assert s._one_by_one  # noqa: SLF001 - the one-record put was open to these rows
+            assert s._one_by_one
     assert_same_files(str(tmp_path / "path"), str(tmp_path / "general"))
 
 
@@ -137,7 +141,10 @@ def test_put_bodies_writes_the_bytes_of_the_general_path(tmp_path, n, lengths, f
     import pyarrow as pa
 
     rng = random.Random(n)
-    bodies = [rng.randbytes(rng.choice((0, 9, 64, 64, 64)) if lengths == "varied" else 64) for _ in range(n)]
+    bodies = [
+        rng.randbytes(rng.choice((0, 9, 64, 64, 64)) if lengths == "varied" else 64)
+        for _ in range(n)
+    ]
     props = {L.P_TAGS: "bulk", L.P_KEYS: "k1 k2", "src": "sensor-7"}
     given = {
         "list": bodies,
@@ -150,7 +157,7 @@ def test_put_bodies_writes_the_bytes_of_the_general_path(tmp_path, n, lengths, f
         uniq = list(r.uniq_keys)
     msgs = [
         Message("Bulk", b, {**props, L.P_UNIQ_KEY: u}, queue_id=2, born_timestamp_ms=T0 - 5)
-        for b, u in zip(bodies, uniq)
+        for b, u in zip(bodies, uniq, strict=True)
     ]
     with open_store(str(tmp_path / "general"), True) as s:
         general(s, msgs)
@@ -166,7 +173,9 @@ def test_put_bodies_writes_the_bytes_of_the_general_path(tmp_path, n, lengths, f
 def test_put_bodies_refuses_a_bad_body_among_good_ones_and_stores_none(tmp_path, bad, problem, n):
     from rmq_spark.errors import MessageIllegalError
 
-    with MessageStore(str(tmp_path / "s"), StoreConfig(body_max_bytes=64), clock=FakeClock(T0)) as s:
+    with MessageStore(
+        str(tmp_path / "s"), StoreConfig(body_max_bytes=64), clock=FakeClock(T0)
+    ) as s:
         bodies = [b"ok"] * n
         bodies[n // 2] = bad
         with pytest.raises(MessageIllegalError, match=problem):
@@ -184,7 +193,9 @@ def test_put_bodies_with_row_properties_writes_the_bytes_of_the_general_path(tmp
 
     n = 300
     rng = random.Random(7)
-    bodies = [rng.randbytes(rng.choice((0, 9, 64)) if lengths == "varied" else 64) for _ in range(n)]
+    bodies = [
+        rng.randbytes(rng.choice((0, 9, 64)) if lengths == "varied" else 64) for _ in range(n)
+    ]
     tags = [f"t{i % 3}" if i % 5 else None for i in range(n)]
     keys = [f"order-{i} c{i % 7}" if i % 4 else None for i in range(n)]
     user = [[("region", f"r{i % 16}")] if i % 6 else [] for i in range(n)]
@@ -214,14 +225,18 @@ def test_put_bodies_with_row_properties_writes_the_bytes_of_the_general_path(tmp
 def open_core(root: str, crc: bool) -> tuple[BrokerCore, FakeClock]:
     clock = FakeClock(T0)
     cfg = BrokerConfig(
-        store=StoreConfig(commitlog_segment_bytes=4 << 20, cq_segment_units=1000, append_prop_crc=crc),
+        store=StoreConfig(
+            commitlog_segment_bytes=4 << 20, cq_segment_units=1000, append_prop_crc=crc
+        ),
         delay_levels="1s 2s 3s",
     )
     return BrokerCore(root, cfg, clock=clock, start_services=False), clock
 
 
 @pytest.mark.parametrize("crc", [True, False], ids=["record-crc", "no-crc"])
-def test_committed_halves_patched_write_the_bytes_of_decoding_and_encoding(tmp_path, crc, monkeypatch):
+def test_committed_halves_patched_write_the_bytes_of_decoding_and_encoding(
+    tmp_path, crc, monkeypatch
+):
     from rmq_spark.services.transaction import service as txn
 
     msgs = [m for m in varied(300, seed=8) if m.topic != LONG_TOPIC]
@@ -275,7 +290,9 @@ def test_redelivery_patched_writes_the_bytes_of_decoding_and_encoding(tmp_path, 
 
 
 @pytest.mark.parametrize("prop_crc", [False, True])
-def test_finalize_of_one_record_then_records_of_one_size_writes_what_record_by_record_does(prop_crc):
+def test_finalize_of_one_record_then_records_of_one_size_writes_what_record_by_record_does(
+    prop_crc,
+):
     """A group commit's batch (its op message, then real messages of one size) is finalized with
     strided stores after the first record: the bytes are those of finalizing each record alone."""
     from rmq_spark.store.encode import encode_columns
@@ -308,7 +325,9 @@ def test_real_messages_made_with_the_halves_body_crcs_are_the_bytes_made_without
 
     rng = random.Random(11)
     n = 500
-    bodies = [rng.randbytes(rng.choice((0, 5, 64)) if lengths == "varied" else 64) for _ in range(n)]
+    bodies = [
+        rng.randbytes(rng.choice((0, 5, 64)) if lengths == "varied" else 64) for _ in range(n)
+    ]
     ids = new_uniq_ids_array(n)
     phys = np.arange(n, dtype=np.int64) * 1000
     with open_store(str(tmp_path / "s"), True) as s:

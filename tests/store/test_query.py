@@ -55,7 +55,7 @@ def bodies(msgs) -> list[bytes]:
 
 
 def test_by_key_newest_first_with_limit(golden):
-    s, q, _, _ = golden
+    _s, q, _, _ = golden
     assert len(q.index.files) > 3
     assert bodies(q.by_key("Orders", "cust-1")) == [b"o%d" % i for i in range(28, 0, -3)]
     assert bodies(q.by_key("Orders", "cust-1", limit=3)) == [b"o28", b"o25", b"o22"]
@@ -100,7 +100,7 @@ def test_hash_collisions_are_dropped_and_never_use_up_the_limit(store_dir):
 
 
 def test_by_unique_id(golden):
-    s, q, _, uniq = golden
+    _s, q, _, uniq = golden
     assert q.by_unique_id(uniq[7], "Orders").body == b"o7"
     assert q.by_unique_id(uniq[7]).body == b"o7"  # every topic searched
     assert q.by_unique_id(uniq[7], "Refunds") is None

@@ -65,7 +65,9 @@ def expected_rows(s: MessageStore, topic: str, q: int, start: int, end: int) -> 
                 "storeTimestamp": m.store_timestamp_ms,
                 "deliverTimestamp": int(p[L.P_TIMER_OUT_MS]) if L.P_TIMER_OUT_MS in p else None,
                 "reconsumeTimes": m.reconsume_times,
-                "transactionId": p.get(L.P_TRANSACTION_ID) if m.transaction_type == L.TRANSACTION_COMMIT_TYPE else None,
+                "transactionId": p.get(L.P_TRANSACTION_ID)
+                if m.transaction_type == L.TRANSACTION_COMMIT_TYPE
+                else None,
                 "commitLogOffset": m.commitlog_offset,
             }
         )
@@ -85,7 +87,9 @@ def as_rows(batch: pa.RecordBatch) -> list[dict]:
 @pytest.mark.parametrize("prop_crc", [True, False])
 def test_bulk_read_equals_record_decode(store_dir, prop_crc):
     rng = random.Random(5)
-    cfg = StoreConfig(commitlog_segment_bytes=64 * 1024, cq_segment_units=64, append_prop_crc=prop_crc)
+    cfg = StoreConfig(
+        commitlog_segment_bytes=64 * 1024, cq_segment_units=64, append_prop_crc=prop_crc
+    )
     with MessageStore(store_dir, cfg, clock=FakeClock()) as s:
         msgs = random_messages(rng, 400)
         for i in range(0, 400, 37):
@@ -99,10 +103,17 @@ def test_bulk_read_equals_record_decode(store_dir, prop_crc):
 
 
 def test_columns_subset_skips_work_but_keeps_values(store_dir):
-    with MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=64 * 1024), clock=FakeClock()) as s:
+    with MessageStore(
+        store_dir, StoreConfig(commitlog_segment_bytes=64 * 1024), clock=FakeClock()
+    ) as s:
         s.put_messages(random_messages(random.Random(1), 50))
         full = s.read_arrow("R", 0, 0, 50)
-        for cols in (["body"], ["queueOffset", "storeTimestamp"], ["tags", "topic"], ["properties"]):
+        for cols in (
+            ["body"],
+            ["queueOffset", "storeTimestamp"],
+            ["tags", "topic"],
+            ["properties"],
+        ):
             part = s.read_arrow("R", 0, 0, 50, columns=cols)
             assert part.schema.names == [n for n in SOURCE_SCHEMA.names if n in cols]
             assert part.to_pydict() == full.select(part.schema.names).to_pydict()
@@ -127,7 +138,9 @@ class TagsIn:
 
 def test_tag_filter_on_codes_then_strings(store_dir):
     with MessageStore(store_dir, StoreConfig(), clock=FakeClock()) as s:
-        s.put_messages([Message("F", b"%d" % i, {"TAGS": ["a", "b", "c"][i % 3]}) for i in range(30)])
+        s.put_messages(
+            [Message("F", b"%d" % i, {"TAGS": ["a", "b", "c"][i % 3]}) for i in range(30)]
+        )
         b = s.read_arrow("F", 0, 0, 30, tag_filter=TagsIn("a", "c"))
         assert b.column("queueOffset").to_pylist() == [i for i in range(30) if i % 3 != 1]
         assert set(b.column("tags").to_pylist()) == {"a", "c"}
@@ -135,7 +148,15 @@ def test_tag_filter_on_codes_then_strings(store_dir):
 
 def test_parse_properties_follows_rocketmq_rules():
     raw = pa.array(
-        [b"a\x011\x02b\x012\x02", b"k1\x01v1", b"", b"aaa", b"\x01v\x02k\x01\x02", b"x\x01y\x01z\x02", None],
+        [
+            b"a\x011\x02b\x012\x02",
+            b"k1\x01v1",
+            b"",
+            b"aaa",
+            b"\x01v\x02k\x01\x02",
+            b"x\x01y\x01z\x02",
+            None,
+        ],
         pa.binary(),
     )
     m = parse_properties(raw.fill_null(b""))
@@ -225,7 +246,9 @@ def test_batch_puts_read_as_record_decode(store_dir, prop_crc):
     cfg = StoreConfig(commitlog_segment_bytes=64 * 1024, append_prop_crc=prop_crc, store_host="::1")
     with MessageStore(store_dir, cfg, clock=FakeClock()) as s:
         s.put_bodies("B", 0, [rng.randbytes(100) for _ in range(500)], {"TAGS": "tg", "KEYS": "k1"})
-        s.put_bodies("B", 1, [rng.randbytes(rng.randint(0, 40)) for _ in range(300)], {"TAGS": "tg"})
+        s.put_bodies(
+            "B", 1, [rng.randbytes(rng.randint(0, 40)) for _ in range(300)], {"TAGS": "tg"}
+        )
         s.put_messages(random_messages(rng, 60, topic="B"))
         s.put_bodies("B", 0, [b"same"] * 200, {})
         assert len(s.commitlog.mfq.files) > 2
@@ -243,16 +266,24 @@ def test_read_chunks_split_by_rows_and_bytes(store_dir):
     assert chunk_bounds(np.array([10] * 10), 4, 25) == [(0, 3), (3, 5), (5, 8), (8, 10)]
     assert chunk_bounds(np.array([100, 1, 1, 100, 1]), 10, 50) == [(0, 1), (1, 4), (4, 5)]
     with MessageStore(store_dir, StoreConfig(), clock=FakeClock()) as s:
-        s.put_messages([Message("C", b"x" * (i % 50) * 20, {"TAGS": "ab"[i % 2]}) for i in range(300)])
+        s.put_messages(
+            [Message("C", b"x" * (i % 50) * 20, {"TAGS": "ab"[i % 2]}) for i in range(300)]
+        )
         s.flush_all()
         r = StoreReader(store_dir)
         try:
             whole = r.read_arrow("C", 0, 5, 290)
             chunks = list(r.read_chunks("C", 0, 5, 290, max_rows=64, max_bytes=4096))
             assert len(chunks) > 300 * 500 // 4096 // 2 and all(c.num_rows <= 64 for c in chunks)
-            assert pa.Table.from_batches(chunks).combine_chunks().equals(pa.Table.from_batches([whole]))
+            assert (
+                pa.Table.from_batches(chunks)
+                .combine_chunks()
+                .equals(pa.Table.from_batches([whole]))
+            )
             only_b = list(r.read_chunks("C", 0, 0, 300, tag_filter=TagsIn("b"), max_rows=7))
-            assert [v for c in only_b for v in c.column("queueOffset").to_pylist()] == list(range(1, 300, 2))
+            assert [v for c in only_b for v in c.column("queueOffset").to_pylist()] == list(
+                range(1, 300, 2)
+            )
             assert list(r.read_chunks("C", 0, 9, 9)) == []
         finally:
             r.close()
@@ -271,7 +302,9 @@ def test_store_reader_in_another_process(store_dir):
     with MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=64 * 1024)) as s:
         s.put_messages(random_messages(random.Random(2), 120))
         last = s.read_arrow("R", 0, 119, 120).column("body")[0].as_py()
-        out = subprocess.run([sys.executable, "-c", READER, store_dir], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", READER, store_dir], capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 0, out.stderr
         import json
 
@@ -298,7 +331,14 @@ def test_store_read_paths_take_tag_and_sql_filters(store_dir):
         assert [m.body for m in got] == [b"%d" % i for i in range(0, 40, 2)]
         got = s.get_messages("P", 0, 0, max_msgs=100, message_filter=sf).messages
         assert [m.body for m in got] == [b"%d" % i for i in range(31, 40)]
-        assert len(s.get_messages("P", 0, 0, max_msgs=100, message_filter=TagFilter.parse("*")).messages) == 41
+        assert (
+            len(
+                s.get_messages(
+                    "P", 0, 0, max_msgs=100, message_filter=TagFilter.parse("*")
+                ).messages
+            )
+            == 41
+        )
         b = s.read_arrow("P", 0, 0, 41, tag_filter=tf, sql_filter=sf)
         assert b.column("body").to_pylist() == [b"32", b"34", b"36", b"38"]
 

@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 
 from rmq_spark.store import layout as L
+from rmq_spark.store.encode import encode_columns
+from rmq_spark.store.encoded import SMALL_BATCH
 from rmq_spark.store.hashing import java_string_hash
 from rmq_spark.store.message import UniqIdGenerator, decode_offset_msg_id, offset_msg_id, tags_code
 from rmq_spark.store.properties import decode_properties, encode_properties
-from rmq_spark.store.encode import encode_columns
-from rmq_spark.store.encoded import SMALL_BATCH
 from rmq_spark.store.record import (
+    RecordCheck,
     blank_record,
     check_record,
     crc32_ranges,
     decode_record,
     record_length,
-    RecordCheck,
 )
 
 BORN_MS = 1_700_000_000_123
@@ -75,7 +75,9 @@ def encode_example(n: int = 1):
     )
 
 
-@pytest.mark.parametrize("n", [10, SMALL_BATCH + 72])  # a few records are encoded with struct, more with numpy
+@pytest.mark.parametrize(
+    "n", [10, SMALL_BATCH + 72]
+)  # a few records are encoded with struct, more with numpy
 def test_reference_example_is_158_bytes_golden(n):
     b = encode_example(n)
     phys = np.arange(n, dtype=np.int64) * 158
@@ -89,15 +91,15 @@ def test_reference_example_is_158_bytes_golden(n):
 def test_few_and_many_record_encoders_write_the_same_bytes():
     rng = np.random.default_rng(5)
     n = SMALL_BATCH + 40
-    topics = [("T%d" % (i % 3)) if i % 7 else "%RETRY%" + "g" * 150 for i in range(n)]
+    topics = [f"T{i % 3}" if i % 7 else "%RETRY%" + "g" * 150 for i in range(n)]
     bodies = [rng.bytes(int(k)) for k in rng.integers(0, 300, n)]
-    props = [{"TAGS": "tag%d" % (i % 4), "KEYS": "k%d" % i, "UNIQ_KEY": "%032X" % i} for i in range(n)]
+    props = [{"TAGS": f"tag{i % 4}", "KEYS": f"k{i}", "UNIQ_KEY": f"{i:032X}"} for i in range(n)]
     hosts = [bytes(15) + b"\x01" if i % 5 == 0 else bytes([10, 0, 0, i]) for i in range(n)]
-    cols = dict(
-        flags=rng.integers(0, 9, n), sys_flags=rng.integers(0, 2, n) * L.TRANSACTION_COMMIT_TYPE,
-        born_timestamps=rng.integers(1, 2**40, n), born_ports=rng.integers(0, 65535, n),
-        reconsume_times=rng.integers(0, 16, n), prepared_offsets=rng.integers(0, 2**40, n),
-    )  # fmt: skip
+    cols = {
+        "flags": rng.integers(0, 9, n), "sys_flags": rng.integers(0, 2, n) * L.TRANSACTION_COMMIT_TYPE,
+        "born_timestamps": rng.integers(1, 2**40, n), "born_ports": rng.integers(0, 65535, n),
+        "reconsume_times": rng.integers(0, 16, n), "prepared_offsets": rng.integers(0, 2**40, n),
+    }  # fmt: skip
     enc = [encode_properties(p) for p in props]
     qids = rng.integers(0, 8, n)
     many = encode_columns(topics, qids, bodies, props, enc, born_hosts=hosts, store_host=bytes([1, 2, 3, 4]),
@@ -112,7 +114,9 @@ def test_few_and_many_record_encoders_write_the_same_bytes():
         np.testing.assert_array_equal(few.sys_flags, many.sys_flags[a : a + 4])
         np.testing.assert_array_equal(few.tags_codes, many.tags_codes[a : a + 4])
         np.testing.assert_array_equal(few.store_ts_pos, many.store_ts_pos[a : a + 4])
-        few.finalize(many.rel_pos[a : a + 4] + 1000, np.arange(a, a + 4), 77)
+        few.finalize(
+            many.rel_pos[a : a + 4] + 1000, np.arange(a, min(a + 4, n)), 77
+        )  # the last: fewer
         few_bufs.append(bytes(few.buf))
     many.finalize(many.rel_pos + 1000, np.arange(n), 77)
     assert b"".join(few_bufs) == bytes(many.buf)
@@ -124,7 +128,7 @@ def _few_chunks(topic, bodies, props, enc, store_host, phys, prop_crc):
     for a in range(0, len(bodies), 4):
         few = encode_columns(topic, 1, bodies[a : a + 4], props[a : a + 4], enc[a : a + 4],
                            born_timestamps=5, store_host=store_host, store_port=9, prop_crc=prop_crc)  # fmt: skip
-        few.finalize(phys[a : a + 4], np.arange(a, a + 4), 77)
+        few.finalize(phys[a : a + 4], np.arange(a, min(a + 4, len(bodies))), 77)  # the last: fewer
         out.append(bytes(few.buf))
     return b"".join(out)
 
@@ -136,7 +140,7 @@ def test_columnar_encoder_with_record_crc_matches_the_struct_encoder(body_sizes)
     rng = np.random.default_rng(11)
     n = SMALL_BATCH + 30
     bodies = [rng.bytes(int(k)) for k in rng.integers(*body_sizes, n)]
-    props = [{"TAGS": "t", "UNIQ_KEY": "%032X" % i} for i in range(n)]
+    props = [{"TAGS": "t", "UNIQ_KEY": f"{i:032X}"} for i in range(n)]
     enc = [encode_properties(p) for p in props]
     many = encode_columns("Topic", 1, bodies, props, enc, born_timestamps=5, store_host=bytes([1, 2, 3, 4]),
                         store_port=9, prop_crc=True)  # fmt: skip
@@ -157,7 +161,7 @@ def test_fixed_width_properties_path_matches_the_struct_encoder():
     """``put_bodies``' form: properties as one 2-D array of equal-length rows."""
     n = SMALL_BATCH + 8
     bodies = [bytes([i % 251]) * 64 for i in range(n)]
-    props = [{"TAGS": "x", "UNIQ_KEY": "%032X" % i} for i in range(n)]
+    props = [{"TAGS": "x", "UNIQ_KEY": f"{i:032X}"} for i in range(n)]
     enc = [encode_properties(p) for p in props]
     rows = np.frombuffer(b"".join(enc), dtype=np.uint8).reshape(n, len(enc[0]))
     many = encode_columns("Topic", 1, bodies, props, rows, born_timestamps=5, store_host=bytes([1, 2, 3, 4]),
@@ -182,7 +186,9 @@ def test_decode_round_trip_and_check():
     assert (kind, size) == (RecordCheck.VALID, 158)
     m = decode_record(b.buf, 158)
     assert m.topic == "FooBar" and m.queue_id == 3 and m.flag == 7 and m.queue_offset == 1
-    assert m.commitlog_offset == 158 and m.store_timestamp_ms == 42 and m.born_timestamp_ms == BORN_MS
+    assert (
+        m.commitlog_offset == 158 and m.store_timestamp_ms == 42 and m.born_timestamp_ms == BORN_MS
+    )
     assert m.born_host == "10.0.0.1" and m.born_port == 5555 and m.reconsume_times == 2
     assert m.properties == PROPS and m.body == bytes(range(32))
     assert m.msg_id == offset_msg_id(bytes([127, 0, 0, 1]), 10911, 158)
@@ -193,7 +199,11 @@ def test_ipv6_hosts_add_12_bytes_each_and_round_trip():
     b = encode_columns(
         ["T"], [0], [b"abc"], [{}], [b""], born_hosts=v6, born_ports=1, store_host=v6, store_port=2
     )
-    assert b.sizes[0] == record_length(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6, 3, 1, 0) == 84 + 24 + 4 + 3 + 1 + 1 + 2
+    assert (
+        b.sizes[0]
+        == record_length(L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6, 3, 1, 0)
+        == 84 + 24 + 4 + 3 + 1 + 1 + 2
+    )
     b.finalize(np.array([0]), np.array([5]), 99)
     m = decode_record(b.buf, 0)
     assert m.born_host == "::1" and m.store_host == "::1" and m.store_timestamp_ms == 99
@@ -252,7 +262,11 @@ def test_java_hash_and_tags_code():
 def _java_ref(s: str) -> int:
     h = 0
     for ch in s:
-        for unit in ([ord(ch)] if ord(ch) < 0x10000 else [0xD800 + ((ord(ch) - 0x10000) >> 10), 0xDC00 + ((ord(ch) - 0x10000) & 0x3FF)]):
+        for unit in (
+            [ord(ch)]
+            if ord(ch) < 0x10000
+            else [0xD800 + ((ord(ch) - 0x10000) >> 10), 0xDC00 + ((ord(ch) - 0x10000) & 0x3FF)]
+        ):
             h = (h * 31 + unit) % (1 << 32)
     return h - (1 << 32) if h >= 1 << 31 else h
 
@@ -288,8 +302,15 @@ def test_crc32_ranges_is_utilall_crc32_of_each_range(lengths):
     rng = np.random.default_rng(len(lengths))
     buf = rng.integers(0, 256, sum(lengths) + 64 * len(lengths) + 1, dtype=np.uint8)
     gaps = rng.integers(0, 64, len(lengths))
-    lo = np.cumsum(np.r_[0, np.add(lengths, gaps)[:-1]]).astype(np.int64) if lengths else np.zeros(0, np.int64)
+    lo = (
+        np.cumsum(np.r_[0, np.add(lengths, gaps)[:-1]]).astype(np.int64)
+        if lengths
+        else np.zeros(0, np.int64)
+    )
     hi = lo + np.asarray(lengths, dtype=np.int64)
     got = crc32_ranges(buf, lo, hi)
-    want = [zlib.crc32(buf[a:b].tobytes()) & 0x7FFFFFFF for a, b in zip(lo.tolist(), hi.tolist())]
+    want = [
+        zlib.crc32(buf[a:b].tobytes()) & 0x7FFFFFFF
+        for a, b in zip(lo.tolist(), hi.tolist(), strict=True)
+    ]
     assert got.dtype == np.int64 and got.tolist() == want

@@ -7,10 +7,8 @@ import random
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
-
 from _killing import lines_until_killed
 
 from rmq_spark.errors import CorruptStoreError
@@ -19,7 +17,7 @@ from rmq_spark.store.clock import FakeClock
 from rmq_spark.store.message import Message
 from rmq_spark.store.store import MessageStore, StoreConfig
 
-SMALL = dict(commitlog_segment_bytes=32 * 1024, cq_segment_units=40)
+SMALL = {"commitlog_segment_bytes": 32 * 1024, "cq_segment_units": 40}
 
 
 def open_store(d, **kw):
@@ -38,7 +36,12 @@ def fill(s, n=300, seed=1):
     rng = random.Random(seed)
     for i in range(n):
         s.put_message(
-            Message(f"T{i % 3}", rng.randbytes(rng.randint(0, 400)), {"TAGS": f"g{i % 5}"}, queue_id=i % 4)
+            Message(
+                f"T{i % 3}",
+                rng.randbytes(rng.randint(0, 400)),
+                {"TAGS": f"g{i % 5}"},
+                queue_id=i % 4,
+            )
         )
 
 
@@ -98,7 +101,7 @@ def test_torn_tail_at_every_byte_of_the_last_record(tmp_path):
 
 def test_torn_tail_with_garbage_instead_of_zeros(tmp_path):
     d = str(tmp_path / "s")
-    before, good_end, last_start, last_end = _write_then_crash(d)
+    before, good_end, last_start, _last_end = _write_then_crash(d)
     seg = 32 * 1024
     path = os.path.join(d, "commitlog", f"{(last_start // seg) * seg:020d}")
     with open(path, "r+b") as f:
@@ -221,7 +224,9 @@ def test_kill_9_writer_loses_no_acknowledged_message(store_dir):
             if line.endswith("\n"):
                 acked.update(int(x) for x in line.split())
         # restart: every acknowledged message is there exactly once, in order per queue
-        with MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=64 * 1024, cq_segment_units=100)) as s:
+        with MessageStore(
+            store_dir, StoreConfig(commitlog_segment_bytes=64 * 1024, cq_segment_units=100)
+        ) as s:
             seen = []
             for q in range(2):
                 off = 0
@@ -262,9 +267,13 @@ print(seen)
 
 def test_reader_process_reads_while_writer_appends(store_dir):
     total = 3000
-    with MessageStore(store_dir, StoreConfig(commitlog_segment_bytes=64 * 1024, cq_segment_units=100)) as s:
+    with MessageStore(
+        store_dir, StoreConfig(commitlog_segment_bytes=64 * 1024, cq_segment_units=100)
+    ) as s:
         s.put_message(Message("R", b"0" * 20))
-        p = subprocess.Popen([sys.executable, "-c", READER, store_dir, str(total)], stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-c", READER, store_dir, str(total)], stdout=subprocess.PIPE, text=True
+        )
         try:
             i = 1
             while i < total:
@@ -293,7 +302,7 @@ def test_checkpoint_file_layout(store_dir):
     with open(os.path.join(store_dir, "checkpoint"), "rb") as f:
         raw = f.read()
     assert len(raw) == 4096
-    physic, logics, index, master, confirm, dispatched = struct.unpack_from(">qqqqqq", raw, 0)
+    physic, logics, _index, master, confirm, dispatched = struct.unpack_from(">qqqqqq", raw, 0)
     assert physic == logics == 1_700_000_000_000 and master == 0
     assert confirm == dispatched == end
     assert raw[48:56] == b"RMQSPCK2"

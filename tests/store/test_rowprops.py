@@ -12,9 +12,15 @@ from rmq_spark.store.message import tags_code
 from rmq_spark.store.properties import encode_properties
 from rmq_spark.store.rowprops import id_column, row_properties
 
-text = st.text(alphabet=st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)), max_size=8)
+text = st.text(
+    alphabet=st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)),
+    max_size=8,
+)
 row = st.tuples(
-    st.none() | st.dictionaries(text.filter(bool), st.none() | text, max_size=3).map(lambda d: list(d.items())),
+    st.none()
+    | st.dictionaries(text.filter(bool), st.none() | text, max_size=3).map(
+        lambda d: list(d.items())
+    ),
     st.none() | text,
     st.none() | text,
 )
@@ -28,8 +34,10 @@ def test_each_row_is_what_encode_properties_makes_of_its_dict(rows, cut):
     keys = pa.array([k for _, _, k in rows], pa.string())
     cut = min(cut, len(rows) - 1)  # a sliced column, as Arrow hands a part of a batch
     props, tags, keys, rows = props.slice(cut), tags.slice(cut), keys.slice(cut), rows[cut:]
-    rp = row_properties(len(rows), properties=props, named={"TAGS": tags, "KEYS": keys}, shared={"SINK": "q|1|a"})
-    for got, (p, t, k) in zip(rp.blobs.to_pylist(), rows):
+    rp = row_properties(
+        len(rows), properties=props, named={"TAGS": tags, "KEYS": keys}, shared={"SINK": "q|1|a"}
+    )
+    for got, (p, t, k) in zip(rp.blobs.to_pylist(), rows, strict=True):
         want = {key: v for key, v in (p or []) if v is not None}
         if t:
             want["TAGS"] = t

@@ -18,7 +18,7 @@ from rmq_spark.store.message import Message, tags_code
 from rmq_spark.store.status import GetStatus, PutStatus
 from rmq_spark.store.store import MessageStore, StoreConfig
 
-SMALL = dict(commitlog_segment_bytes=64 * 1024, cq_segment_units=50)
+SMALL = {"commitlog_segment_bytes": 64 * 1024, "cq_segment_units": 50}
 
 
 def open_store(d, clock=None, **kw):
@@ -28,13 +28,17 @@ def open_store(d, clock=None, **kw):
 def test_segments_named_by_offset_and_rollover_with_blank(store_dir):
     with open_store(store_dir) as s:
         for i in range(600):
-            r = s.put_message(Message("T", bytes([i % 256]) * 300, {"TAGS": f"t{i % 3}"}, queue_id=i % 2))
+            r = s.put_message(
+                Message("T", bytes([i % 256]) * 300, {"TAGS": f"t{i % 3}"}, queue_id=i % 2)
+            )
             assert r.ok
         names = sorted(os.listdir(os.path.join(store_dir, "commitlog")))
         assert names[0] == "00000000000000000000"
         assert names[1] == f"{64 * 1024:020d}"
         assert len(names) >= 3
-        assert all(os.path.getsize(os.path.join(store_dir, "commitlog", n)) == 64 * 1024 for n in names)
+        assert all(
+            os.path.getsize(os.path.join(store_dir, "commitlog", n)) == 64 * 1024 for n in names
+        )
         # the first segment ends with a BLANK record
         mf = s.commitlog.mfq.files[0]
         ends = []
@@ -88,7 +92,7 @@ def test_consume_queue_units_are_rocketmq_layout(store_dir):
             raw = f.read(40)
         units = np.frombuffer(raw, dtype=CQ_UNIT)
         assert units["offset"].tolist() == r.append.phys_offsets.tolist()
-        assert units["size"].tolist() == r.append.phys_offsets[1:].tolist() + [units["size"][1]]
+        assert units["size"].tolist() == [*r.append.phys_offsets[1:].tolist(), units["size"][1]]
         assert units["tags_code"].tolist() == [2598919, 0]
         assert raw[:8] == r.append.phys_offsets[0].item().to_bytes(8, "big")
 
@@ -118,7 +122,7 @@ def test_get_message_statuses(store_dir):
 def test_offset_by_time(store_dir):
     clock = FakeClock(10_000)
     with open_store(store_dir, clock) as s:
-        for i in range(20):
+        for _i in range(20):
             s.put_message(Message("Tm", b"x"))
             clock.advance(100)
         assert s.offset_by_time("Tm", 0, 0) == 0
@@ -265,7 +269,7 @@ def test_group_commit_one_flush_serves_all_gathered_waiters():
     for t in [first, *others]:
         t.join(10)
     gc.shutdown()
-    assert results == {k: True for k in range(9)}
+    assert results == dict.fromkeys(range(9), True)
     assert gc.flushes <= 3  # the first round, then one (or two) for the eight gathered meanwhile
 
 
@@ -298,14 +302,19 @@ def test_put_results_and_dispatch_batches_have_numpy_columns(store_dir, n):
     seen = []
     with open_store(store_dir, commitlog_segment_bytes=1 << 20) as s:
         s.add_listener(seen.append)
-        r = s.put_messages([Message("Cols", b"x" * 10, {"TAGS": "a"}, queue_id=i % 2) for i in range(n)])
+        r = s.put_messages(
+            [Message("Cols", b"x" * 10, {"TAGS": "a"}, queue_id=i % 2) for i in range(n)]
+        )
         (batch,) = seen
         for col, dtype in (("phys", np.int64), ("sizes", np.int32), ("queue_ids", np.int32),
                            ("queue_offsets", np.int64), ("tags_codes", np.int64), ("sys_flags", np.int32),
                            ("store_timestamps", np.int64)):  # fmt: skip
             arr = getattr(batch, col)
             assert isinstance(arr, np.ndarray) and arr.dtype == dtype and len(arr) == n, col
-        assert isinstance(r.append.phys_offsets, np.ndarray) and r.append.phys_offsets.dtype == np.int64
+        assert (
+            isinstance(r.append.phys_offsets, np.ndarray)
+            and r.append.phys_offsets.dtype == np.int64
+        )
         np.testing.assert_array_equal(r.append.phys_offsets, batch.phys)
         np.testing.assert_array_equal(r.append.queue_offsets, [i // 2 for i in range(n)])
         assert (batch.tags_codes == tags_code("a")).all()
@@ -397,7 +406,11 @@ def test_one_row_puts_write_the_bytes_batch_puts_write(tmp_path, monkeypatch, cr
     flags = (0, L.TRANSACTION_PREPARED_TYPE, L.TRANSACTION_COMMIT_TYPE, L.TRANSACTION_ROLLBACK_TYPE)
     msgs = []
     for i in range(240):
-        props = {"TAGS": f"t{i % 3}", L.P_UNIQ_KEY: f"7F00000100000000000000000000{i:04X}", "n": str(i)}
+        props = {
+            "TAGS": f"t{i % 3}",
+            L.P_UNIQ_KEY: f"7F00000100000000000000000000{i:04X}",
+            "n": str(i),
+        }
         if i % 4 == 1:
             props["KEYS"] = f"order-{i} shared"
         msgs.append(Message(f"One{i % 2}", b"b" * (50 + 37 * (i % 13)), props, queue_id=i % 3, flag=i % 5,
@@ -408,7 +421,9 @@ def test_one_row_puts_write_the_bytes_batch_puts_write(tmp_path, monkeypatch, cr
         clock = FakeClock(5_000)
         cfg = StoreConfig(commitlog_segment_bytes=16 * 1024, cq_segment_units=50, append_prop_crc=crc,
                           extra={"index_slots": 16, "index_entries": 64})  # fmt: skip
-        with MessageStore(str(d), cfg, clock=clock, dispatchers=[IndexService], start_services=False) as s:
+        with MessageStore(
+            str(d), cfg, clock=clock, dispatchers=[IndexService], start_services=False
+        ) as s:
             for m in msgs:
                 if one_rows:
                     row = (m.topic, m.queue_id, m.body, m.properties, encode_properties(m.properties),
@@ -424,8 +439,12 @@ def test_one_row_puts_write_the_bytes_batch_puts_write(tmp_path, monkeypatch, cr
     assert 200 <= fast[0] < 240  # most went the one-record way; rolls and IPv6 hosts did not
     fill(b, False)
     for sub in (L.COMMITLOG_DIR, L.CONSUMEQUEUE_DIR, L.INDEX_DIR):
-        names = sorted(os.path.relpath(os.path.join(r, f), a) for r, _, fs in os.walk(a / sub) for f in fs)
-        assert names == sorted(os.path.relpath(os.path.join(r, f), b) for r, _, fs in os.walk(b / sub) for f in fs)
+        names = sorted(
+            os.path.relpath(os.path.join(r, f), a) for r, _, fs in os.walk(a / sub) for f in fs
+        )
+        assert names == sorted(
+            os.path.relpath(os.path.join(r, f), b) for r, _, fs in os.walk(b / sub) for f in fs
+        )
         assert names, sub
         for n in names:
             assert (a / n).read_bytes() == (b / n).read_bytes(), n
@@ -436,7 +455,12 @@ def test_put_rows_writes_the_records_put_messages_writes(store_dir, crc):
     """The broker's and the transactions' put of checked rows stores what put_messages stores."""
     from rmq_spark.store.properties import encode_properties
 
-    props = {"TAGS": "tg", "KEYS": "k1 k2", "user": "v", L.P_UNIQ_KEY: "7F0000010000000000000000000000AA"}
+    props = {
+        "TAGS": "tg",
+        "KEYS": "k1 k2",
+        "user": "v",
+        L.P_UNIQ_KEY: "7F0000010000000000000000000000AA",
+    }
     msgs = [Message("Rows", b"body-%d" % i, dict(props), queue_id=1, flag=3, born_timestamp_ms=1234,
                     born_host=host, born_port=77) for i, host in enumerate(("10.0.0.9", "::1"))]  # fmt: skip
     with open_store(store_dir, append_prop_crc=crc) as s:
@@ -449,7 +473,7 @@ def test_put_rows_writes_the_records_put_messages_writes(store_dir, crc):
         assert b.append.queue_list() == [2, 3] and b.append.wrote_bytes == a.append.wrote_bytes
         got = s.get_messages("Rows", 1, 0).messages
         assert [m.queue_offset for m in got] == [0, 1, 2, 3]
-        for x, y in zip(got[:2], got[2:]):
+        for x, y in zip(got[:2], got[2:], strict=True):
             for f in ("topic", "body", "properties", "flag", "sys_flag", "born_timestamp_ms", "born_host",
                       "born_port", "store_size", "store_timestamp_ms", "body_crc"):  # fmt: skip
                 assert getattr(x, f) == getattr(y, f), f
@@ -459,7 +483,9 @@ def test_put_rows_writes_the_records_put_messages_writes(store_dir, crc):
             s.put_rows([])
 
 
-@pytest.mark.parametrize("sizes", [[1], [3], [200], [1, 1, 4, 300]], ids=["one", "few", "many", "mixed"])
+@pytest.mark.parametrize(
+    "sizes", [[1], [3], [200], [1, 1, 4, 300]], ids=["one", "few", "many", "mixed"]
+)
 def test_a_reader_never_sees_a_consume_queue_unit_before_it_is_whole(store_dir, monkeypatch, sizes):
     """Every byte write of a ConsumeQueue is followed by a look a concurrent reader could take at
     that instant: each unit below the queue's end must already have its size (a unit read with
@@ -476,7 +502,7 @@ def test_a_reader_never_sees_a_consume_queue_unit_before_it_is_whole(store_dir, 
             real_write(mf, data, position)
         else:
             real_write(mf, data, position, publish=False)
-        for (topic, qid), cq in list(s._cqs.items()):  # noqa: SLF001
+        for (topic, qid), cq in list(s._cqs.items()):
             if mf in cq.mfq.files:
                 units = cq.units(cq.min_offset, cq.max_offset)
                 looks.append(len(units))
@@ -501,7 +527,9 @@ def test_a_unit_pointing_at_no_record_is_passed_over_and_reported(store_dir, cap
     s.put_messages([Message("T", b"a"), Message("T", b"b")])
     cq = s.consume_queue("T", 0)
     mf = cq.mfq.files[0]
-    np.frombuffer(mf.mm, dtype=CQ_UNIT, count=1, offset=0)["offset"] = 1 << 19  # unit 0: no record there
+    np.frombuffer(mf.mm, dtype=CQ_UNIT, count=1, offset=0)["offset"] = (
+        1 << 19
+    )  # unit 0: no record there
     got = s.get_messages("T", 0, 0)
     assert [m.body for m in got.messages] == [b"b"]
     assert "ConsumeQueue T/0 unit 0" in caplog.text and "position 524288" in caplog.text

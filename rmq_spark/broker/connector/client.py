@@ -11,7 +11,7 @@ the server raised (named in the ``rmq-error`` trailer); an unreachable broker is
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pyarrow as pa
@@ -23,7 +23,16 @@ from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.codec import Frame
 from rmq_spark.broker.connector.protocol import SERVICE
 
-__all__ = ["InternalClient", "BrokerUnavailableError", "ServiceMissingError", "CHANNEL_OPTIONS", "SERVICE"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "SERVICE",
+    "BrokerUnavailableError",
+    "InternalClient",
+    "ServiceMissingError",
+]
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -44,16 +53,20 @@ def _raise_from(endpoint: str, method: str, err: grpc.RpcError) -> None:
     code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else str(err)
     cls_name = None
-    for key, value in (err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else ():
+    # (key, value) pairs, as grpc gives them
+    trailing: Any = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    for key, value in trailing or ():
         if key == P.ERROR_METADATA_KEY:
             cls_name = value
     if cls_name:
-        cls = getattr(E, cls_name, None)
+        cls: type[Exception] | None = getattr(E, cls_name, None)
         if cls is None:
             cls = {"BrokerUnavailableError": BrokerUnavailableError}.get(cls_name, E.RmqError)
         raise cls(details) from None
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        raise BrokerUnavailableError(f"broker at {endpoint} is not reachable ({method}): {details}") from None
+        raise BrokerUnavailableError(
+            f"broker at {endpoint} is not reachable ({method}): {details}"
+        ) from None
     if code == grpc.StatusCode.UNIMPLEMENTED:
         raise ServiceMissingError(
             f"broker at {endpoint} does not serve {SERVICE}/{method}; is it an rmq_spark broker?"
@@ -63,7 +76,11 @@ def _raise_from(endpoint: str, method: str, err: grpc.RpcError) -> None:
 
 class InternalClient:
     def __init__(
-        self, endpoint: str, timeout_s: float = 120.0, access_key: str | None = None, secret_key: str | None = None
+        self,
+        endpoint: str,
+        timeout_s: float = 120.0,
+        access_key: str | None = None,
+        secret_key: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
@@ -80,11 +97,16 @@ class InternalClient:
 
     # --- pickling and lifecycle ---------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"endpoint": self.endpoint, "timeout_s": self.timeout_s, "access_key": self.access_key,
-                "secret_key": self._secret_key}
+        return {
+            "endpoint": self.endpoint,
+            "timeout_s": self.timeout_s,
+            "access_key": self.access_key,
+            "secret_key": self._secret_key,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["endpoint"], state["timeout_s"], state.get("access_key"), state.get("secret_key"))  # type: ignore[misc]
+        keys = state.get("access_key"), state.get("secret_key")
+        self.__init__(state["endpoint"], state["timeout_s"], *keys)  # type: ignore[misc]
 
     def close(self) -> None:
         if self._channel is not None:
@@ -92,7 +114,7 @@ class InternalClient:
         self._channel = None
         self._stubs.clear()
 
-    def __enter__(self) -> InternalClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -103,16 +125,24 @@ class InternalClient:
         if stub is None:
             if self._channel is None:
                 self._channel = grpc.insecure_channel(self.endpoint, options=CHANNEL_OPTIONS)
-            make = self._channel.unary_stream if method.response is None else self._channel.unary_unary
-            stub = make(method.path, request_serializer=codec.identity, response_deserializer=codec.identity)
+            make = (
+                self._channel.unary_stream if method.response is None else self._channel.unary_unary
+            )
+            stub = make(
+                method.path, request_serializer=codec.identity, response_deserializer=codec.identity
+            )
             self._stubs[method.name] = stub
         return stub
 
-    def _call(self, method: P.Method, request: bytes, timeout_s: float | None = None) -> dict[str, Any]:
+    def _call(
+        self, method: P.Method, request: bytes, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """One unary call; the answer as its JSON object (the documents' shape, for callers)."""
         assert method.response is not None
         try:
-            data = self._stub(method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata())
+            data = self._stub(method)(
+                request, timeout=timeout_s or self.timeout_s, metadata=self._metadata()
+            )
         except grpc.RpcError as err:
             _raise_from(self.endpoint, method.name, err)
             raise  # unreachable
@@ -130,25 +160,48 @@ class InternalClient:
         """Producer-visible topics and their read queue counts."""
         return P.TopicsResponse.from_json(self._call(P.TOPICS, P.Empty().encode())).topics
 
-    def offsets(self, topics: list[str]) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    def offsets(
+        self, topics: list[str]
+    ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
         """(max offsets from one atomic snapshot, min offsets) of every queue of ``topics``."""
-        r = P.OffsetsResponse.from_json(self._call(P.OFFSETS, P.OffsetsRequest(topics=topics).encode()))
+        r = P.OffsetsResponse.from_json(
+            self._call(P.OFFSETS, P.OffsetsRequest(topics=topics).encode())
+        )
         return r.max, r.min
 
-    def offsets_for_times(self, queues: Mapping[str, list[int]], timestamp_ms: int) -> dict[str, dict[str, int]]:
-        req = P.OffsetsForTimesRequest(queues={t: list(q) for t, q in queues.items()}, timestamp_ms=timestamp_ms)
+    def offsets_for_times(
+        self, queues: Mapping[str, list[int]], timestamp_ms: int
+    ) -> dict[str, dict[str, int]]:
+        req = P.OffsetsForTimesRequest(
+            queues={t: list(q) for t, q in queues.items()}, timestamp_ms=timestamp_ms
+        )
         return self._call(P.OFFSETS_FOR_TIMES, req.encode())
 
     def read_arrow(
-        self, topic: str, queue_id: int, start: int, end: int, tags: str | None = None, sql: str | None = None,
+        self,
+        topic: str,
+        queue_id: int,
+        start: int,
+        end: int,
+        tags: str | None = None,
+        sql: str | None = None,
         compression: str | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The rows of ``[start, end)`` as record batches; ``compression`` (none, lz4, zstd): how
         the broker compresses the stream's buffers."""
-        req = P.ReadArrowRequest(topic=topic, queue_id=queue_id, start=start, end=end, tags=tags, sql=sql,
-                                 compression=compression)
+        req = P.ReadArrowRequest(
+            topic=topic,
+            queue_id=queue_id,
+            start=start,
+            end=end,
+            tags=tags,
+            sql=sql,
+            compression=compression,
+        )
         try:
-            for chunk in self._stub(P.READ_ARROW)(req.encode(), timeout=self.timeout_s, metadata=self._metadata()):
+            for chunk in self._stub(P.READ_ARROW)(
+                req.encode(), timeout=self.timeout_s, metadata=self._metadata()
+            ):
                 yield codec.load_batch(chunk)
         except grpc.RpcError as err:
             _raise_from(self.endpoint, P.READ_ARROW.name, err)
@@ -158,15 +211,23 @@ class InternalClient:
         head = header if isinstance(header, P.SendHeader) else P.SendHeader.from_json(header)
         return self._call(P.SEND, codec.dump_frame(Frame(head.to_json(), table)))
 
-    def commit_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> dict[str, Any]:
+    def commit_batch(
+        self, query_id: str, batch_id: int, attempt: str, offsets: list[str]
+    ) -> dict[str, Any]:
         """Commit the halves of one sink attempt (``offsets``: the ``Send`` answers' encoded
         half offsets); ``{"outcome": COMMITTED | ALREADY_COMMITTED, "attempt"}``."""
-        req = P.SinkBatchRequest(query_id=query_id, batch_id=batch_id, attempt=attempt, offsets=offsets)
+        req = P.SinkBatchRequest(
+            query_id=query_id, batch_id=batch_id, attempt=attempt, offsets=offsets
+        )
         return self._call(P.COMMIT_BATCH, req.encode())
 
-    def abort_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> dict[str, Any]:
+    def abort_batch(
+        self, query_id: str, batch_id: int, attempt: str, offsets: list[str]
+    ) -> dict[str, Any]:
         """Roll back the halves of one sink attempt; it can never commit afterwards."""
-        req = P.SinkBatchRequest(query_id=query_id, batch_id=batch_id, attempt=attempt, offsets=offsets)
+        req = P.SinkBatchRequest(
+            query_id=query_id, batch_id=batch_id, attempt=attempt, offsets=offsets
+        )
         return self._call(P.ABORT_BATCH, req.encode())
 
     def commit_offsets(self, group: str, offsets: Mapping[str, Mapping[str, int]]) -> None:

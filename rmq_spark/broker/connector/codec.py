@@ -76,8 +76,14 @@ def dump_batch(batch: pa.RecordBatch, compression: str | None = None) -> bytes:
     ``lz4`` or ``zstd`` compresses its buffers (Arrow IPC's LZ4_FRAME / ZSTD: the reader
     decompresses by itself), ``none`` / None leaves them as they are."""
     if compression not in (None, "none") and compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, not {compression!r}")
-    options = pa.ipc.IpcWriteOptions(compression=compression) if compression not in (None, "none") else None
+        raise ValueError(
+            f"compression must be one of {', '.join(COMPRESSIONS)}, not {compression!r}"
+        )
+    options = (
+        pa.ipc.IpcWriteOptions(compression=compression)
+        if compression not in (None, "none")
+        else None
+    )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema, options=options) as w:
         w.write_batch(batch)

@@ -22,7 +22,7 @@ import numpy as np
 from rmq_spark.errors import StoreError
 from rmq_spark.store.encoded import EncodedBatch
 
-__all__ = ["GroupCommit", "GroupCommitter", "VISIBLE_WAIT_S"]
+__all__ = ["VISIBLE_WAIT_S", "GroupCommit", "GroupCommitter"]
 
 log = logging.getLogger("rmq_spark.sink")
 
@@ -35,10 +35,17 @@ class GroupCommit:
     each must carry (None: this process stored them all), and, for halves stored with their real
     messages, those (offsets in the order kept, queue offsets, ids, records)."""
 
-    __slots__ = ("attempt", "batch_id", "halves", "expect", "phys", "encoded", "error")
+    __slots__ = ("attempt", "batch_id", "encoded", "error", "expect", "halves", "phys")
 
-    def __init__(self, attempt: str, batch_id: int, halves: list[int], expect: dict[str, str] | None,
-                 phys: np.ndarray | None, encoded: tuple[list[int], list[str], list[EncodedBatch]] | None) -> None:
+    def __init__(
+        self,
+        attempt: str,
+        batch_id: int,
+        halves: list[int],
+        expect: dict[str, str] | None,
+        phys: np.ndarray | None,
+        encoded: tuple[list[int], list[str], list[EncodedBatch]] | None,
+    ) -> None:
         self.attempt, self.batch_id, self.halves, self.expect = attempt, batch_id, halves, expect
         self.phys, self.encoded = phys, encoded
         self.error: Exception | None = None
@@ -65,7 +72,9 @@ class GroupCommitter:
             self._jobs.append(job)
             self._committing[job.attempt] = job
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="rmq-sink-committer", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._loop, name="rmq-sink-committer", daemon=True
+                )
                 self._thread.start()
             self._changed.notify_all()
 
@@ -109,7 +118,7 @@ class GroupCommitter:
                 self._taken += 1
             try:
                 self._run(job)
-            except Exception as e:  # the halves stay pending: the check-back commits them from the record
+            except Exception as e:  # noqa: BLE001 - the halves stay pending: the check-back commits them from the record
                 job.error = e
                 log.error("the group commit of batch %d (attempt %s, %d messages) failed: %s; the broker's check-back "
                           "commits them from the batch's commit record", job.batch_id, job.attempt, len(job.halves), e)  # fmt: skip

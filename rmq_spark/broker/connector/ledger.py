@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from rmq_spark.errors import PermissionDeniedError, StoreError
 from rmq_spark.services.transaction.states import TransactionAction
-from rmq_spark.store.message import Message
 from rmq_spark.store.encoded import EncodedBatch
+from rmq_spark.store.message import Message
 from rmq_spark.store.rowprops import RowProperties
 from rmq_spark.store.store import PutResult
 
@@ -36,13 +36,19 @@ class HalfLedger:
     def __init__(self, core) -> None:  # type: ignore[no-untyped-def]
         svc = getattr(core, "transactions", None)
         if svc is None or not hasattr(svc, "commit_group"):
-            raise StoreError("this broker has no transaction service: the exactly-once sink needs one")
+            raise StoreError(
+                "this broker has no transaction service: the exactly-once sink needs one"
+            )
         self._svc = svc
         if getattr(svc, "real_message_hook", None) is None:
             # a committed half that asks for a delay level or a delivery time goes through the
             # delay and timer put hooks as its real message is written (the broker core may
             # wire this itself; then it is left as it is)
-            hooks = [s.transform for s in (getattr(core, "schedule", None), getattr(core, "timer", None)) if s is not None]
+            hooks = [
+                s.transform
+                for s in (getattr(core, "schedule", None), getattr(core, "timer", None))
+                if s is not None
+            ]
             if hooks:
                 svc.real_message_hook = lambda m: _chain(hooks, m)
 
@@ -52,7 +58,11 @@ class HalfLedger:
         return self._svc.prepare(msgs, producer_group)
 
     def put_half_bodies(
-        self, topic: str, queue_id: int, bodies: list[bytes], properties: dict[str, str] | RowProperties,
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: list[bytes],
+        properties: dict[str, str] | RowProperties,
         producer_group: str,
     ) -> PutResult:
         """Bodies for one queue sharing ``properties`` as halves of ``producer_group`` (one write,
@@ -60,22 +70,37 @@ class HalfLedger:
         return self._svc.prepare_bodies(topic, queue_id, bodies, properties, producer_group)
 
     def put_half_bodies_for_commit(
-        self, topic: str, queue_id: int, bodies: list[bytes], properties: dict[str, str] | RowProperties,
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: list[bytes],
+        properties: dict[str, str] | RowProperties,
         producer_group: str,
     ) -> tuple[PutResult, EncodedBatch | None]:
         """:meth:`put_half_bodies`, and the real messages their commit writes (or None), for
         :meth:`commit_encoded`."""
-        return self._svc.prepare_bodies_for_commit(topic, queue_id, bodies, properties, producer_group)
+        return self._svc.prepare_bodies_for_commit(
+            topic, queue_id, bodies, properties, producer_group
+        )
 
-    def commit_encoded(self, offsets: Sequence[int], queue_offsets: Sequence[int], ids: list[str],
-                       reals: Sequence[EncodedBatch]) -> None:
+    def commit_encoded(
+        self,
+        offsets: Sequence[int],
+        queue_offsets: Sequence[int],
+        ids: Sequence[str],
+        reals: Sequence[EncodedBatch],
+    ) -> None:
         """Commit halves the caller stored itself with the real messages made when it stored them."""
         r = self._svc.commit_encoded(offsets, queue_offsets, ids, reals)
         _refuse_foreign(r, len(offsets))
         if not r.ok and r.status.value != "ALREADY_COMMITTED":
-            raise StoreError(f"committing {len(offsets)} half messages failed: {r.status.value} {_first(r)}")
+            raise StoreError(
+                f"committing {len(offsets)} half messages failed: {r.status.value} {_first(r)}"
+            )
 
-    def register_resolver(self, prefix: str, fn: Callable[[dict[str, str]], TransactionAction]) -> None:
+    def register_resolver(
+        self, prefix: str, fn: Callable[[dict[str, str]], TransactionAction]
+    ) -> None:
         """``fn`` decides the sink's orphaned halves; its UNKNOWN (an attempt still writing) ends
         the check round there rather than copying the half back: a batch of a million halves in
         flight longer than the transaction timeout costs the check one question, not a million
@@ -98,14 +123,21 @@ class HalfLedger:
         if len(offsets) > MAX_GROUP_HALVES:
             log.warning(
                 "a sink batch of %d messages is committed in groups of %d: readers may see it in parts",
-                len(offsets), MAX_GROUP_HALVES,
+                len(offsets),
+                MAX_GROUP_HALVES,
             )
         for i in range(0, len(offsets), MAX_GROUP_HALVES):
             group = offsets[i : i + MAX_GROUP_HALVES]
-            r = self._svc.commit_group(group, expect) if expect is not None else self._svc.commit_own(group)
+            r = (
+                self._svc.commit_group(group, expect)
+                if expect is not None
+                else self._svc.commit_own(group)
+            )
             _refuse_foreign(r, len(offsets))
             if not r.ok and r.status.value != "ALREADY_COMMITTED":
-                raise StoreError(f"committing {len(offsets)} half messages failed: {r.status.value} {_first(r)}")
+                raise StoreError(
+                    f"committing {len(offsets)} half messages failed: {r.status.value} {_first(r)}"
+                )
 
     def rollback(self, offsets: Sequence[int], expect: Mapping[str, str] | None = None) -> None:
         """Roll back the halves at ``offsets`` (each carrying the ``expect`` properties)."""
@@ -117,7 +149,9 @@ class HalfLedger:
         moot = ("ALREADY_ROLLED_BACK", "ALREADY_RESOLVED", "EXPIRED")
         bad = {o: s.value for o, s in r.rejected.items() if s.value not in moot}
         if bad:
-            raise StoreError(f"rolling back {len(offsets)} half messages failed: {r.status.value} {_first(r)}")
+            raise StoreError(
+                f"rolling back {len(offsets)} half messages failed: {r.status.value} {_first(r)}"
+            )
 
 
 def _refuse_foreign(result, n: int) -> None:  # type: ignore[no-untyped-def]
@@ -143,4 +177,4 @@ def _first(result) -> str:  # type: ignore[no-untyped-def]
     return f"(first: offset {off} {status.value})"
 
 
-__all__ = ["HalfLedger", "MAX_GROUP_HALVES", "Outcome"]
+__all__ = ["MAX_GROUP_HALVES", "HalfLedger", "Outcome"]

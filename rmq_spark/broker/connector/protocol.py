@@ -35,45 +35,47 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
+from typing_extensions import Self
+
 from rmq_spark.broker.connector.codec import dump_json, load_json
 
 __all__ = [
-    "SERVICE",
+    "ABORT_BATCH",
+    "COMMIT_BATCH",
+    "COMMIT_OFFSETS",
     "ERROR_METADATA_KEY",
+    "INFO",
+    "METHODS",
+    "OFFSETS",
+    "OFFSETS_FOR_TIMES",
+    "PING",
+    "QUERY_OFFSETS",
+    "READ_ARROW",
+    "SEND",
+    "SERVICE",
+    "SINK_STATUS",
+    "TOPICS",
+    "AbortBatchResponse",
+    "CommitBatchResponse",
+    "CommitOffsetsRequest",
     "Document",
-    "Method",
     "Empty",
-    "PingResponse",
     "InfoResponse",
-    "TopicsResponse",
-    "OffsetsRequest",
-    "OffsetsResponse",
+    "Method",
     "OffsetsForTimesRequest",
     "OffsetsForTimesResponse",
+    "OffsetsRequest",
+    "OffsetsResponse",
+    "PingResponse",
+    "QueryOffsetsRequest",
+    "QueryOffsetsResponse",
     "ReadArrowRequest",
     "SendHeader",
     "SendResponse",
     "SinkBatchRequest",
-    "CommitBatchResponse",
-    "AbortBatchResponse",
-    "CommitOffsetsRequest",
-    "QueryOffsetsRequest",
-    "QueryOffsetsResponse",
     "SinkStatusRequest",
     "SinkStatusResponse",
-    "PING",
-    "INFO",
-    "TOPICS",
-    "OFFSETS",
-    "OFFSETS_FOR_TIMES",
-    "READ_ARROW",
-    "SEND",
-    "COMMIT_BATCH",
-    "ABORT_BATCH",
-    "COMMIT_OFFSETS",
-    "QUERY_OFFSETS",
-    "SINK_STATUS",
-    "METHODS",
+    "TopicsResponse",
 ]
 
 SERVICE = "rmq_spark.internal.Connector"
@@ -96,14 +98,14 @@ class Document:
         return out
 
     @classmethod
-    def from_json(cls: type[D], doc: Mapping[str, Any]) -> D:
+    def from_json(cls, doc: Mapping[str, Any]) -> Self:
         return cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})  # type: ignore[arg-type]
 
     def encode(self) -> bytes:
         return dump_json(self.to_json())
 
     @classmethod
-    def decode(cls: type[D], data: bytes) -> D:
+    def decode(cls, data: bytes) -> Self:
         return cls.from_json(load_json(data))
 
 
@@ -174,7 +176,9 @@ class ReadArrowRequest(Document):
     end: int
     tags: str | None = None
     sql: str | None = None
-    compression: str | None = None  # none | lz4 | zstd (codec.COMPRESSIONS); a broker without it sends none
+    compression: str | None = (
+        None  # none | lz4 | zstd (codec.COMPRESSIONS); a broker without it sends none
+    )
 
 
 @dataclass

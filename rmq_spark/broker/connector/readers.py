@@ -43,7 +43,7 @@ from rmq_spark import errors as E
 from rmq_spark.broker.connector import codec
 from rmq_spark.store.reader import chunk_bounds
 
-__all__ = ["READ_STEP", "WIRE_ROWS", "WIRE_BYTES", "ReadWorkers", "wire_chunks", "default_workers"]
+__all__ = ["READ_STEP", "WIRE_BYTES", "WIRE_ROWS", "ReadWorkers", "default_workers", "wire_chunks"]
 
 log = logging.getLogger("rmq_spark.broker")
 
@@ -69,7 +69,9 @@ def default_workers() -> int:
     return max(2, os.cpu_count() or 2)
 
 
-def wire_chunks(read: Callable[..., pa.RecordBatch], start: int, end: int, compression: str | None) -> Iterator[bytes]:
+def wire_chunks(
+    read: Callable[..., pa.RecordBatch], start: int, end: int, compression: str | None
+) -> Iterator[bytes]:
     """The ``ReadArrow`` messages of ``[start, end)``: ``read(a, b, max_inflated=, next_offset=)``
     gives rows from ``a`` towards ``b``, ending where compressed bodies would pass
     :data:`READ_INFLATED_MAX` once inflated (a few KiB of zlib can hold 4 MiB: a step of rows is
@@ -114,7 +116,9 @@ def _worker_command(root: str) -> list[str]:
 class _Worker:
     def __init__(self, root: str) -> None:
         cmd = _worker_command(root)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True
+        )
         self.pid = self.proc.pid
 
     def ready(self, timeout_s: float) -> None:
@@ -132,7 +136,9 @@ class _Worker:
             kind, data = self.frame()
         except E.StoreError:
             if late.is_set():
-                raise E.StoreError(f"read worker {self.pid} was not ready in {timeout_s:g}s; killed") from None
+                raise E.StoreError(
+                    f"read worker {self.pid} was not ready in {timeout_s:g}s; killed"
+                ) from None
             raise
         finally:
             timer.cancel()
@@ -147,7 +153,9 @@ class _Worker:
         kind, n = _FRAME.unpack(head)
         data = out.read(n) if n else b""
         if len(data) < n:
-            raise E.StoreError(f"read worker {self.pid} exited in the middle of a chunk (code {self.proc.poll()})")
+            raise E.StoreError(
+                f"read worker {self.pid} exited in the middle of a chunk (code {self.proc.poll()})"
+            )
         return kind, data
 
     def request(self, job: dict[str, Any]) -> None:
@@ -208,7 +216,9 @@ class ReadWorkers:
             if not self._closed:
                 if not self._idle and len(self._busy) + self._starting < self.limit:
                     self._starting += 1
-                    threading.Thread(target=self._start_one, name="rmq-read-worker-start", daemon=True).start()
+                    threading.Thread(
+                        target=self._start_one, name="rmq-read-worker-start", daemon=True
+                    ).start()
         for w in dead:
             log.warning("read worker %d exited (code %s); another starts", w.pid, w.proc.returncode)
             w.stop()
@@ -232,7 +242,9 @@ class ReadWorkers:
         if worker is not None:
             worker.stop()
 
-    def _serve(self, worker: _Worker, job: dict[str, Any], here: Callable[[], Iterator[bytes]]) -> Iterator[bytes]:
+    def _serve(
+        self, worker: _Worker, job: dict[str, Any], here: Callable[[], Iterator[bytes]]
+    ) -> Iterator[bytes]:
         clean = False
         try:
             try:
@@ -302,7 +314,9 @@ def _serve_job(reader: Any, job: dict[str, Any], out: BinaryIO) -> None:
     force = bool(job.get("force_prop_crc", False))
 
     def read(a: int, b: int, **bounds: Any) -> pa.RecordBatch:
-        return reader.read_arrow(topic, qid, a, b, tag_filter, sql_filter, force_prop_crc=force, **bounds)
+        return reader.read_arrow(
+            topic, qid, a, b, tag_filter, sql_filter, force_prop_crc=force, **bounds
+        )
 
     for chunk in wire_chunks(read, int(job["start"]), int(job["end"]), job.get("compression")):
         _write(out, CHUNK, chunk)

@@ -26,9 +26,17 @@ from typing import Any
 import grpc
 
 from rmq_spark import errors as E
-from rmq_spark.broker import codes
-from rmq_spark.broker.access import AUTHENTICATED, Need, ServiceAccess, Use, caller, group_name, topic_name
 from rmq_spark.access.auth import Perm
+from rmq_spark.broker import codes
+from rmq_spark.broker.access import (
+    AUTHENTICATED,
+    Need,
+    ServiceAccess,
+    Use,
+    caller,
+    group_name,
+    topic_name,
+)
 from rmq_spark.broker.connector import codec
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.readers import ReadWorkers, wire_chunks
@@ -120,7 +128,9 @@ class ConnectorService:
         topic, qid = str(req.topic), int(req.queue_id)
         start, end = int(req.start), int(req.end)
         if req.compression not in (None, *codec.COMPRESSIONS):
-            raise E.ConfigError(f"compression must be one of {', '.join(codec.COMPRESSIONS)}, not {req.compression!r}")
+            raise E.ConfigError(
+                f"compression must be one of {', '.join(codec.COMPRESSIONS)}, not {req.compression!r}"
+            )
         tag_filter, sql_filter = make_filters(req.tags, req.sql)
         hi = self.store.max_offset(topic, qid)
         if end > hi:
@@ -132,7 +142,9 @@ class ConnectorService:
 
         def here() -> Iterator[bytes]:
             def read(a: int, b: int, **bounds: Any) -> Any:
-                return self.store.read_arrow(topic, qid, a, b, tag_filter=tag_filter, sql_filter=sql_filter, **bounds)
+                return self.store.read_arrow(
+                    topic, qid, a, b, tag_filter=tag_filter, sql_filter=sql_filter, **bounds
+                )
 
             return wire_chunks(read, start, end, req.compression)
 
@@ -141,7 +153,10 @@ class ConnectorService:
     # --- consumer offsets ------------------------------------------------------------------------------------
     def commit_offsets(self, req: P.CommitOffsetsRequest) -> P.Empty:
         group = group_name(req.group)
-        offsets = {topic_name(t, Use.READ): {int(q): int(o) for q, o in qs.items()} for t, qs in req.offsets.items()}
+        offsets = {
+            topic_name(t, Use.READ): {int(q): int(o) for q, o in qs.items()}
+            for t, qs in req.offsets.items()
+        }
         self.store.offsets.commit_many(group, offsets, persist=True)
         return P.Empty()
 
@@ -149,7 +164,9 @@ class ConnectorService:
         group = group_name(req.group)
         out = {}
         for t in req.topics:
-            out[t] = {str(q): o for q, o in sorted(self.store.offsets.query_topic(group, t).items())}
+            out[t] = {
+                str(q): o for q, o in sorted(self.store.offsets.query_topic(group, t).items())
+            }
         return P.QueryOffsetsResponse(offsets=out)
 
     # --- the sink -----------------------------------------------------------------------------------------------
@@ -157,10 +174,14 @@ class ConnectorService:
         return self.sink.send(header, table)
 
     def commit_batch(self, req: P.SinkBatchRequest) -> P.CommitBatchResponse:
-        return self.sink.commit_batch(str(req.query_id), int(req.batch_id), str(req.attempt), req.offsets)
+        return self.sink.commit_batch(
+            str(req.query_id), int(req.batch_id), str(req.attempt), req.offsets
+        )
 
     def abort_batch(self, req: P.SinkBatchRequest) -> P.AbortBatchResponse:
-        return self.sink.abort_batch(str(req.query_id), int(req.batch_id), str(req.attempt), req.offsets)
+        return self.sink.abort_batch(
+            str(req.query_id), int(req.batch_id), str(req.attempt), req.offsets
+        )
 
     def close(self) -> None:
         """The broker stops: the sink's queued group commits are finished first; the read
@@ -179,36 +200,48 @@ _TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
 
 def _user_topic(name: str) -> bool:
-    return not L.is_system_topic(name) and not name.startswith(_SYSTEM_PREFIXES) and bool(_TOPIC_NAME.match(name))
+    return (
+        not L.is_system_topic(name)
+        and not name.startswith(_SYSTEM_PREFIXES)
+        and bool(_TOPIC_NAME.match(name))
+    )
 
 
-def _unary(method: P.Method, fn: Callable[..., P.Document]) -> grpc.RpcMethodHandler:
+def _unary(method: P.Method, fn: Callable[..., P.Document]) -> grpc.RpcMethodHandler[bytes, bytes]:
     if method.frame:
+
         def call(request: bytes) -> P.Document:
             frame = codec.load_frame(request)
             return fn(method.request.from_json(frame.header), frame.table)
     else:
+
         def call(request: bytes) -> P.Document:
             return fn(method.request.decode(request))
 
     def handler(request: bytes, context: grpc.ServicerContext) -> bytes | None:
         try:
             return call(request).encode()
-        except Exception as exc:  # translated to a status code at this seam
+        except Exception as exc:  # noqa: BLE001 - translated to a status code at this seam
             _abort(context, exc)
             return None  # the call is aborted (see _abort)
 
-    return grpc.unary_unary_rpc_method_handler(handler, request_deserializer=codec.identity, response_serializer=codec.identity)
+    return grpc.unary_unary_rpc_method_handler(
+        handler, request_deserializer=codec.identity, response_serializer=codec.identity
+    )
 
 
-def _stream(method: P.Method, fn: Callable[[Any], Iterator[bytes]]) -> grpc.RpcMethodHandler:
+def _stream(
+    method: P.Method, fn: Callable[[Any], Iterator[bytes]]
+) -> grpc.RpcMethodHandler[bytes, bytes]:
     def handler(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
             yield from fn(method.request.decode(request))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - translated to a status at this seam (_abort)
             _abort(context, exc)
 
-    return grpc.unary_stream_rpc_method_handler(handler, request_deserializer=codec.identity, response_serializer=codec.identity)
+    return grpc.unary_stream_rpc_method_handler(
+        handler, request_deserializer=codec.identity, response_serializer=codec.identity
+    )
 
 
 # --- access: what each method needs (read by rmq_spark.broker.access before the handler runs) -------
@@ -232,7 +265,11 @@ def _refuse(_method: str, exc: BaseException, context: grpc.ServicerContext) -> 
 def _read(topics: Any) -> Need:
     """Reading ``topics`` (SUB); system topics pass the name check, authorization keeps them
     for admin accounts."""
-    return Need(topics=tuple((topic_name(t, Use.READ, system_reads=True), Perm.SUB) for t in dict.fromkeys(topics)))
+    return Need(
+        topics=tuple(
+            (topic_name(t, Use.READ, system_reads=True), Perm.SUB) for t in dict.fromkeys(topics)
+        )
+    )
 
 
 def _offsets_need(group: Any, topics: Any) -> Need:
@@ -268,9 +305,10 @@ ACCESS_RULES: dict[str, Any] = {
 }
 
 
-def make_internal_handler(core, read_workers: int = 0) -> grpc.GenericRpcHandler:  # type: ignore[no-untyped-def]
+def make_internal_handler(core: Any, read_workers: int = 0) -> Any:
     """The generic handler the broker adds with ``server.add_generic_rpc_handlers((h,))``;
-    ``read_workers``: processes that decode ReadArrow (0: the broker's own)."""
+    ``read_workers``: processes that decode ReadArrow (0: the broker's own).  A
+    ``grpc.GenericRpcHandler`` that also carries ``.connector``, its :class:`ConnectorService`."""
     svc = ConnectorService(core, read_workers)
     served: dict[P.Method, Callable[..., Any]] = {
         P.PING: svc.ping,
@@ -287,8 +325,13 @@ def make_internal_handler(core, read_workers: int = 0) -> grpc.GenericRpcHandler
         P.SINK_STATUS: svc.sink_status,
     }
     assert set(served) == set(P.METHODS), "every method of the protocol is served"
-    assert set(ACCESS_RULES) == {m.name for m in P.METHODS}, "every method of the protocol has an access rule"
-    methods = {m.name: (_stream(m, fn) if m.response is None else _unary(m, fn)) for m, fn in served.items()}
+    assert set(ACCESS_RULES) == {m.name for m in P.METHODS}, (
+        "every method of the protocol has an access rule"
+    )
+    methods = {
+        m.name: (_stream(m, fn) if m.response is None else _unary(m, fn))
+        for m, fn in served.items()
+    }
     handler = grpc.method_handlers_generic_handler(P.SERVICE, methods)
     handler.connector = svc  # type: ignore[attr-defined]  # tests reach the service through it
     return handler

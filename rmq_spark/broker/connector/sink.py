@@ -27,6 +27,10 @@ transaction service: commit iff a commit record of the *same attempt* exists; ot
 back (abort record first) when another attempt committed the batch or the attempt has sent
 nothing for ``ATTEMPT_IDLE_MS``; a live attempt still writing a long batch, or one whose group
 commit is queued or running, gets UNKNOWN, so the check-back asks again later.
+
+Why this module is long: the exactly-once commit protocol (commit record, abort record, the check-
+back's resolver, the committer's order) runs under one lock over one set of records; split, its
+invariants would be spread over files.
 """
 
 from __future__ import annotations
@@ -34,32 +38,44 @@ from __future__ import annotations
 import base64
 import itertools
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rmq_spark.errors import MessageIllegalError, PermissionDeniedError, StoreError
+from rmq_spark.access.rules import P_SINK_KEY, SendLimits, check_rows
+from rmq_spark.broker.access import Use, topic_name
 from rmq_spark.broker.connector import protocol as P
 from rmq_spark.broker.connector.committer import VISIBLE_WAIT_S, GroupCommit, GroupCommitter
-from rmq_spark.broker.connector.sinklog import SinkCommitLog
 from rmq_spark.broker.connector.ledger import HalfLedger, Outcome
+from rmq_spark.broker.connector.sinklog import SinkCommitLog
+from rmq_spark.errors import MessageIllegalError, PermissionDeniedError, StoreError
 from rmq_spark.services.transaction.states import TransactionAction
 from rmq_spark.store import layout as L
-from rmq_spark.store.hashing import java_string_hash
-from rmq_spark.store.encoded import EncodedBatch
 from rmq_spark.store.dispatch import group_by_queue
+from rmq_spark.store.encoded import EncodedBatch
+from rmq_spark.store.hashing import java_string_hash
 from rmq_spark.store.message import Message
 from rmq_spark.store.rowprops import RowProperties, row_properties
-from rmq_spark.broker.access import Use, topic_name
-from rmq_spark.access.rules import P_SINK_KEY, SendLimits, check_rows
 
 SINK_PRODUCER_GROUP = "rmq-spark-sink"
 ATTEMPT_IDLE_MS = 300_000  # an attempt silent this long, and not committed, is given up
-REALS_MAX_BYTES = 512 << 20  # real messages kept for commits in flight (beyond: parsed at the commit)
-ROW_COLUMNS = ("topic", "body", "tags", "keys", "properties", "delayLevel", "deliverTimeMs", "messageGroup", "queueId")
+REALS_MAX_BYTES = (
+    512 << 20
+)  # real messages kept for commits in flight (beyond: parsed at the commit)
+ROW_COLUMNS = (
+    "topic",
+    "body",
+    "tags",
+    "keys",
+    "properties",
+    "delayLevel",
+    "deliverTimeMs",
+    "messageGroup",
+    "queueId",
+)
 
 
 def _binary_bodies(table: pa.Table) -> pa.Table:
@@ -69,7 +85,9 @@ def _binary_bodies(table: pa.Table) -> pa.Table:
     if pa.types.is_binary(body.type) or pa.types.is_large_binary(body.type):
         return table
     if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
-        return table.set_column(table.schema.get_field_index("body"), "body", body.cast(pa.binary()))
+        return table.set_column(
+            table.schema.get_field_index("body"), "body", body.cast(pa.binary())
+        )
     raise MessageIllegalError(f"row column 'body' must be binary or string, not {body.type}")
 
 
@@ -111,7 +129,7 @@ class SinkService:
         self._sent: dict[str, list[np.ndarray]] = {}
         # attempt -> the real messages of its halves, encoded when they were stored (offsets,
         # queue offsets, ids, records); an attempt with a half stored otherwise is in _unencoded
-        self._reals: dict[str, list[tuple[np.ndarray, list[int], list[str], EncodedBatch]]] = {}
+        self._reals: dict[str, list[tuple[np.ndarray, list[int], Sequence[str], EncodedBatch]]] = {}
         self._unencoded: set[str] = set()
         self._reals_bytes = 0
         self._rr = itertools.count()
@@ -126,7 +144,9 @@ class SinkService:
 
     def _halves(self) -> HalfLedger:
         if self.ledger is None:
-            raise StoreError("this broker has no transaction service: write with transactional=false")
+            raise StoreError(
+                "this broker has no transaction service: write with transactional=false"
+            )
         return self.ledger
 
     # --- send ----------------------------------------------------------------------------------------------
@@ -172,7 +192,9 @@ class SinkService:
             key = sink_key(query_id, batch_id, attempt)
             with self._lock:
                 if self.commits.aborted(attempt):
-                    raise StoreError(f"sink attempt {attempt} was rolled back; the batch will be replayed")
+                    raise StoreError(
+                        f"sink attempt {attempt} was rolled back; the batch will be replayed"
+                    )
                 self._last_send_ms[attempt] = self.core.clock.now_ms()
             if plain or self._columnar(table):
                 props = None if plain else self._row_properties(table, key)
@@ -198,23 +220,34 @@ class SinkService:
         """Keep the real messages of halves just stored for the commit (up to REALS_MAX_BYTES in
         all: beyond, and for halves stored without them, the commit parses the halves)."""
         with self._lock:
-            if reals is None or attempt in self._unencoded or self._reals_bytes + len(reals.buf) > REALS_MAX_BYTES:
+            if (
+                reals is None
+                or attempt in self._unencoded
+                or self._reals_bytes + len(reals.buf) > REALS_MAX_BYTES
+            ):
                 self._unencoded.add(attempt)
                 self._reals_bytes -= sum(len(r[3].buf) for r in self._reals.pop(attempt, ()))
                 return
             a = result.append
             phys = np.asarray(a.phys_offsets, dtype=np.int64)
-            self._reals.setdefault(attempt, []).append((phys, a.queue_list(), reals.uniq_keys, reals))
+            ids = cast(
+                Sequence[str], reals.uniq_keys
+            )  # halves made for the commit: each has its id
+            self._reals.setdefault(attempt, []).append((phys, a.queue_list(), ids, reals))
             self._reals_bytes += len(reals.buf)
 
-    def _encoded_commit(self, attempt: str, halves: list[int]) -> tuple[list[int], list[str], list[EncodedBatch]] | None:
+    def _encoded_commit(
+        self, attempt: str, halves: list[int]
+    ) -> tuple[list[int], list[str], list[EncodedBatch]] | None:
         """The kept real messages of exactly the halves ``halves`` (queue offsets, ids, records in
         parts: the commit joins them to its op message in one copy), or None."""
         kept = self._reals.get(attempt)
         if not kept or attempt in self._unencoded:
             return None
         phys = np.concatenate([k[0] for k in kept])
-        if len(phys) != len(halves) or not np.array_equal(np.sort(phys), np.sort(np.asarray(halves, dtype=np.int64))):
+        if len(phys) != len(halves) or not np.array_equal(
+            np.sort(phys), np.sort(np.asarray(halves, dtype=np.int64))
+        ):
             return None
         qoffs = list(itertools.chain.from_iterable(k[1] for k in kept))
         ids = list(itertools.chain.from_iterable(k[2] for k in kept))
@@ -253,7 +286,11 @@ class SinkService:
         def col(name: str) -> pa.Array | None:
             return table.column(name).combine_chunks() if name in names else None
 
-        named = {L.P_TAGS: col("tags"), L.P_KEYS: col("keys"), L.P_SHARDING_KEY: col("messageGroup")}
+        named = {
+            L.P_TAGS: col("tags"),
+            L.P_KEYS: col("keys"),
+            L.P_SHARDING_KEY: col("messageGroup"),
+        }
         return row_properties(table.num_rows, properties=col("properties"), named=named,
                               shared={P_SINK_KEY: key} if key is not None else None)  # fmt: skip
 
@@ -262,9 +299,13 @@ class SinkService:
         props = self._row_properties(table, None)
         n = 0
         for t, q, part, idx in self._by_queue(table, qids, topic):
-            result = self.store.put_bodies(t, q, part, props.take(idx) if len(idx) != len(props) else props)
+            result = self.store.put_bodies(
+                t, q, part, props.take(idx) if len(idx) != len(props) else props
+            )
             if not result.ok:
-                raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
+                raise StoreError(
+                    f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}"
+                )
             n += len(part)
         return P.SendResponse(count=n, offsets="")
 
@@ -275,6 +316,7 @@ class SinkService:
         """The bodies of the rows per (topic, queue) as Arrow columns, and the rows' indexes
         (``topic``: the rows' one topic, None when they have several)."""
         bodies = table.column("body").combine_chunks()
+        groups: Iterable[tuple[tuple[str, int], np.ndarray]]
         if topic is None:
             groups = group_by_queue(table.column("topic").to_pylist(), qids).items()
         else:
@@ -287,12 +329,19 @@ class SinkService:
         for t, q, part, _idx in self._by_queue(table, qids, topic):
             result = self.store.put_bodies(t, q, part)
             if not result.ok:
-                raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
+                raise StoreError(
+                    f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}"
+                )
             n += len(part)
         return P.SendResponse(count=n, offsets="")
 
     def _send_plain_halves(
-        self, table: pa.Table, qids: np.ndarray, topic: str | None, key: str, props: RowProperties | None = None
+        self,
+        table: pa.Table,
+        qids: np.ndarray,
+        topic: str | None,
+        key: str,
+        props: RowProperties | None = None,
     ) -> P.SendResponse:
         """Rows as halves, a column-wise write per queue: bodies only (``props`` None), or each row
         with its own properties (``props``, the sink key among them)."""
@@ -302,9 +351,13 @@ class SinkService:
             shared: dict[str, str] | RowProperties = {P_SINK_KEY: key}
             if props is not None:
                 shared = props.take(idx) if len(idx) != len(props) else props
-            result, reals = self._halves().put_half_bodies_for_commit(t, q, part, shared, SINK_PRODUCER_GROUP)
+            result, reals = self._halves().put_half_bodies_for_commit(
+                t, q, part, shared, SINK_PRODUCER_GROUP
+            )
             if not result.ok or result.append is None:
-                raise StoreError(f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}")
+                raise StoreError(
+                    f"storing {len(part)} rows into {t}/{q} failed: {result.status.value}"
+                )
             offsets.append(result.append.phys_offsets)
             n += len(part)
             self._keep_reals(attempt, result, reals)
@@ -402,7 +455,9 @@ class SinkService:
         stray[at] = False
         return True, mine[stray].tolist()
 
-    def commit_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> P.CommitBatchResponse:
+    def commit_batch(
+        self, query_id: str, batch_id: int, attempt: str, offsets: list[str]
+    ) -> P.CommitBatchResponse:
         halves = decode_offsets(offsets)
         own = self._own(query_id, batch_id, attempt)
         with self._lock:
@@ -411,7 +466,9 @@ class SinkService:
                 if halves and committed != attempt:
                     self._halves().rollback(halves, own)
                 self._forget(attempt)
-                return P.CommitBatchResponse(outcome=Outcome.ALREADY_COMMITTED.value, attempt=committed)
+                return P.CommitBatchResponse(
+                    outcome=Outcome.ALREADY_COMMITTED.value, attempt=committed
+                )
             if self.commits.aborted(attempt):
                 raise StoreError(
                     f"sink attempt {attempt} of batch {batch_id} was rolled back before its commit; "
@@ -419,16 +476,26 @@ class SinkService:
                 )
             known, stray = self._own_sent(attempt, halves)
             if halves and not known:
-                self._halves().check_own(halves, own)  # before the commit record: a refusal changes nothing
-            if stray:  # before the commit record, or the check-back would commit them with the batch
+                self._halves().check_own(
+                    halves, own
+                )  # before the commit record: a refusal changes nothing
+            if (
+                stray
+            ):  # before the commit record, or the check-back would commit them with the batch
                 self._halves().rollback(stray, own)
             encoded = self._encoded_commit(attempt, halves) if known and not stray else None
             if halves and self.committer.closed:
                 raise StoreError("the broker is stopping: the batch will be replayed")
             self.commits.record(query_id, batch_id, attempt, self.core.clock.now_ms())
             if halves:
-                phys = np.concatenate([k[0] for k in self._reals[attempt]]) if encoded is not None else None
-                self.committer.enqueue(GroupCommit(attempt, batch_id, halves, None if known else own, phys, encoded))
+                phys = (
+                    np.concatenate([k[0] for k in self._reals[attempt]])
+                    if encoded is not None
+                    else None
+                )
+                self.committer.enqueue(
+                    GroupCommit(attempt, batch_id, halves, None if known else own, phys, encoded)
+                )
             self._forget(attempt)
         return P.CommitBatchResponse(outcome=Outcome.COMMITTED.value, attempt=attempt)
 
@@ -453,7 +520,9 @@ class SinkService:
         self._unencoded.discard(attempt)
         self._reals_bytes -= sum(len(r[3].buf) for r in self._reals.pop(attempt, ()))
 
-    def abort_batch(self, query_id: str, batch_id: int, attempt: str, offsets: list[str]) -> P.AbortBatchResponse:
+    def abort_batch(
+        self, query_id: str, batch_id: int, attempt: str, offsets: list[str]
+    ) -> P.AbortBatchResponse:
         halves = decode_offsets(offsets)
         own = self._own(query_id, batch_id, attempt)
         with self._lock:
@@ -493,11 +562,18 @@ class SinkService:
             committed = self.commits.lookup(query_id, batch_id)
             if committed == attempt:
                 # its group commit is queued or running: ending the half here would race it
-                return TransactionAction.UNKNOWN if self.committer.committing(attempt) else TransactionAction.COMMIT
+                return (
+                    TransactionAction.UNKNOWN
+                    if self.committer.committing(attempt)
+                    else TransactionAction.COMMIT
+                )
             last = self._last_send_ms.get(attempt)
-            if committed is None and last is not None and self.core.clock.now_ms() - last < ATTEMPT_IDLE_MS:
+            if (
+                committed is None
+                and last is not None
+                and self.core.clock.now_ms() - last < ATTEMPT_IDLE_MS
+            ):
                 return TransactionAction.UNKNOWN
             self.commits.record_abort(query_id, batch_id, attempt, self.core.clock.now_ms())
             self._forget(attempt)
             return TransactionAction.ROLLBACK
-

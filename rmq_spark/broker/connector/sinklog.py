@@ -46,7 +46,11 @@ class SinkCommitLog:
         while start < end:
             stop = min(end, start + _LOAD_CHUNK)
             batch = self._store.read_arrow(COMMIT_TOPIC, 0, start, stop)
-            for body, off in zip(batch.column("body").to_pylist(), batch.column("queueOffset").to_pylist()):
+            for body, off in zip(
+                batch.column("body").to_pylist(),
+                batch.column("queueOffset").to_pylist(),
+                strict=True,
+            ):
                 try:
                     rec = json.loads(body)
                     key = (str(rec["query"]), int(rec["batch"]))
@@ -92,13 +96,22 @@ class SinkCommitLog:
 
     def _append(self, kind: str, query_id: str, batch_id: int, attempt: str, now_ms: int) -> None:
         body = json.dumps(
-            {"v": RECORD_VERSION, "kind": kind, "query": query_id, "batch": int(batch_id), "attempt": attempt, "ts": now_ms},
+            {
+                "v": RECORD_VERSION,
+                "kind": kind,
+                "query": query_id,
+                "batch": int(batch_id),
+                "attempt": attempt,
+                "ts": now_ms,
+            },
             separators=(",", ":"),
         ).encode("utf-8")
         msg = Message(COMMIT_TOPIC, body, {L.P_KEYS: f"{query_id}:{batch_id}"}, queue_id=0)
         result = self._store.put_messages([msg], allow_system=True)
         if not result.ok:
-            raise StoreError(f"writing the sink {kind} record of {query_id}:{batch_id} failed: {result.status.value}")
+            raise StoreError(
+                f"writing the sink {kind} record of {query_id}:{batch_id} failed: {result.status.value}"
+            )
         self._store.commitlog.flush()
 
     def batches(self, query_id: str) -> dict[int, str]:

@@ -21,7 +21,12 @@ Nested = dict[str, dict[str, dict[str, int]]]
 
 
 def flat(nested: Mapping[str, Mapping[str, Mapping[str, int]]]) -> Flat:
-    return {(t, b, int(q)): int(o) for t, bs in nested.items() for b, qs in bs.items() for q, o in qs.items()}
+    return {
+        (t, b, int(q)): int(o)
+        for t, bs in nested.items()
+        for b, qs in bs.items()
+        for q, o in qs.items()
+    }
 
 
 def nested(offsets: Mapping[Key, int]) -> Nested:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rmq_spark.cluster import BrokerUnreachableError, ClusterClient, ClusterError
+from rmq_spark.cluster.namespace import in_namespace, unwrap, wrap
 from rmq_spark.datasource.cluster import offsets as C
 from rmq_spark.datasource.options import SourceOptions, StartKind, StartSpec
 
@@ -25,8 +26,10 @@ log = logging.getLogger("rmq_spark.datasource.cluster")
 T = TypeVar("T")
 SNAPSHOT_THREADS = 8
 # topics of RocketMQ itself, never matched by topicPattern
-_SYSTEM = re.compile(r"^(%RETRY%|%DLQ%|RMQ_SYS_|rmq_sys_|SCHEDULE_TOPIC_|TBW102$|BenchmarkTest$|OFFSET_MOVED_EVENT$|"
-                     r"SELF_TEST_TOPIC$|TRANS_CHECK_MAX_TIME_TOPIC$)")
+_SYSTEM = re.compile(
+    r"^(%RETRY%|%DLQ%|RMQ_SYS_|rmq_sys_|SCHEDULE_TOPIC_|TBW102$|BenchmarkTest$|OFFSET_MOVED_EVENT$|"
+    r"SELF_TEST_TOPIC$|TRANS_CHECK_MAX_TIME_TOPIC$)"
+)
 DEFAULT_GROUP = "rmq-spark-reader"
 NAMESRV_DOWN = "*"  # Snapshot.down's key when no NameServer answered
 
@@ -41,6 +44,7 @@ class Snapshot:
 class ClusterPlanner:
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
+        self.ns = opts.connection.namespace  # topics and groups as the brokers know them: ns%name
         self._client: ClusterClient | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -49,7 +53,10 @@ class ClusterPlanner:
     @property
     def client(self) -> ClusterClient:
         if self._client is None:
-            self._client = ClusterClient(self.opts.connection.namesrv_addr or "")
+            self._client = ClusterClient(
+                self.opts.connection.namesrv_addr or "",
+                credentials=self.opts.connection.cluster_credentials(),
+            )
         return self._client
 
     def close(self) -> None:
@@ -60,17 +67,29 @@ class ClusterPlanner:
     # -- what to read ---------------------------------------------------------------------------
 
     def topics(self) -> list[str]:
-        sub = self.opts.subscription
+        """The subscribed topics as the brokers name them (with the namespace, if any)."""
+        sub, ns = self.opts.subscription, self.ns
         if sub.pattern is not None:
             rx = re.compile(sub.pattern)
-            return [t for t in self.client.topics() if rx.fullmatch(t) and not _SYSTEM.match(t)]
+            return [
+                t
+                for t in self.client.topics()
+                if (ns is None or in_namespace(ns, t))
+                and rx.fullmatch(unwrap(ns, t))
+                and not _SYSTEM.match(unwrap(ns, t))
+            ]
         if sub.assign:
-            return [t for t, _ in sub.assign]
-        return list(sub.topics)
+            return [wrap(ns, t) for t, _ in sub.assign]
+        return [wrap(ns, t) for t in sub.topics]
+
+    def given(self, offsets: Any) -> C.Flat:
+        """Offsets an option gives (topics as the application names them), keyed as the brokers
+        name the topics."""
+        return {(wrap(self.ns, t), b, q): o for (t, b, q), o in C.flat(offsets).items()}
 
     def queues(self, topics: Iterable[str]) -> tuple[list[C.Key], dict[str, str]]:
         """Every readable (topic, broker, queue) of the fresh routes; brokers without a master."""
-        assign = {t: set(q) for t, q in self.opts.subscription.assign}
+        assign = {wrap(self.ns, t): set(q) for t, q in self.opts.subscription.assign}
         keys: list[C.Key] = []
         down: dict[str, str] = {}
         for t in topics:
@@ -84,7 +103,9 @@ class ClusterPlanner:
                 keys.append((t, b, q))
         return keys, down
 
-    def _each(self, keys: list[C.Key], fn: Callable[[C.Key], T]) -> tuple[dict[C.Key, T], dict[str, str]]:
+    def _each(
+        self, keys: list[C.Key], fn: Callable[[C.Key], T]
+    ) -> tuple[dict[C.Key, T], dict[str, str]]:
         """``fn(key)`` for every key, in parallel; keys of a broker that did not answer are left out."""
         out: dict[C.Key, T] = {}
         down: dict[str, str] = {}
@@ -115,9 +136,13 @@ class ClusterPlanner:
         except BrokerUnreachableError as e:  # no NameServer answered: no broker is known now
             return Snapshot({}, {}, {NAMESRV_DOWN: str(e)})
         c = self.client
-        both, down2 = self._each(keys, lambda k: (c.get_max_offset(k[1], k[0], k[2]), c.get_min_offset(k[1], k[0], k[2])))
+        both, down2 = self._each(
+            keys, lambda k: (c.get_max_offset(k[1], k[0], k[2]), c.get_min_offset(k[1], k[0], k[2]))
+        )
         down.update(down2)
-        return Snapshot({k: v[0] for k, v in both.items()}, {k: v[1] for k, v in both.items()}, down)
+        return Snapshot(
+            {k: v[0] for k, v in both.items()}, {k: v[1] for k, v in both.items()}, down
+        )
 
     def snapshot_all(self, topics: list[str] | None = None) -> Snapshot:
         """A snapshot of every broker: one that does not answer is asked again until
@@ -129,7 +154,9 @@ class ClusterPlanner:
             if not snap.down:
                 return snap
             if time.monotonic() > deadline:
-                raise ClusterError(unavailable_message(snap.down, self.opts.broker_unavailable_timeout_ms))
+                raise ClusterError(
+                    unavailable_message(snap.down, self.opts.broker_unavailable_timeout_ms)
+                )
             log.warning("brokers not answering, retrying: %s", snap.down)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -137,7 +164,9 @@ class ClusterPlanner:
     def offsets_at(self, timestamp_ms: int, keys: Iterable[C.Key]) -> C.Flat:
         """Per queue, the first offset stored at or after ``timestamp_ms`` (SEARCH_OFFSET_BY_TIMESTAMP)."""
         c = self.client
-        found, down = self._each(list(keys), lambda k: c.search_offset(k[1], k[0], k[2], timestamp_ms))
+        found, down = self._each(
+            list(keys), lambda k: c.search_offset(k[1], k[0], k[2], timestamp_ms)
+        )
         if down:
             raise ClusterError(f"searching offsets by time failed: {unavailable_message(down, 0)}")
         return found
@@ -149,14 +178,50 @@ class ClusterPlanner:
             return dict(snap.hi)
         if spec.kind is StartKind.TIMESTAMP:
             return self.offsets_at(spec.timestamp_ms or 0, snap.hi)
+        if spec.kind is StartKind.GROUP:
+            return self.group_start(spec, snap)
         out = dict(snap.lo)  # the queues the JSON names; others of the subscription at the earliest
-        out.update(resolve(C.flat(spec.offsets), snap))  # type: ignore[arg-type]
+        out.update(resolve(self.given(spec.offsets), snap))
+        return out
+
+    def group_start(self, spec: StartSpec, snap: Snapshot) -> C.Flat:
+        """``startingOffsets=group``: each queue at ``consumerGroup``'s committed offset
+        (QUERY_CONSUMER_OFFSET), a queue without one at ``startingOffsetsFallback``; an offset past
+        the queue's end (a broker that lost messages) starts at the end."""
+        group = wrap(self.ns, self.opts.consumer_group or DEFAULT_GROUP)
+        c = self.client
+        found, down = self._each(
+            list(snap.hi), lambda k: c.query_consumer_offset(k[1], group, k[0], k[2])
+        )
+        if down:
+            raise ClusterError(
+                f"reading the committed offsets of consumer group {group} failed: "
+                f"{unavailable_message(down, 0)}"
+            )
+        out = dict(snap.hi if spec.fallback is StartKind.LATEST else snap.lo)
+        for k, o in found.items():
+            if o is None or o < 0:
+                continue
+            if o > snap.hi[k]:
+                log.warning(
+                    "consumer group %s committed offset %d of %s/%s/%d, past the queue's end %d: starting "
+                    "at the end",
+                    group,
+                    o,
+                    k[0],
+                    k[1],
+                    k[2],
+                    snap.hi[k],
+                )
+                o = snap.hi[k]
+            out[k] = o
         return out
 
     def commit(self, group: str, offsets: C.Flat) -> None:
         """UPDATE_CONSUMER_OFFSET of every queue (what ``mqadmin consumerProgress`` shows); a
         broker that does not answer is skipped (the next commit carries the offsets on)."""
         c = self.client
+        group = wrap(self.ns, group)
         topics_of: dict[str, set[str]] = {}
         for t, b, _ in offsets:
             topics_of.setdefault(b, set()).add(t)
@@ -167,7 +232,9 @@ class ClusterPlanner:
                 c.heartbeat(b, consumers=[consumer_data(group, sorted(topics), self.opts.tags)])
             except ClusterError as e:
                 log.warning("consumerGroup %s: heartbeat to %s failed: %s", group, b, e)
-        _, down = self._each(list(offsets), lambda k: c.update_consumer_offset(k[1], group, k[0], k[2], offsets[k]))
+        _, down = self._each(
+            list(offsets), lambda k: c.update_consumer_offset(k[1], group, k[0], k[2], offsets[k])
+        )
         if down:
             log.warning("consumerGroup %s: offsets not committed to %s", group, down)
 
@@ -176,10 +243,23 @@ def consumer_data(group: str, topics: list[str], tags: str | None) -> dict[str, 
     """``ConsumerData`` of a heartbeat, as DefaultLitePullConsumer sends it (subscribed, pulling)."""
     sub = tags or "*"
     return {
-        "groupName": group, "consumeType": "CONSUME_ACTIVELY", "messageModel": "CLUSTERING",
-        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
-        "subscriptionDataSet": [{"classFilterMode": False, "topic": t, "subString": sub, "tagsSet": [], "codeSet": [],
-                                 "subVersion": int(time.time() * 1000), "expressionType": "TAG"} for t in topics],
+        "groupName": group,
+        "consumeType": "CONSUME_ACTIVELY",
+        "messageModel": "CLUSTERING",
+        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+        "unitMode": False,
+        "subscriptionDataSet": [
+            {
+                "classFilterMode": False,
+                "topic": t,
+                "subString": sub,
+                "tagsSet": [],
+                "codeSet": [],
+                "subVersion": int(time.time() * 1000),
+                "expressionType": "TAG",
+            }
+            for t in topics
+        ],
     }
 
 

@@ -23,13 +23,14 @@ from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
-from rmq_spark.cluster import BrokerUnreachableError, ClusterClient, ClusterError
+from rmq_spark.cluster import BrokerUnreachableError, ClusterClient, ClusterError, Credentials
+from rmq_spark.cluster.namespace import unwrap
 from rmq_spark.datasource.read.partition import DataLossError, filters_for
 from rmq_spark.remoting.codes import ResponseCode
 
 log = logging.getLogger("rmq_spark.datasource.cluster")
 
-_clients: dict[str, ClusterClient] = {}  # per executor process, by NameServer list
+_clients: dict[tuple[str, Credentials | None], ClusterClient] = {}  # per executor process
 _no_sql92: set[str] = set()  # brokers (by address) that refused SQL92 filtering
 
 
@@ -43,6 +44,8 @@ class ClusterReadContext:
     avro_schema: str | None = None
     pull_batch_size: int = 1024
     unavailable_timeout_ms: int = 300_000
+    credentials: Credentials | None = None  # every request signed (accessKey / secretKey)
+    namespace: str | None = None  # topics are read as ``namespace%topic``; rows show ``topic``
 
 
 @dataclass
@@ -55,8 +58,15 @@ class ClusterRange(InputPartition):
     ctx: ClusterReadContext
 
 
-def split_cluster_range(topic: str, broker: str, queue_id: int, start: int, end: int, ctx: ClusterReadContext,
-                        max_rows: int) -> list[ClusterRange]:
+def split_cluster_range(
+    topic: str,
+    broker: str,
+    queue_id: int,
+    start: int,
+    end: int,
+    ctx: ClusterReadContext,
+    max_rows: int,
+) -> list[ClusterRange]:
     out = []
     pos = start
     while pos < end:
@@ -66,16 +76,20 @@ def split_cluster_range(topic: str, broker: str, queue_id: int, start: int, end:
     return out
 
 
-def client_for(namesrv_addr: str) -> ClusterClient:
-    c = _clients.get(namesrv_addr)
+def client_for(namesrv_addr: str, credentials: Credentials | None = None) -> ClusterClient:
+    """This process's client of a cluster, one per NameServer list and credentials."""
+    key = (namesrv_addr, credentials)
+    c = _clients.get(key)
     if c is None:
-        c = _clients[namesrv_addr] = ClusterClient(namesrv_addr)
+        c = _clients[key] = ClusterClient(namesrv_addr, credentials=credentials)
     return c
 
 
 def _sql92_refused(e: ClusterError) -> bool:
-    return e.code == ResponseCode.SYSTEM_ERROR and "SQL92" in (e.remark or "") or \
-        e.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED and "not support" in (e.remark or "").lower()
+    return (e.code == ResponseCode.SYSTEM_ERROR and "SQL92" in (e.remark or "")) or (
+        e.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+        and "not support" in (e.remark or "").lower()
+    )
 
 
 class _Reader:
@@ -86,13 +100,16 @@ class _Reader:
     def __init__(self, p: ClusterRange) -> None:
         self.p = p
         self.ctx = p.ctx
-        self.client = client_for(p.ctx.namesrv_addr)
+        self.client = client_for(p.ctx.namesrv_addr, p.ctx.credentials)
         self.where = f"queue {p.topic}/{p.broker}/{p.queue_id}"
         self.sql_on_broker = False
 
     def _expression(self) -> tuple[str, str]:
         ctx = self.ctx
-        self.sql_on_broker = ctx.sql is not None and (self.client.broker_addr_or_none(self.p.broker) or "") not in _no_sql92
+        self.sql_on_broker = (
+            ctx.sql is not None
+            and (self.client.broker_addr_or_none(self.p.broker) or "") not in _no_sql92
+        )
         if self.sql_on_broker:
             return ctx.sql or "", "SQL92"
         return ctx.tags or "*", "TAG"
@@ -105,8 +122,16 @@ class _Reader:
         while offset < end:
             expr, etype = self._expression()
             try:
-                r = client.pull(p.broker, p.topic, p.queue_id, offset, min(ctx.pull_batch_size, end - offset), ctx.group,
-                                expression=expr or "*", expression_type=etype)
+                r = client.pull(
+                    p.broker,
+                    p.topic,
+                    p.queue_id,
+                    offset,
+                    min(ctx.pull_batch_size, end - offset),
+                    ctx.group,
+                    expression=expr or "*",
+                    expression_type=etype,
+                )
             except BrokerUnreachableError as e:
                 now = time.monotonic()
                 down_since = down_since or now
@@ -114,21 +139,29 @@ class _Reader:
                     raise ClusterError(
                         f"broker {p.broker} did not answer for {ctx.unavailable_timeout_ms / 1000:g}s (option "
                         f"brokerUnavailableTimeout) while reading offsets {offset}..{end - 1} of {self.where}: {e}",
-                        broker=p.broker, addr=e.addr, request=e.request) from None
+                        broker=p.broker,
+                        addr=e.addr,
+                        request=e.request,
+                    ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
             except ClusterError as e:
                 if self.sql_on_broker and _sql92_refused(e):
                     _no_sql92.add(client.broker_addr_or_none(p.broker) or p.broker)
-                    log.info("broker %s does not filter by SQL92: filtering on the executor", p.broker)
+                    log.info(
+                        "broker %s does not filter by SQL92: filtering on the executor", p.broker
+                    )
                     continue
                 raise
             down_since, delay = None, 0.2
             if r.code in (ResponseCode.SUCCESS, ResponseCode.PULL_RETRY_IMMEDIATELY):
                 if r.next_begin_offset <= offset:
-                    raise ClusterError(f"PULL_MESSAGE of {self.where} at {offset} made no progress "
-                                       f"(nextBeginOffset {r.next_begin_offset})", broker=p.broker)
+                    raise ClusterError(
+                        f"PULL_MESSAGE of {self.where} at {offset} made no progress "
+                        f"(nextBeginOffset {r.next_begin_offset})",
+                        broker=p.broker,
+                    )
                 offset = r.next_begin_offset
                 if r.body:
                     yield r.body
@@ -136,7 +169,8 @@ class _Reader:
                 if ctx.fail_on_data_loss:
                     raise DataLossError(
                         f"offsets {offset}..{r.min_offset - 1} of {self.where} are no longer on broker {p.broker} "
-                        f"(the queue now starts at {r.min_offset}); set failOnDataLoss=false to skip them")
+                        f"(the queue now starts at {r.min_offset}); set failOnDataLoss=false to skip them"
+                    )
                 offset = r.min_offset
             else:  # PULL_NOT_FOUND / PULL_OFFSET_MOVED at or past the queue's end
                 if r.max_offset >= end:
@@ -145,7 +179,8 @@ class _Reader:
                 if ctx.fail_on_data_loss:
                     raise DataLossError(
                         f"{self.where} ends at offset {r.max_offset} on broker {p.broker}, below the planned {end}: "
-                        "the broker lost messages (or was replaced); set failOnDataLoss=false to continue")
+                        "the broker lost messages (or was replaced); set failOnDataLoss=false to continue"
+                    )
                 return
 
     def pipelined(self) -> Iterator[bytes]:
@@ -163,8 +198,15 @@ class _Reader:
         learned = False
         while offset < end:
             try:
-                ch = PullChannel(client.broker_addr(p.broker, p.topic), p.broker, p.topic, p.queue_id, ctx.group,
-                                 timeout_s=client.timeout_s)
+                ch = PullChannel(
+                    client.broker_addr(p.broker, p.topic),
+                    p.broker,
+                    p.topic,
+                    p.queue_id,
+                    ctx.group,
+                    timeout_s=client.timeout_s,
+                    credentials=ctx.credentials,
+                )
             except ClusterError:
                 stop = min(end, offset + step)
                 yield from self.sequential(offset, stop)  # waits for the broker, or fails naming it
@@ -174,7 +216,9 @@ class _Reader:
             issue = offset
             try:
                 while offset < end:
-                    depth = PIPELINE_DEPTH if learned else 1  # the first answer tells the broker's cap
+                    depth = (
+                        PIPELINE_DEPTH if learned else 1
+                    )  # the first answer tells the broker's cap
                     while issue < end and len(pending) < depth:
                         stop = min(end, issue + step)
                         pending.append((issue, stop, ch.send(issue, stop - issue)))
@@ -184,7 +228,11 @@ class _Reader:
                     if r.code == ResponseCode.SUCCESS and r.next_begin_offset > a:
                         if not learned:
                             learned = True
-                            step = min(step, r.next_begin_offset - a) if r.next_begin_offset < b else step
+                            step = (
+                                min(step, r.next_begin_offset - a)
+                                if r.next_begin_offset < b
+                                else step
+                            )
                         yield r.body
                         if r.next_begin_offset < b:
                             yield from self.sequential(r.next_begin_offset, b)
@@ -256,12 +304,20 @@ def read_rows(p: ClusterRange, arrow_schema: Any) -> Iterator[Any]:
         from rmq_spark.datasource.avro import decode_bodies, parse_avro_schema
 
         avro = parse_avro_schema(p.ctx.avro_schema)
+    shown = unwrap(p.ctx.namespace, p.topic)  # the topic as the application names it
     for batch in read_cluster_range(p):
         broker = pa.repeat(pa.scalar(p.broker, pa.string()), batch.num_rows)
         columns, names = [*batch.columns, broker], [*batch.schema.names, "brokerName"]
+        if shown != p.topic:
+            i = names.index("topic")
+            columns[i] = pa.repeat(pa.scalar(shown, pa.string()), batch.num_rows)
         if avro is not None:
-            value = decode_bodies(batch.column("body"), avro, arrow_schema.field("value").type,
-                                  f"{p.topic}/{p.broker}/{p.queue_id}")
+            value = decode_bodies(
+                batch.column("body"),
+                avro,
+                arrow_schema.field("value").type,
+                f"{p.topic}/{p.broker}/{p.queue_id}",
+            )
             columns, names = [*columns, value], [*names, "value"]
         out = pa.RecordBatch.from_arrays(columns, names=names)
         yield out if out.schema.equals(arrow_schema) else out.cast(arrow_schema)

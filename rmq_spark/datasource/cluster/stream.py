@@ -26,6 +26,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from rmq_spark.cluster import ClusterError
+from rmq_spark.cluster.namespace import wrap
 from rmq_spark.datasource.cluster import offsets as C
 from rmq_spark.datasource.cluster.planner import (
     DEFAULT_GROUP,
@@ -34,7 +35,12 @@ from rmq_spark.datasource.cluster.planner import (
     Snapshot,
     unavailable_message,
 )
-from rmq_spark.datasource.cluster.read import ClusterRange, ClusterReadContext, read_rows, split_cluster_range
+from rmq_spark.datasource.cluster.read import (
+    ClusterRange,
+    ClusterReadContext,
+    read_rows,
+    split_cluster_range,
+)
 from rmq_spark.datasource.options import SourceOptions
 from rmq_spark.datasource.read.partition import DataLossError
 from rmq_spark.datasource.stream_reader import WAIT, admitted_rows, default_read_limit
@@ -48,10 +54,19 @@ def _now_ms() -> int:
 
 
 def read_context(opts: SourceOptions) -> ClusterReadContext:
+    ns = opts.connection.namespace
     return ClusterReadContext(
-        namesrv_addr=opts.connection.namesrv_addr or "", group=opts.consumer_group or DEFAULT_GROUP,
-        tags=opts.tags, sql=opts.sql, fail_on_data_loss=opts.fail_on_data_loss, avro_schema=opts.avro_schema,
-        pull_batch_size=opts.pull_batch_size, unavailable_timeout_ms=opts.broker_unavailable_timeout_ms)
+        namesrv_addr=opts.connection.namesrv_addr or "",
+        group=wrap(ns, opts.consumer_group or DEFAULT_GROUP),
+        tags=opts.tags,
+        sql=opts.sql,
+        fail_on_data_loss=opts.fail_on_data_loss,
+        avro_schema=opts.avro_schema,
+        pull_batch_size=opts.pull_batch_size,
+        unavailable_timeout_ms=opts.broker_unavailable_timeout_ms,
+        credentials=opts.connection.cluster_credentials(),
+        namespace=ns,
+    )
 
 
 class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -79,7 +94,7 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._lo.update(snap.lo)
         return snap
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         if self._initial is None:
             snap = self.planner.snapshot_all()
             self._lo.update(snap.lo)
@@ -96,7 +111,9 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Queues of ``start`` whose broker did not answer keep their offset, for at most
         ``brokerUnavailableTimeout``; returns ``start`` (without the queues given up on)."""
         now = time.monotonic()
-        missing = {b for (_, b, _) in start if b in snap.down or not any(k[1] == b for k in snap.hi)}
+        missing = {
+            b for (_, b, _) in start if b in snap.down or not any(k[1] == b for k in snap.hi)
+        }
         for b in list(self._down_since):
             if b not in missing:
                 log.info("broker %s answers again", b)
@@ -106,15 +123,22 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             since = self._down_since.setdefault(b, now)
             if now - since <= timeout_s:
                 continue
-            why = {b: snap.down.get(b) or snap.down.get(NAMESRV_DOWN) or "it is in no route of the subscribed topics"}
+            why = {
+                b: snap.down.get(b)
+                or snap.down.get(NAMESRV_DOWN)
+                or "it is in no route of the subscribed topics"
+            }
             if self.opts.fail_on_data_loss:
-                raise ClusterError(unavailable_message(why, self.opts.broker_unavailable_timeout_ms) +
-                                   "; set failOnDataLoss=false to go on without its queues", broker=b)
+                raise ClusterError(
+                    unavailable_message(why, self.opts.broker_unavailable_timeout_ms)
+                    + "; set failOnDataLoss=false to go on without its queues",
+                    broker=b,
+                )
             log.warning("giving up on broker %s: %s", b, why[b])
             start = {k: v for k, v in start.items() if k[1] != b}
         return start
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         snap = self._snapshot()
         begin = C.flat(start)
         self._check_shrink(begin, snap.hi)
@@ -130,7 +154,9 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if available == 0 and set(end) == set(begin):
             return C.nested(begin)
         if available:
-            rows = admitted_rows(self.opts, limit, available, self._target is not None, self._last_batch_ms)
+            rows = admitted_rows(
+                self.opts, limit, available, self._target is not None, self._last_batch_ms
+            )
             if rows == WAIT:
                 return C.nested(begin)
             if rows is not None:
@@ -146,26 +172,35 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if e is not None and e < s:
                 raise DataLossError(
                     f"queue {k[0]}/{k[1]}/{k[2]} now ends at offset {e}, below the {s} already read: the broker "
-                    "lost messages or was replaced; set failOnDataLoss=false to continue from its end")
+                    "lost messages or was replaced; set failOnDataLoss=false to continue from its end"
+                )
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, Any] | None:
         if self._latest is None:
             self._latest = dict(self.planner.snapshot().hi)
         return C.nested(self._latest)
 
     # --- planning and reading ------------------------------------------------------------------
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         begin, stop = C.flat(start), C.flat(end)
-        if any(k not in begin for k in stop) and not all(k in self._lo for k in stop if k not in begin):
-            self._lo.update(self.planner.snapshot().lo)  # a replay in a new process: new queues' first offsets
+        if any(k not in begin for k in stop) and not all(
+            k in self._lo for k in stop if k not in begin
+        ):
+            self._lo.update(
+                self.planner.snapshot().lo
+            )  # a replay in a new process: new queues' first offsets
         ctx = read_context(self.opts)
         out: list[InputPartition] = []
         for k in sorted(stop):
             e = stop[k]
             s = begin[k] if k in begin else self._lo.get(k, 0)
             s = min(s, e)
-            out.extend(split_cluster_range(k[0], k[1], k[2], s, e, ctx, self.opts.max_records_per_partition))
+            out.extend(
+                split_cluster_range(
+                    k[0], k[1], k[2], s, e, ctx, self.opts.max_records_per_partition
+                )
+            )
         return out
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -178,7 +213,7 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return iter(())
         return read_rows(partition, self._arrow_schema)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         group = self.opts.consumer_group
         if group is not None:
             self.planner.commit(group, C.flat(end))

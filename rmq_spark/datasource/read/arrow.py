@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from rmq_spark.datasource.read.partition import QueueRange, broker_endpoint, check_loss
+from rmq_spark.datasource.read.partition import QueueRange, check_loss
 
 __all__ = ["read_arrow"]
 
@@ -26,6 +26,7 @@ __all__ = ["read_arrow"]
 def read_arrow(p: QueueRange) -> Iterator[Any]:
     """The rows of ``p`` from the broker, as Arrow record batches."""
     from rmq_spark.broker.connector.client import InternalClient
+    from rmq_spark.datasource.embedded import broker_endpoint
 
     endpoint = broker_endpoint(p.ctx)
     client = InternalClient(endpoint, **p.ctx.connection.credentials)
@@ -33,7 +34,9 @@ def read_arrow(p: QueueRange) -> Iterator[Any]:
         _, mins = client.offsets([p.topic])
         first = int(mins.get(p.topic, {}).get(str(p.queue_id), 0))
         start = check_loss(p, first)
-        chunks = client.read_arrow(p.topic, p.queue_id, start, p.end, p.ctx.tags, p.ctx.sql, p.ctx.read_compression)
+        chunks = client.read_arrow(
+            p.topic, p.queue_id, start, p.end, p.ctx.tags, p.ctx.sql, p.ctx.read_compression
+        )
         yield from chunks
     finally:
         client.close()

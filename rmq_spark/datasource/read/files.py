@@ -12,7 +12,7 @@ from typing import Any
 
 from rmq_spark.datasource.read.partition import QueueRange, ReadContext, check_loss, filters_for
 
-__all__ = ["READ_CHUNK_ROWS", "READ_CHUNK_BYTES", "files_readable", "store_reader", "read_files"]
+__all__ = ["READ_CHUNK_BYTES", "READ_CHUNK_ROWS", "files_readable", "read_files", "store_reader"]
 
 # batches handed to Spark: big enough to amortize per-batch costs, small enough to stay in cache
 # and far below Arrow's 2 GiB per binary column whatever the message size

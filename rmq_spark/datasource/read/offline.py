@@ -58,7 +58,9 @@ class OfflineClient:
             if not L.is_system_topic(t) and not t.startswith(_SYSTEM_PREFIXES) and t not in inherit
         }
 
-    def offsets(self, topics: list[str]) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    def offsets(
+        self, topics: list[str]
+    ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
         check_apache_store(self.root, topics)
         hi: dict[str, dict[str, int]] = {}
         lo: dict[str, dict[str, int]] = {}
@@ -68,8 +70,13 @@ class OfflineClient:
             lo[t] = {str(q): min(self.reader.min_offset(t, q), hi[t][str(q)]) for q in qs}
         return hi, lo
 
-    def offsets_for_times(self, queues: Mapping[str, list[int]], timestamp_ms: int) -> dict[str, dict[str, int]]:
-        return {t: {str(q): self.reader.offset_by_time(t, int(q), timestamp_ms) for q in qs} for t, qs in queues.items()}
+    def offsets_for_times(
+        self, queues: Mapping[str, list[int]], timestamp_ms: int
+    ) -> dict[str, dict[str, int]]:
+        return {
+            t: {str(q): self.reader.offset_by_time(t, int(q), timestamp_ms) for q in qs}
+            for t, qs in queues.items()
+        }
 
     def read_arrow(self, *args: Any, **kwargs: Any) -> Any:
         raise StoreError(
@@ -80,4 +87,3 @@ class OfflineClient:
 
     def close(self) -> None:
         """The reader stays cached for this process (:func:`store_reader`)."""
-

@@ -3,12 +3,13 @@
 A :class:`QueueRange` is ``[start, end)`` of one ConsumeQueue plus a :class:`ReadContext` (all
 ``read()`` needs, picklable).  ``read()`` depends on nothing else, so a replayed micro-batch
 returns the same rows.  A gap left by a filter is not data loss; data loss is a planned start
-below the queue's first offset (``failOnDataLoss``, :func:`check_loss`).
+below the queue's first offset (``failOnDataLoss``, :func:`check_loss`).  The broker an executor
+asks is found by :func:`rmq_spark.datasource.embedded.broker_endpoint`: this module imports
+nothing of the embedded broker's, so the read paths sit below it (no import cycle).
 """
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,13 +20,12 @@ from rmq_spark.errors import StoreError
 
 __all__ = [
     "DataLossError",
+    "QueueRange",
     "ReadContext",
     "RowBounds",
-    "QueueRange",
-    "split_range",
     "check_loss",
-    "broker_endpoint",
     "filters_for",
+    "split_range",
 ]
 
 _filters: dict[tuple[str | None, str | None], tuple[Any, Any]] = {}  # per executor process
@@ -62,7 +62,9 @@ class RowBounds:
 
     @property
     def trivial(self) -> bool:
-        return self.store_ts_min_us is None and self.store_ts_max_us is None and self.tags_in is None
+        return (
+            self.store_ts_min_us is None and self.store_ts_max_us is None and self.tags_in is None
+        )
 
 
 @dataclass
@@ -75,7 +77,15 @@ class QueueRange(InputPartition):
     bounds: RowBounds = field(default_factory=RowBounds)
 
 
-def split_range(topic: str, queue_id: int, start: int, end: int, ctx: ReadContext, max_rows: int, bounds: RowBounds | None = None) -> list[QueueRange]:
+def split_range(
+    topic: str,
+    queue_id: int,
+    start: int,
+    end: int,
+    ctx: ReadContext,
+    max_rows: int,
+    bounds: RowBounds | None = None,
+) -> list[QueueRange]:
     """``[start, end)`` as partitions of at most ``max_rows`` offsets (empty -> none)."""
     out = []
     pos = start
@@ -96,23 +106,6 @@ def check_loss(p: QueueRange, first_offset: int) -> int:
             f"the store (it starts at {first_offset}); set failOnDataLoss=false to skip them"
         )
     return first_offset
-
-
-def broker_endpoint(ctx: ReadContext) -> str:
-    """The broker an executor asks (PullMessage, bulk read).  An embedded broker listens on
-    127.0.0.1 of the driver's machine: it is found (or started again) through the store there,
-    never on another machine."""
-    conn = ctx.connection
-    if conn.endpoints:
-        return conn.endpoints.split(",")[0].strip()
-    if ctx.store_host is not None and ctx.store_host != socket.gethostname():
-        raise StoreError(
-            f"the embedded broker of {conn.path} runs on {ctx.store_host}, not on {socket.gethostname()}: "
-            "on a cluster, start rmq-broker and pass option 'endpoints'"
-        )
-    from rmq_spark.datasource.embedded import endpoint_of
-
-    return endpoint_of(conn)
 
 
 def filters_for(tags: str | None, sql: str | None) -> tuple[Any, Any]:

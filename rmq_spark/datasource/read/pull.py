@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from rmq_spark.datasource.read.partition import QueueRange, broker_endpoint, check_loss, filters_for
+from rmq_spark.datasource.read.partition import QueueRange, check_loss, filters_for
 from rmq_spark.errors import StoreError
 
 __all__ = ["read_pull"]
@@ -25,7 +25,9 @@ PULL_BATCH = 1024
 _CLIENT_ID = f"rmq-spark-pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _metadata(access_key: str | None = None, secret_key: str | None = None) -> tuple[tuple[str, str], ...]:
+def _metadata(
+    access_key: str | None = None, secret_key: str | None = None
+) -> tuple[tuple[str, str], ...]:
     """The headers of one call, as the official Python client sends them (signed with a key)."""
     md = (
         ("x-mq-language", "PYTHON"),
@@ -54,9 +56,10 @@ def read_pull(p: QueueRange) -> Iterator[Any]:
     from rocketmq.grpc_protocol import service_pb2_grpc as G
 
     from rmq_spark.broker.connector.client import CHANNEL_OPTIONS
+    from rmq_spark.datasource.embedded import broker_endpoint
+    from rmq_spark.datasource.schema import SOURCE_ARROW_SCHEMA
     from rmq_spark.store import layout as L
     from rmq_spark.store.inflate import InflateError, inflate_gzip
-    from rmq_spark.datasource.schema import SOURCE_ARROW_SCHEMA
 
     ctx = p.ctx
     endpoint = broker_endpoint(ctx)
@@ -70,24 +73,39 @@ def read_pull(p: QueueRange) -> Iterator[Any]:
         fexpr = D.FilterExpression(type=D.FilterType.TAG, expression=ctx.tags or "*")
     try:
         first = stub.QueryOffset(
-            S.QueryOffsetRequest(message_queue=mq, query_offset_policy=D.QueryOffsetPolicy.BEGINNING),
-            metadata=_metadata(**ctx.connection.credentials), timeout=60,
+            S.QueryOffsetRequest(
+                message_queue=mq, query_offset_policy=D.QueryOffsetPolicy.BEGINNING
+            ),
+            metadata=_metadata(**ctx.connection.credentials),
+            timeout=60,
         )
         if first.status.code != D.Code.OK:
-            raise StoreError(f"QueryOffset {p.topic}/{p.queue_id} at {endpoint}: {first.status.message}")
+            raise StoreError(
+                f"QueryOffset {p.topic}/{p.queue_id} at {endpoint}: {first.status.message}"
+            )
         offset = check_loss(p, int(first.offset))
         while offset < p.end:
             rows: dict[str, list[Any]] = {f.name: [] for f in SOURCE_ARROW_SCHEMA}
             next_offset = offset
             req = S.PullMessageRequest(
-                group=D.Resource(name=ctx.pull_group), message_queue=mq, offset=offset,
-                batch_size=min(PULL_BATCH, p.end - offset), filter_expression=fexpr,
+                group=D.Resource(name=ctx.pull_group),
+                message_queue=mq,
+                offset=offset,
+                batch_size=min(PULL_BATCH, p.end - offset),
+                filter_expression=fexpr,
             )
             req.long_polling_timeout.FromMilliseconds(0)
-            for resp in stub.PullMessage(req, metadata=_metadata(**ctx.connection.credentials), timeout=120):
+            for resp in stub.PullMessage(
+                req, metadata=_metadata(**ctx.connection.credentials), timeout=120
+            ):
                 kind = resp.WhichOneof("content")
-                if kind == "status" and resp.status.code not in (D.Code.OK, D.Code.MESSAGE_NOT_FOUND):
-                    raise StoreError(f"PullMessage {p.topic}/{p.queue_id}@{offset} at {endpoint}: {resp.status.message}")
+                if kind == "status" and resp.status.code not in (
+                    D.Code.OK,
+                    D.Code.MESSAGE_NOT_FOUND,
+                ):
+                    raise StoreError(
+                        f"PullMessage {p.topic}/{p.queue_id}@{offset} at {endpoint}: {resp.status.message}"
+                    )
                 if kind == "next_offset":
                     next_offset = max(next_offset, int(resp.next_offset))
                 if kind == "message":
@@ -97,10 +115,14 @@ def read_pull(p: QueueRange) -> Iterator[Any]:
                         continue
                     next_offset = max(next_offset, sp.queue_offset + 1)
                     body = m.body
-                    if sp.body_encoding == D.Encoding.GZIP:  # bounded by the body limit (a gzip bomb stops there)
+                    if (
+                        sp.body_encoding == D.Encoding.GZIP
+                    ):  # bounded by the body limit (a gzip bomb stops there)
                         try:
                             body = inflate_gzip(m.body, L.BODY_MAX_BYTES, "the GZIP body")
-                        except InflateError as e:  # a poison message: its body as sent (rmq_spark.store.inflate)
+                        except (
+                            InflateError
+                        ) as e:  # a poison message: its body as sent (rmq_spark.store.inflate)
                             log.warning("%s/%d offset %d: %s; it is served as sent", p.topic, p.queue_id,
                                         sp.queue_offset, e)  # fmt: skip
                     props = dict(m.user_properties)
@@ -120,19 +142,31 @@ def read_pull(p: QueueRange) -> Iterator[Any]:
                     rows["body"].append(body)
                     rows["properties"].append(list(props.items()))
                     rows["bornTimestamp"].append(_ts_us(sp.born_timestamp))
-                    rows["storeTimestamp"].append(_ts_us(sp.store_timestamp) if sp.HasField("store_timestamp") else None)
-                    rows["deliverTimestamp"].append(_ts_us(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None)
-                    rows["reconsumeTimes"].append(max(0, sp.delivery_attempt - 1) if sp.HasField("delivery_attempt") else 0)
-                    rows["transactionId"].append(sp.message_id if sp.message_type == D.MessageType.TRANSACTION else None)
+                    rows["storeTimestamp"].append(
+                        _ts_us(sp.store_timestamp) if sp.HasField("store_timestamp") else None
+                    )
+                    rows["deliverTimestamp"].append(
+                        _ts_us(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None
+                    )
+                    rows["reconsumeTimes"].append(
+                        max(0, sp.delivery_attempt - 1) if sp.HasField("delivery_attempt") else 0
+                    )
+                    rows["transactionId"].append(
+                        sp.message_id if sp.message_type == D.MessageType.TRANSACTION else None
+                    )
                     rows["commitLogOffset"].append(None)
             if next_offset <= offset:
-                raise StoreError(f"PullMessage {p.topic}/{p.queue_id} at {endpoint} made no progress at offset {offset}")
+                raise StoreError(
+                    f"PullMessage {p.topic}/{p.queue_id} at {endpoint} made no progress at offset {offset}"
+                )
             offset = next_offset
             batch = pa.RecordBatch.from_pydict(rows, schema=SOURCE_ARROW_SCHEMA)
             if tag_filter is not None:
                 batch = batch.filter(tag_filter.mask(batch.column("tags")))
             yield batch
     except grpc.RpcError as e:
-        raise StoreError(f"PullMessage {p.topic}/{p.queue_id} at {endpoint} failed: {e.code()}: {e.details()}") from None
+        raise StoreError(
+            f"PullMessage {p.topic}/{p.queue_id} at {endpoint} failed: {e.code()}: {e.details()}"
+        ) from None
     finally:
         channel.close()

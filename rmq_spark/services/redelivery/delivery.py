@@ -101,7 +101,7 @@ class StagedCheckpoint:
                         return
                     waited += 0.05
                 self._write(snap)
-            except Exception:  # noqa: BLE001 - the next interval tries again
+            except Exception:
                 if self.store.closed:
                     return
                 logger.exception("checkpoint %s not written", self.path)
@@ -170,7 +170,7 @@ class ServiceThread:
             try:
                 self._round()
                 wait_ms = self._wait()
-            except Exception:  # noqa: BLE001 - a service thread must survive a bad round
+            except Exception:
                 if self._closed():
                     return
                 logger.exception("%s: delivery round failed", self.name)

@@ -15,13 +15,12 @@ import numpy as np
 import pyarrow as pa
 
 from rmq_spark.errors import RmqError, StoreError
-from rmq_spark.store import layout as L
 from rmq_spark.services.redelivery.records import _HOSTS_V6
 from rmq_spark.services.redelivery.rewrite import resolve_queues
-from rmq_spark.store.message import host_bytes, tags_code
-from rmq_spark.store.properties import decode_properties
+from rmq_spark.store import layout as L
 from rmq_spark.store.encoded import EncodedBatch
-from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER
+from rmq_spark.store.message import host_bytes, tags_code
+from rmq_spark.store.properties import PROP_CRC_BYTES, PROP_CRC_PLACEHOLDER, decode_properties
 from rmq_spark.store.record import HEADER_V4, POS_STORE_TIMESTAMP_V4
 
 if TYPE_CHECKING:
@@ -88,7 +87,7 @@ class ParsedRecords:
             arr.validate(full=True)
         except pa.ArrowInvalid:
             return None
-        for r, v in zip(self.seg_rec[segs].tolist(), arr.to_pylist()):
+        for r, v in zip(self.seg_rec[segs].tolist(), arr.to_pylist(), strict=True):
             out[r] = v or None
         return out
 
@@ -132,7 +131,7 @@ def parse_records(
     ends = phys + sizes
     seg = phys // mfq.segment_bytes
     brk = np.flatnonzero((phys[1:] != ends[:-1]) | (seg[1:] != seg[:-1])) + 1
-    for a, b in zip([0, *brk.tolist()], [*brk.tolist(), n]):
+    for a, b in zip([0, *brk.tolist()], [*brk.tolist(), n], strict=True):
         offset, stop = int(phys[a]), int(ends[b - 1])
         if mf is None or not mf.from_offset <= offset < mf.end_offset:
             mf = mfq.find(offset)
@@ -205,7 +204,9 @@ def _key_words(keys: tuple[str, ...]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _in_regions(pos: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _in_regions(
+    pos: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The positions inside one of the sorted, disjoint regions ``[starts, ends)``, and which."""
     region = np.searchsorted(starts, pos, side="right") - 1
     inside = (region >= 0) & (pos < ends[np.maximum(region, 0)])
@@ -222,7 +223,7 @@ class _LazyProperties(Sequence[dict[str, str]]):
     def __len__(self) -> int:
         return len(self._starts)
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return decode_properties(bytes(self._buf[self._starts[i] : self._ends[i]]))
@@ -405,6 +406,6 @@ def encode_redelivery(
         sys_flags=h["sys_flag"].astype(np.int32),
         keys=keys,
         uniq_keys=list(uniq_keys),
-        properties=_LazyProperties(buf, props_end - plen, props_end),  # type: ignore[arg-type]
+        properties=_LazyProperties(buf, props_end - plen, props_end),
         prop_crc=crc,
     )

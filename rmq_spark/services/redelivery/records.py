@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
 _HOSTS_V6 = L.FLAG_BORNHOST_V6 | L.FLAG_STOREHOST_V6
 _STRUCT_CODES = {"i4": "i", "u4": "I", "i8": "q", "V4": "4s"}
-_HEADER = struct.Struct(">" + "".join(_STRUCT_CODES[t[-2:]] for _, t in HEADER_V4.descr))
+_HEADER = struct.Struct(">" + "".join(_STRUCT_CODES[d[1][-2:]] for d in HEADER_V4.descr))
 assert _HEADER.size == HEADER_V4.itemsize
-_H = {name: i for i, (name, _) in enumerate(HEADER_V4.descr)}
+_H = {d[0]: i for i, d in enumerate(HEADER_V4.descr)}
 _H_MAGIC, _H_FLAG, _H_SYS_FLAG, _H_BORN_TS = (
     _H["magic"],
     _H["flag"],
@@ -74,12 +74,16 @@ def read_records(store: MessageStore, phys: np.ndarray, sizes: np.ndarray) -> St
     n = len(phys)
     bodies: list[bytes] = []
     props: list[dict[str, str]] = []
-    heads: list[tuple] = []  # one HEADER_V4 tuple per record
+    heads: list[tuple[Any, ...]] = []  # one HEADER_V4 tuple per record
     mfq = store.commitlog.mfq
     unpack = _HEADER.unpack_from
     force_crc = store.commitlog.force_prop_crc
     mf = None
-    for offset, size in zip(np.asarray(phys, dtype=np.int64).tolist(), np.asarray(sizes, dtype=np.int64).tolist()):
+    for offset, size in zip(
+        np.asarray(phys, dtype=np.int64).tolist(),
+        np.asarray(sizes, dtype=np.int64).tolist(),
+        strict=True,
+    ):
         if mf is None or not mf.from_offset <= offset < mf.end_offset:
             mf = mfq.find(offset)
             if mf is None:
@@ -110,7 +114,7 @@ def read_records(store: MessageStore, phys: np.ndarray, sizes: np.ndarray) -> St
         else:
             q += 1 + mm[q]
         props.append(decode_properties(mm[q + 2 : q + 2 + ((mm[q] << 8) | mm[q + 1])]))
-    cols = list(zip(*heads)) if heads else [()] * len(_H)
+    cols = list(zip(*heads, strict=True)) if heads else [()] * len(_H)
 
     def col(i: int, dtype: type) -> np.ndarray:
         return np.array(cols[i], dtype=dtype).reshape(n)

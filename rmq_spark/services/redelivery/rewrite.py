@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rmq_spark.errors import MessageIllegalError
-from rmq_spark.store import layout as L
 from rmq_spark.services.redelivery.records import StoredRecords
-from rmq_spark.store.message import host_bytes, new_uniq_ids
-from rmq_spark.store.properties import encode_properties
+from rmq_spark.store import layout as L
 from rmq_spark.store.encode import encode_columns
 from rmq_spark.store.encoded import EncodedBatch
-from rmq_spark.store.properties import PROP_CRC_BYTES
+from rmq_spark.store.message import host_bytes, new_uniq_ids
+from rmq_spark.store.properties import PROP_CRC_BYTES, encode_properties
 from rmq_spark.store.validation import check_topic
 
 if TYPE_CHECKING:
     from rmq_spark.store.store import MessageStore, PutResult
+
 
 # --- writing redelivered records ------------------------------------------------------------------
 def resolve_queue(
@@ -67,14 +67,14 @@ def encode_redelivered(
     """The batch :func:`put_redelivered` writes (the general path: decoded properties)."""
     encoded = [encode_properties(p) for p in properties]
     limit = L.PROPERTY_MAX_BYTES - (PROP_CRC_BYTES if store.config.append_prop_crc else 0)
-    for i, e in enumerate(encoded):
+    for e in encoded:
         if len(e) > limit:
             raise MessageIllegalError(
                 f"redelivered message properties are {len(e)} bytes; the limit is {limit}"
             )
     missing = [i for i, p in enumerate(properties) if L.P_UNIQ_KEY not in p]
     if missing:
-        for i, uid in zip(missing, new_uniq_ids(len(missing))):
+        for i, uid in zip(missing, new_uniq_ids(len(missing)), strict=True):
             properties[i][L.P_UNIQ_KEY] = uid
             encoded[i] = encode_properties(properties[i])
     idx = np.asarray(rows, dtype=np.int64)

@@ -31,6 +31,7 @@ auto-creation off) holds back its own level only.
 How a due record is re-written lives in :mod:`rmq_spark.services.redelivery.rewrite`; the checkpoint writer,
 service thread and lifecycle the timer service shares, in :mod:`rmq_spark.services.redelivery.delivery`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,10 +44,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rmq_spark.errors import MessageIllegalError, RmqError
-from rmq_spark.store import layout as L
-from rmq_spark.store.clock import Clock
-from rmq_spark.store.jsonfile import JsonObject
-from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
+from rmq_spark.services.redelivery.delivery import (
+    DeliveryLifecycle,
+    ServiceThread,
+    StagedCheckpoint,
+    backoff_ms,
+)
 from rmq_spark.services.redelivery.patch import PATCH_MIN_MSGS, patch_redelivery
 from rmq_spark.services.redelivery.records import (
     DELIVERY_DROP,
@@ -56,8 +59,11 @@ from rmq_spark.services.redelivery.records import (
 )
 from rmq_spark.services.redelivery.recovery import same_message, scan_copies
 from rmq_spark.services.redelivery.rewrite import encode_redelivered, resolve_queue
-from rmq_spark.store.message import Message
+from rmq_spark.store import layout as L
+from rmq_spark.store.clock import Clock
 from rmq_spark.store.encoded import EncodedBatch
+from rmq_spark.store.jsonfile import JsonObject
+from rmq_spark.store.message import Message
 
 if TYPE_CHECKING:
     from rmq_spark.services.config import BrokerConfig
@@ -138,7 +144,9 @@ class ScheduleService(DeliveryLifecycle):
         self.clock = clock
         self.levels_ms: list[int] = list(config.delay_levels_ms)
         if L.SCHEDULE_TOPIC not in store.tags_code_rules:
-            raise ValueError("the store must be opened with the schedule topic's tagsCode rule (store_rules)")
+            raise ValueError(
+                "the store must be opened with the schedule topic's tagsCode rule (store_rules)"
+            )
         store.topics.register_system_topic(L.SCHEDULE_TOPIC, SCHEDULE_QUEUES)
         self.batch_max_msgs = batch_max_msgs
         self.patch_min_msgs = PATCH_MIN_MSGS
@@ -236,7 +244,10 @@ class ScheduleService(DeliveryLifecycle):
                         j += 1  # discarded when it came due: no copy
                         continue
                     if same_message(
-                        copy, src.properties[i].get(L.P_UNIQ_KEY), int(src.born_timestamps[i]), src.bodies[i]
+                        copy,
+                        src.properties[i].get(L.P_UNIQ_KEY),
+                        int(src.born_timestamps[i]),
+                        src.bodies[i],
                     ):
                         moved += j + 1 - cursor
                         cursor = j + 1
@@ -322,11 +333,11 @@ class ScheduleService(DeliveryLifecycle):
         topics: list[str] = []
         qids: list[int] = []
         props: list[dict[str, str]] = []
-        ends: dict[int, int] = {}
-        counts: dict[int, int] = {}
+        ends = {}
+        counts = {}
         cache: dict[str, int] = {}
         row = 0
-        for q, start, units, deliver in plan:
+        for q, start, units, _deliver in plan:
             end = start
             for j in range(len(units)):
                 i = row + j
@@ -393,7 +404,10 @@ class ScheduleService(DeliveryLifecycle):
         return n, taken >= self.batch_max_msgs
 
     def _fast_batch(
-        self, plan: list[tuple[int, int, np.ndarray, np.ndarray]], phys: np.ndarray, sizes: np.ndarray
+        self,
+        plan: list[tuple[int, int, np.ndarray, np.ndarray]],
+        phys: np.ndarray,
+        sizes: np.ndarray,
     ) -> EncodedBatch | None:
         """The planned messages re-written by patching their bytes (:func:`encode_redelivery`),
         or None when one of them needs the general path (discarded, held, unusual bytes)."""

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 from rmq_spark.errors import RmqError
 
-__all__ = ["HANDLE_VERSION", "RecallError", "RecallFailure", "RecallHandle", "build_recall_handle", "parse_recall_handle"]
+__all__ = [
+    "HANDLE_VERSION",
+    "RecallError",
+    "RecallFailure",
+    "RecallHandle",
+    "build_recall_handle",
+    "parse_recall_handle",
+]
 
 HANDLE_VERSION = "v1"
 

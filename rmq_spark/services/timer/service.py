@@ -23,25 +23,20 @@ URL-safe Base64 of ``"v1 {realTopic} {brokerName} {TIMER_OUT_MS + 1} {UNIQ_KEY}"
 ``TIMER_DEL_UNIQKEY = realTopic + "+" + UNIQ_KEY``, due with its target) so the cancellation
 survives a restart, or raises :class:`RecallError` when nothing is pending for the handle.
 
-``config/timercheck.json``::
-
-    ┌──────────────────┬────────────────────────────────────────────────────────────────────┐
-    │ queueOffset      │ W: every timer record below it is done (delivered, recalled, ...)  │
-    │ doneQueueOffset  │ M: with doneTimeMs T, every record in [W, M) due at or before T    │
-    │ doneTimeMs       │    is done, and no record due after T had been delivered ...       │
-    │ commitLogOffset  │ D: ... before CommitLog offset D; later deliveries lie at/after it  │
-    │ dataVersion      │ {"counter": n, "stateVersion": 0, "timestamp": ms}                 │
-    │ version          │ 1                                                                  │
-    └──────────────────┴────────────────────────────────────────────────────────────────────┘
-
-Restart: read the records of ``[W, max)``, keep those at or above M or due after T, drop those
-delivered from D on: a copy in the CommitLog from D (outside the system topics, with
-``TIMER_DEQUEUE_MS``) with the record's ``TIMER_OUT_MS``, store time as ``TIMER_ENQUEUE_MS``,
-unique id, born time and body (:meth:`TimerService._delivered`).  No property of this broker's
-own is stored (``docs/semantics.md``).
+Progress is kept as Apache RocketMQ keeps it (:mod:`.progress`): ``config/timercheck``,
+``timerlog/`` and ``timerwheel``, written every ``checkpoint_interval_ms`` when something changed
+and at a clean stop.  Restart (:func:`~rmq_spark.store.timerfiles.recover`, the same files
+whichever broker wrote them): pending = the units Apache's dequeue would still deliver, plus the
+records from the next queue offset on; when the checkpoint is rmq-broker's own (its tail names a
+CommitLog offset D), those delivered from D on are dropped: a copy in the CommitLog from D
+(outside the system topics, with ``TIMER_DEQUEUE_MS``) with the record's ``TIMER_OUT_MS``, store
+time as ``TIMER_ENQUEUE_MS``, unique id, born time and body (:meth:`TimerService._delivered`).
+No property of this broker's own is stored (``docs/semantics.md``).  A store of an older
+rmq-broker keeps ``config/timercheck.json`` (W/M/T/D, :meth:`TimerService._rebuild_legacy`): read
+once, then replaced by Apache's files.
 
 Why this module is long: the put hook, recall, restart and the delivery round all read and move
-one state (the wheel, the pending deletes and the checkpoint W/M/T/D) under one lock; the recall
+one state (the wheel, the pending deletes and the progress) under one lock; the recall
 handles and the wheel itself are in :mod:`.recall` and :mod:`.wheel`.
 """
 
@@ -59,13 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_spark.errors import MessageIllegalError, RmqError
-from rmq_spark.store import layout as L
-from rmq_spark.store.clock import Clock
-from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThread, StagedCheckpoint, backoff_ms
-from rmq_spark.store.jsonfile import JsonObject
-from rmq_spark.store.message import Message, new_uniq_id, tags_code
-from rmq_spark.store.reader import read_units_arrow
-from rmq_spark.store.encoded import EncodedBatch
+from rmq_spark.services.redelivery.delivery import DeliveryLifecycle, ServiceThread, backoff_ms
 from rmq_spark.services.redelivery.patch import PATCH_MIN_MSGS, patch_redelivery
 from rmq_spark.services.redelivery.records import (
     DELIVERY_DROP,
@@ -74,7 +63,7 @@ from rmq_spark.services.redelivery.records import (
 )
 from rmq_spark.services.redelivery.recovery import timer_copies_of
 from rmq_spark.services.redelivery.rewrite import encode_redelivered, resolve_queue
-
+from rmq_spark.services.timer.progress import ProgressSnapshot, TimerCheckpoint
 from rmq_spark.services.timer.recall import (
     RecallError,
     RecallFailure,
@@ -83,6 +72,13 @@ from rmq_spark.services.timer.recall import (
     parse_recall_handle,
 )
 from rmq_spark.services.timer.wheel import ENTRY, KIND_DELETE, KIND_MESSAGE, TimerWheel
+from rmq_spark.store import layout as L
+from rmq_spark.store import timerfiles
+from rmq_spark.store.clock import Clock
+from rmq_spark.store.encoded import EncodedBatch
+from rmq_spark.store.jsonfile import JsonObject
+from rmq_spark.store.message import Message, new_uniq_id, tags_code
+from rmq_spark.store.reader import read_units_arrow
 
 if TYPE_CHECKING:
     from rmq_spark.services.config import BrokerConfig
@@ -101,7 +97,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TIMER_CHECK_FILE = "timercheck.json"
+TIMER_CHECK_FILE = "timercheck.json"  # an older rmq-broker's progress (read once)
 RECALL_TAG = "_RECALL_TAG_"
 RECALL_TAG_CODE = tags_code(RECALL_TAG)
 _READ_UNITS = 65536
@@ -164,15 +160,20 @@ class TimerService(DeliveryLifecycle):
         self._cancelled: dict[str, set[int]] = {}  # realTopic+uniqKey -> delete records naming it
         self._delete_keys: dict[int, str] = {}  # delete record's CommitLog offset -> key
         self._lock = threading.RLock()
-        path = os.path.join(store.root, L.CONFIG_DIR, TIMER_CHECK_FILE)
-        self._checkpoint = StagedCheckpoint(
-            store, path, checkpoint_interval_ms, self._locked_snapshot
-        )
+        self._changes = 0  # counts changes of the pending set (a new checkpoint is due)
+        self._snap: dict[str, Any] | None = None
+        self._checkpoint = TimerCheckpoint(store, checkpoint_interval_ms, self._locked_snapshot)
         self._thread = ServiceThread(
             "rmq-timer", self.run_once, self.next_wait_ms, lambda: store.closed, round_gap_ms
         )
         store.add_listener(self._on_dispatch, self.TOPIC)
-        self._rebuild(JsonObject.load(path) or JsonObject(path, {}))
+        legacy = os.path.join(store.root, L.CONFIG_DIR, TIMER_CHECK_FILE)
+        recovered = timerfiles.recover(store.root, clock.now_ms())
+        if recovered is not None:
+            self._rebuild(recovered)
+        else:
+            self._rebuild_legacy(JsonObject.load(legacy) or JsonObject(legacy, {}))
+        self._checkpoint.legacy = legacy
 
     # --- put hook ---------------------------------------------------------------------------------
     def transform(self, msg: Message) -> Message:
@@ -317,30 +318,63 @@ class TimerService(DeliveryLifecycle):
         cq = self.store.consume_queue(L.TIMER_TOPIC, 0)
         return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
 
-    def _rebuild(self, data: JsonObject) -> None:
+    def _rebuild(self, rec: timerfiles.Recovered) -> None:
+        """Resume from Apache's timer files (``TimerMessageStore.recover``): the pending units'
+        records, and every record from the next queue offset on."""
+        lo, hi = self._bounds()
+        cq = self.store.consume_queue(L.TIMER_TOPIC, 0)
+        pending = np.unique(rec.pending["phys"].astype(np.int64))
+        last_phys = int(rec.last_unit["phys"]) if rec.last_unit is not None else None
+        low, cur = hi, None
+        for start in range(lo, hi if cq is not None else lo, _READ_UNITS):
+            assert cq is not None
+            phys = cq.units(start, min(hi, start + _READ_UNITS))["offset"].astype(np.int64)
+            at = np.flatnonzero(np.isin(phys, pending))
+            if len(at):
+                low = min(low, start + int(at[0]))
+            if last_phys is not None:
+                hit = np.flatnonzero(phys == last_phys)
+                if len(hit):
+                    cur = start + int(hit[-1]) + 1
+        if cur is None:
+            cur = rec.check.queue_offset
+        cur = min(max(min(cur, rec.check.master_offset), lo), hi)
+        self._collect(
+            min(low, cur),
+            hi,
+            lambda e: (e["offset"] >= cur) | np.isin(e["phys"], pending),
+            rec.check.rmq_commitlog_offset,
+        )
+
+    def _rebuild_legacy(self, data: JsonObject) -> None:
+        """Resume from an older rmq-broker's ``config/timercheck.json``: the records of
+        ``[W, max)``, except those of ``[W, M)`` due at or before T, and those delivered from D
+        on."""
         lo, hi = self._bounds()
         w = min(max(data.int("queueOffset", lo), lo), hi)
         m = min(max(data.int("doneQueueOffset", w), lo), hi)
         t = data.int("doneTimeMs", -1)
         d = data.int("commitLogOffset", 0, 0)
-        self._done = (m, t, d)
-        self._max_done_ms = t
-        self._enqueued = w
-        parts, keys = [], {}
+        self._collect(w, hi, lambda e: (e["offset"] >= m) | (e["deliver_ms"] > t), d)
+
+    def _collect(self, start: int, hi: int, keep: Any, delivered_from: int | None) -> None:
+        """Put the records of ``[start, hi)`` that ``keep`` keeps, less those with a delivered
+        copy from CommitLog offset ``delivered_from`` on, into the wheel."""
+        parts: list[np.ndarray] = []
+        keys: dict[int, str] = {}
         cq = self.store.consume_queue(L.TIMER_TOPIC, 0)
-        for start in range(w, hi, _READ_UNITS):
-            e, k = self._read_entries(cq, start, min(hi, start + _READ_UNITS))
-            e = e[(e["offset"] >= m) | (e["deliver_ms"] > t)]
+        for a in range(start, hi, _READ_UNITS):
+            e, k = self._read_entries(cq, a, min(hi, a + _READ_UNITS))
+            e = e[keep(e)]
             parts.append(e)
             if k:
                 kept = set(e["phys"].tolist())
                 keys.update((p, key) for p, key in k.items() if p in kept)
         entries = np.concatenate(parts) if parts else np.zeros(0, ENTRY)
-        if len(entries):
-            delivered = self._delivered(entries, d)
+        if len(entries) and delivered_from is not None:
+            delivered = self._delivered(entries, delivered_from)
             if delivered.any():
                 self.stats.reconciled += int(delivered.sum())
-                self._note_done(entries[delivered])
                 entries = entries[~delivered]
         self._register_deletes(keys)
         self._wheel.add(entries)
@@ -349,7 +383,9 @@ class TimerService(DeliveryLifecycle):
     def _delivered(self, entries: np.ndarray, start: int) -> np.ndarray:
         """Which of ``entries`` have a delivered copy at CommitLog offset >= ``start``."""
         messages = entries["kind"] == KIND_MESSAGE
-        return messages & timer_copies_of(self.store, entries["phys"], entries["size"], entries["deliver_ms"], start)
+        return messages & timer_copies_of(
+            self.store, entries["phys"], entries["size"], entries["deliver_ms"], start
+        )
 
     def _read_entries(self, cq: Any, start: int, end: int) -> tuple[np.ndarray, dict[int, str]]:
         units = cq.units(start, end)
@@ -369,7 +405,7 @@ class TimerService(DeliveryLifecycle):
         maybe = np.flatnonzero(units["tags_code"] == RECALL_TAG_CODE)
         if len(maybe):
             src = read_records(self.store, e["phys"][maybe], e["size"][maybe])
-            for i, p in zip(maybe.tolist(), src.properties):
+            for i, p in zip(maybe.tolist(), src.properties, strict=True):
                 key = p.get(L.P_TIMER_DEL_UNIQKEY)
                 if key:
                     e["kind"][i] = KIND_DELETE
@@ -385,45 +421,30 @@ class TimerService(DeliveryLifecycle):
             entries, keys = self._read_entries(cq, start, end)
             self._register_deletes(keys)
             self._wheel.add(entries)
+            self._changes += 1
             start = end
         self._enqueued = max(self._enqueued, start)
 
-    def _low_watermark(self) -> int:
-        lows = [self._enqueued]
-        w = self._wheel.min_offset()
-        if w is not None:
-            lows.append(w)
-        lows.extend(int(e["offset"].min()) for _, e in self._held if len(e))
-        return min(lows)
-
     def _locked_snapshot(self) -> dict[str, Any]:
+        """The progress to write (the last one again when nothing changed since)."""
         with self._lock:
-            return self._snapshot()
-
-    def _snapshot(self) -> dict[str, Any]:
-        m, t, d = self._done
-        return {
-            "queueOffset": self._low_watermark(),
-            "doneQueueOffset": m,
-            "doneTimeMs": t,
-            "commitLogOffset": d,
-            "version": 1,
-        }
-
-    def _note_done(self, entries: np.ndarray) -> None:
-        if len(entries):
-            self._max_done_ms = max(self._max_done_ms, int(entries["deliver_ms"].max()))
-
-    def _advance_done(self) -> None:
-        """Move (M, T, D) forward when it stays true: T covers every record done so far, and no
-        pending record is due at or before T.  (An older triple stays true forever.)"""
-        t = max(self._done[1], self._max_done_ms)
-        due = [int(e["deliver_ms"].min()) for _, e in self._held if len(e)]
-        nxt = self._wheel.next_ms()
-        if nxt is not None:
-            due.append(nxt)
-        if not due or min(due) > t:
-            self._done = (self._enqueued, t, self.store.commitlog.max_offset)
+            self._enqueue_new()
+            token = (self._enqueued, self._changes)
+            if self._snap is not None and self._snap["progress"].token == token:
+                return self._snap
+            hi = self._enqueued
+            tail = None
+            cq = self.store.consume_queue(L.TIMER_TOPIC, 0)
+            if hi > 0 and cq is not None and cq.min_offset < hi:
+                u = cq.units(hi - 1, hi)
+                if len(u):
+                    tail = (int(u["offset"][0]), int(u["size"][0]))
+            entries = [self._wheel.entries()] + [e for _, e in self._held]
+            d = self.store.commitlog.max_offset
+            now = self.clock.now_ms()
+            snap = ProgressSnapshot(token, now, hi, tail, d, np.concatenate(entries))
+            self._snap = {"commitLogOffset": d, "progress": snap}
+            return self._snap
 
     # --- delivery ---------------------------------------------------------------------------------
     def run_once(self) -> int:
@@ -439,6 +460,8 @@ class TimerService(DeliveryLifecycle):
                 for e in ready:
                     self._wheel.add(e)
             due = self._wheel.pop_due(now)
+            if ready or len(due):
+                self._changes += 1
             delivered = 0
             ok = True
             if len(due):
@@ -455,16 +478,14 @@ class TimerService(DeliveryLifecycle):
                     for phys in deletes["phys"].tolist():
                         key = self._delete_keys.pop(phys, None)
                         named = self._cancelled.get(key) if key is not None else None
-                        if named is not None:
+                        if named is not None and key is not None:
                             named.discard(phys)
                             if not named:
                                 del self._cancelled[key]
-                    self._note_done(deletes)
                 else:
                     self._wheel.add(deletes)
             if ok and not self._held:
                 self._backoff_ms = 0
-            self._advance_done()
             self._checkpoint.tick(now)
             if delivered:
                 self.stats.busy_s += time.thread_time() - began
@@ -559,10 +580,7 @@ class TimerService(DeliveryLifecycle):
 
     def _settle(self, chunk: np.ndarray, not_done: list[int], now: int) -> None:
         """Rows ``not_done`` of ``chunk`` wait for a retry; the others are done."""
-        done = np.ones(len(chunk), dtype=bool)
-        done[np.asarray(not_done, dtype=np.int64)] = False
-        self._note_done(chunk[done])
-        self._hold(chunk[~done], now)
+        self._hold(chunk[np.asarray(not_done, dtype=np.int64)], now)
 
     def _hold(self, entries: np.ndarray, now: int) -> None:
         if len(entries) == 0:

@@ -42,7 +42,8 @@ class TimerWheel:
             s = slots[order]
             cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
             groups = [
-                (int(s[a]), entries[order[a:b]]) for a, b in zip(np.r_[0, cuts], np.r_[cuts, n])
+                (int(s[a]), entries[order[a:b]])
+                for a, b in zip(np.r_[0, cuts], np.r_[cuts, n], strict=True)
             ]
         for sid, arr in groups:
             bucket = self._slots.get(sid)
@@ -71,10 +72,7 @@ class TimerWheel:
         while self._heap and self._heap[0] <= limit:
             sid = self._heap[0]
             arr = self._bucket(sid)
-            if sid < limit:
-                due = np.ones(len(arr), dtype=bool)
-            else:
-                due = arr["deliver_ms"] <= now_ms
+            due = np.ones(len(arr), dtype=bool) if sid < limit else arr["deliver_ms"] <= now_ms
             if due.all():
                 out.append(arr)
                 heapq.heappop(self._heap)
@@ -95,6 +93,12 @@ class TimerWheel:
             return np.zeros(0, ENTRY)
         arr = self._bucket(sid)
         return arr[arr["deliver_ms"] == deliver_ms]
+
+    def entries(self) -> np.ndarray:
+        """Every pending entry (a copy)."""
+        if not self._slots:
+            return np.zeros(0, ENTRY)
+        return np.concatenate([self._bucket(sid) for sid in self._slots])
 
     def min_offset(self) -> int | None:
         if not self._slots:

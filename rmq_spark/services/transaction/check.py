@@ -37,15 +37,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_spark.errors import RmqError
-from rmq_spark.store import layout as L
 from rmq_spark.services.transaction.halves import Half, half_of
-from rmq_spark.services.transaction.states import EndTxStatus, GroupResult, TransactionAction, as_action
+from rmq_spark.services.transaction.states import (
+    EndTxStatus,
+    GroupResult,
+    TransactionAction,
+    as_action,
+)
+from rmq_spark.store import layout as L
 from rmq_spark.store.message import Message, MessageExt
 
 if TYPE_CHECKING:
+    from rmq_spark.store.clock import Clock
     from rmq_spark.store.consumequeue import ConsumeQueue
     from rmq_spark.store.store import MessageStore
-    from rmq_spark.store.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +77,11 @@ class TransactionService(Protocol):
     file_reserved_ms: int
     needs_source_scan: bool
 
-    stopping: bool
+    @property
+    def stopping(self) -> bool: ...
 
     def is_resolved(self, half: MessageExt) -> bool: ...
+    def resolver_waits(self, group: str) -> bool: ...
     def resolver_for(self, group: str) -> Any: ...
     def end_halves(self, halves: list[Half], action: TransactionAction) -> GroupResult: ...
     def real_message(self, half: Half) -> Message: ...
@@ -198,7 +205,7 @@ class OpWindow:
     def _count(self, ops: np.ndarray, sign: int) -> None:
         """Add (``sign`` 1) or take (-1) pairs of ``ops``; an op with none left is done."""
         left = self._left
-        for op, n in zip(*(a.tolist() for a in np.unique(ops, return_counts=True))):
+        for op, n in zip(*(a.tolist() for a in np.unique(ops, return_counts=True)), strict=True):
             k = left.get(op, 0) + sign * n
             if k > 0:
                 left[op] = k

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rmq_spark.store import layout as L
 from rmq_spark.services.redelivery.patch import ParsedRecords, encode_redelivery, parse_records
-from rmq_spark.store.properties import CRC_KEY
+from rmq_spark.store import layout as L
 from rmq_spark.store.encoded import EncodedBatch
+from rmq_spark.store.properties import CRC_KEY
 
 if TYPE_CHECKING:
     from rmq_spark.store.store import MessageStore
@@ -19,7 +19,15 @@ if TYPE_CHECKING:
 # kept, as Apache RocketMQ 5.5.0 stores it (compared in tests/interop/test_apache_properties.py);
 # the record CRC is written again if on
 _COMMIT_DROP = (L.P_REAL_TOPIC, L.P_REAL_QID, CRC_KEY)
-_COMMIT_KEYS = (L.P_TAGS, L.P_KEYS, L.P_UNIQ_KEY, L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG, CRC_KEY)
+_COMMIT_KEYS = (
+    L.P_TAGS,
+    L.P_KEYS,
+    L.P_UNIQ_KEY,
+    L.P_REAL_TOPIC,
+    L.P_REAL_QID,
+    L.P_TRAN_MSG,
+    CRC_KEY,
+)
 
 
 def commit_keys(hooked: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -40,7 +48,7 @@ def encode_commits(
     None when a half needs the general path: unusual bytes, one of the properties ``hooked`` (a
     put hook must see it), a real queue out of range (the general path names the error).
     ``parsed``: the halves already parsed with :func:`commit_keys` (then ``sizes`` is unused)."""
-    rec = parsed if parsed is not None else parse_records(store, phys, sizes, commit_keys(hooked))
+    rec = parsed if parsed is not None else parse_records(store, phys, sizes, commit_keys(hooked))  # type: ignore[arg-type]  # sizes given when parsed is not
     if rec is None:
         return None
     if hooked and np.isin(rec.seg_key, [rec.keys.index(k) for k in hooked]).any():
@@ -56,8 +64,10 @@ def encode_commits(
     except ValueError:
         return None
     for t in set(real):
-        cfg = store.topics.get_or_create(t)
-        if ((qids < 0) | (qids >= max(cfg.write_queue_nums, cfg.read_queue_nums)))[np.asarray(real) == t].any():
+        cfg = store.topics.get_or_create(t)  # type: ignore[arg-type]  # no None: returned above
+        if ((qids < 0) | (qids >= max(cfg.write_queue_nums, cfg.read_queue_nums)))[
+            np.asarray(real) == t
+        ].any():
             return None
     flags = (rec.head["sys_flag"] & ~L.TRANSACTION_MASK) | L.TRANSACTION_COMMIT_TYPE
     return encode_redelivery(

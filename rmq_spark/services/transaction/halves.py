@@ -7,6 +7,9 @@ A half's properties are its real message's (the client's, then ``UNIQ_KEY``,
 builds them message by message (each one's properties encoded once, kept for the commit),
 :func:`body_halves` column-wise for bodies that share their properties, :func:`read_halves` reads
 many back in one vectorized pass.
+
+Why this module is long: the three ways halves are built and read back (row by row, column-wise,
+vectorized) must agree byte for byte on one property layout, so they stay side by side.
 """
 
 from __future__ import annotations
@@ -16,15 +19,22 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from rmq_spark.errors import MessageIllegalError, StoreError
-from rmq_spark.store import layout as L
-from rmq_spark.store.message import Message, MessageExt, host_bytes, IdColumn, new_uniq_ids, new_uniq_ids_array, tags_code
-from rmq_spark.store.properties import CRC_KEY, encode_properties
-from rmq_spark.store.encode import encode_columns, Row
-from rmq_spark.store.encoded import concat_encoded, EncodedBatch
-from rmq_spark.store.properties import PROP_CRC_BYTES
-from rmq_spark.store.rowprops import RowProperties, decoded, id_column
-from rmq_spark.store.record import HEADER_V4
 from rmq_spark.services.redelivery.patch import ParsedRecords, parse_records, record_sizes
+from rmq_spark.store import layout as L
+from rmq_spark.store.encode import Row, encode_columns
+from rmq_spark.store.encoded import EncodedBatch, concat_encoded
+from rmq_spark.store.message import (
+    IdColumn,
+    Message,
+    MessageExt,
+    host_bytes,
+    new_uniq_ids,
+    new_uniq_ids_array,
+    tags_code,
+)
+from rmq_spark.store.properties import CRC_KEY, PROP_CRC_BYTES, encode_properties
+from rmq_spark.store.record import HEADER_V4
+from rmq_spark.store.rowprops import RowProperties, decoded, id_column
 from rmq_spark.store.store import MessageStore
 from rmq_spark.store.validation import check_bodies, check_properties_size, check_topic_cached
 
@@ -43,7 +53,11 @@ __all__ = [
     "txn_id_of",
 ]
 
-HALF_ONLY = (L.P_REAL_TOPIC, L.P_REAL_QID, L.P_TRAN_MSG)  # what a half adds (its commit keeps TRAN_MSG)
+HALF_ONLY = (
+    L.P_REAL_TOPIC,
+    L.P_REAL_QID,
+    L.P_TRAN_MSG,
+)  # what a half adds (its commit keeps TRAN_MSG)
 _ROUTING = (L.P_REAL_TOPIC, L.P_REAL_QID, CRC_KEY)  # what a commit drops of a half's properties
 _UNIQ, _TXN_ID = f"{L.P_UNIQ_KEY}\x01", f"{L.P_TRANSACTION_ID}\x01"
 _HALF_TOPIC_BYTES = L.TRANS_HALF_TOPIC.encode()
@@ -67,7 +81,17 @@ class Half:
     """A half to end: where it is, its transaction, the half as stored (a MessageExt when read
     back, else built on first use from ``row``, the half's record as prepare wrote it)."""
 
-    __slots__ = ("phys", "queue_offset", "txn_id", "_msg", "row", "real", "store", "stored_ms", "seen")
+    __slots__ = (
+        "_msg",
+        "phys",
+        "queue_offset",
+        "real",
+        "row",
+        "seen",
+        "store",
+        "stored_ms",
+        "txn_id",
+    )
 
     def __init__(
         self,
@@ -149,11 +173,29 @@ class Half:
             host, port, reconsume = m.born_host, m.born_port, m.reconsume_times
         sys_flag = (sys_flag & ~L.TRANSACTION_MASK) | L.TRANSACTION_COMMIT_TYPE
         phys = self.phys
-        return (topic, qid, body, props, enc, code, flag, sys_flag, born, host, port, reconsume, phys)
+        return (
+            topic,
+            qid,
+            body,
+            props,
+            enc,
+            code,
+            flag,
+            sys_flag,
+            born,
+            host,
+            port,
+            reconsume,
+            phys,
+        )
 
 
 def half_rows(
-    store: MessageStore, now_ms: int, msgs: Sequence[Message], group: str | None = None, force: bool = False
+    store: MessageStore,
+    now_ms: int,
+    msgs: Sequence[Message],
+    group: str | None = None,
+    force: bool = False,
 ) -> tuple[list[Row], list[Real]]:
     """The records of the halves of ``msgs`` and what each one's commit will store.  A half's
     properties are its real message's followed by REAL_TOPIC, REAL_QID (and TRAN_MSG)."""
@@ -183,10 +225,8 @@ def half_rows(
                 ids = iter(new_uniq_ids(len(msgs)))
             uniq = next(ids)
         tran = "true" if force else p.get(L.P_TRAN_MSG)
-        if added.isdisjoint(p):
-            real = p.copy()
-        else:  # rare; the dicts keep the order of the encoding
-            real = {k: v for k, v in p.items() if k not in added}
+        # the rare second case: the dict keeps the order of the encoding
+        real = p.copy() if added.isdisjoint(p) else {k: v for k, v in p.items() if k not in added}
         enc = encode_properties(real)
         real[L.P_UNIQ_KEY] = real[L.P_TRANSACTION_ID] = uniq
         if group is not None:
@@ -204,7 +244,15 @@ def half_rows(
         if tran is None:
             reals.append((topic, qid, real, enc, code))
         else:  # the commit keeps TRAN_MSG, as Apache
-            reals.append((topic, qid, {**real, L.P_TRAN_MSG: tran}, enc + f"{L.P_TRAN_MSG}\x01{tran}\x02".encode(), code))
+            reals.append(
+                (
+                    topic,
+                    qid,
+                    {**real, L.P_TRAN_MSG: tran},
+                    enc + f"{L.P_TRAN_MSG}\x01{tran}\x02".encode(),
+                    code,
+                )
+            )
         rows.append(
             (
                 half_topic,
@@ -248,15 +296,35 @@ def body_halves(
     cfg = store.topics.get_or_create(topic)
     nq = max(cfg.write_queue_nums, cfg.read_queue_nums)
     if not 0 <= queue_id < nq:
-        raise MessageIllegalError(f"queueId {queue_id} is out of range for topic {topic!r} ({nq} queues)")
-    bodies = check_bodies(bodies, store.config.body_max_bytes)  # a list, or an Arrow column (a sink's rows)
+        raise MessageIllegalError(
+            f"queueId {queue_id} is out of range for topic {topic!r} ({nq} queues)"
+        )
+    bodies = check_bodies(
+        bodies, store.config.body_max_bytes
+    )  # a list, or an Arrow column (a sink's rows)
     if isinstance(properties, RowProperties):
-        return _row_halves(store, now_ms, topic, queue_id, bodies, properties, producer_group, ids, prepared_offsets, body_crcs)
+        return _row_halves(
+            store,
+            now_ms,
+            topic,
+            queue_id,
+            bodies,
+            properties,
+            producer_group,
+            ids,
+            prepared_offsets,
+            body_crcs,
+        )
     added = {L.P_UNIQ_KEY, L.P_TRANSACTION_ID, L.P_PGROUP, *HALF_ONLY}
     base = {k: v for k, v in properties.items() if k not in added}
     pre = encode_properties(base) + _UNIQ.encode()
     mid = f"\x02{_TXN_ID}".encode()
-    tail = {L.P_PGROUP: producer_group, L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"}
+    tail = {
+        L.P_PGROUP: producer_group,
+        L.P_REAL_TOPIC: topic,
+        L.P_REAL_QID: str(queue_id),
+        L.P_TRAN_MSG: "true",
+    }
     if prepared_offsets is not None:  # the real messages: the half's routing dropped, TRAN_MSG kept
         tail = {L.P_PGROUP: producer_group, L.P_TRAN_MSG: "true"}
     post = b"\x02" + encode_properties(tail)
@@ -268,7 +336,9 @@ def body_halves(
     at = 0
     for part in (pre, ids, mid, ids, post):
         w = 32 if isinstance(part, np.ndarray) else len(part)
-        enc[:, at : at + w] = part if isinstance(part, np.ndarray) else np.frombuffer(part, dtype=np.uint8)
+        enc[:, at : at + w] = (
+            part if isinstance(part, np.ndarray) else np.frombuffer(part, dtype=np.uint8)
+        )
         at += w
     real = prepared_offsets is not None
     batch = encode_columns(
@@ -278,7 +348,7 @@ def body_halves(
         [{**base, **tail}] * n,  # one shared dict: tags and keys are the same for all
         enc,
         sys_flags=L.TRANSACTION_COMMIT_TYPE if real else 0,
-        prepared_offsets=prepared_offsets if real else 0,
+        prepared_offsets=prepared_offsets if prepared_offsets is not None else 0,
         born_timestamps=now_ms,
         store_host=host_bytes(cfg_store.store_host),
         store_port=cfg_store.store_port,
@@ -291,20 +361,35 @@ def body_halves(
 
 
 def _row_halves(  # type: ignore[no-untyped-def]
-    store: MessageStore, now_ms: int, topic: str, queue_id: int, bodies: Sequence[bytes], props: RowProperties,
-    producer_group: str, ids, prepared_offsets, body_crcs=None,
+    store: MessageStore,
+    now_ms: int,
+    topic: str,
+    queue_id: int,
+    bodies: Sequence[bytes],
+    props: RowProperties,
+    producer_group: str,
+    ids,
+    prepared_offsets,
+    body_crcs=None,
 ) -> EncodedBatch:
     """:func:`body_halves` of records each with its own properties (checked by the caller: no
     reserved key among them)."""
     n = len(bodies)
     real = prepared_offsets is not None
-    tail = {L.P_PGROUP: producer_group, L.P_REAL_TOPIC: topic, L.P_REAL_QID: str(queue_id), L.P_TRAN_MSG: "true"}
+    tail = {
+        L.P_PGROUP: producer_group,
+        L.P_REAL_TOPIC: topic,
+        L.P_REAL_QID: str(queue_id),
+        L.P_TRAN_MSG: "true",
+    }
     if real:  # a commit's real messages: the half's routing dropped, TRAN_MSG kept (as Apache)
         tail = {L.P_PGROUP: producer_group, L.P_TRAN_MSG: "true"}
     post = b"\x02" + encode_properties(tail)
     cfg_store = store.config
     extra = len(_UNIQ) + 32 + 1 + len(_TXN_ID) + 32 + len(post)
-    check_properties_size(bytes(props.max_bytes() + extra + (PROP_CRC_BYTES if cfg_store.append_prop_crc else 0)))
+    check_properties_size(
+        bytes(props.max_bytes() + extra + (PROP_CRC_BYTES if cfg_store.append_prop_crc else 0))
+    )
     ids = new_uniq_ids_array(n) if ids is None else ids
     id_arr = id_column(ids)
     full = props.joined(_UNIQ.encode(), id_arr, f"\x02{_TXN_ID}".encode(), id_arr, post)
@@ -329,9 +414,20 @@ def encode_rows(
     already encoded."""
     cfg = store.config
     (
-        topics, qids, bodies, props, encs, codes, flags, sys_flags, born, hosts, ports,
-        reconsume, prepared,
-    ) = zip(*rows)
+        topics,
+        qids,
+        bodies,
+        props,
+        encs,
+        codes,
+        flags,
+        sys_flags,
+        born,
+        hosts,
+        ports,
+        reconsume,
+        prepared,
+    ) = zip(*rows, strict=True)
     reserve = PROP_CRC_BYTES if cfg.append_prop_crc else 0
     if max(map(len, encs)) + reserve > L.PROPERTY_MAX_BYTES:
         for e in encs:
@@ -358,11 +454,14 @@ def encode_rows(
     )
     if tail is None:
         return batch
-    return concat_encoded([batch, *tail] if isinstance(tail, (list, tuple)) else [batch, tail])
+    return concat_encoded([batch, tail] if isinstance(tail, EncodedBatch) else [batch, *tail])
 
 
 def read_halves(
-    store: MessageStore, offsets: list[int], keys: tuple[str, ...], read_one: Callable[[int], Half | None],
+    store: MessageStore,
+    offsets: list[int],
+    keys: tuple[str, ...],
+    read_one: Callable[[int], Half | None],
     also: tuple[str, ...] = (),
 ) -> tuple[list[Half | None], tuple[np.ndarray, ParsedRecords] | None]:
     """Halves at ``offsets`` read in one vectorized pass over their bytes (transaction id and
@@ -395,21 +494,29 @@ def read_halves(
     if any(v is None for v in seen.values()):
         seen = {}  # a value that is not UTF-8: such halves are read back when asked
     out: list[Half | None] = [None] * len(offsets)
-    rows = zip(np.flatnonzero(good).tolist(), phys[good].tolist(), head["queue_offset"].tolist(),
-               head["store_timestamp"].tolist())
+    rows = zip(
+        np.flatnonzero(good).tolist(),
+        phys[good].tolist(),
+        head["queue_offset"].tolist(),
+        head["store_timestamp"].tolist(),
+        strict=True,
+    )
     for j, (i, p, q, stored) in enumerate(rows):
-        if not (ok[j] and real[j] and qid[j] and qid[j].isdigit()):
+        if not (ok[j] and real[j] and (qj := qid[j]) and qj.isdigit()):
             continue
-        if not uniq[j]:
+        u = uniq[j]
+        if not u:
             out[i] = read_one(p)
             continue
-        h = out[i] = Half(p, q, uniq[j], store=store, stored_ms=stored)
+        h = out[i] = Half(p, q, u, store=store, stored_ms=stored)
         if seen:
             h.seen = {k: v[j] for k, v in seen.items()}  # type: ignore[index]
     return out, ((phys[good], rec) if good.all() and ok.all() else None)
 
 
-def parse_halves(store: MessageStore, offsets: Sequence[int], keys: tuple[str, ...]) -> tuple[ParsedRecords, list[str]] | None:
+def parse_halves(
+    store: MessageStore, offsets: Sequence[int], keys: tuple[str, ...]
+) -> tuple[ParsedRecords, list[str]] | None:
     """The records at ``offsets`` parsed in one vectorized pass (properties ``keys`` located) and
     their transaction ids, when every one is a half with its id and its destination; else None
     (the caller takes the general path, :func:`read_halves`)."""

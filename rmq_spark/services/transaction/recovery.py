@@ -11,9 +11,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rmq_spark.store import layout as L
-from rmq_spark.store import record as R
-from rmq_spark.store.views import _at
 from rmq_spark.services.transaction.check import (
     CHECK_GROUP,
     P_OP_ACTION,
@@ -26,6 +23,9 @@ from rmq_spark.services.transaction.check import (
 )
 from rmq_spark.services.transaction.halves import half_of
 from rmq_spark.services.transaction.states import TxnState
+from rmq_spark.store import layout as L
+from rmq_spark.store import record as R
+from rmq_spark.store.views import _at
 
 if TYPE_CHECKING:
     from rmq_spark.store.store import MessageStore
@@ -35,7 +35,9 @@ _SIZE_MAGIC = struct.Struct(">iI")  # TOTALSIZE, MAGICCODE
 
 
 # --- the resolved set, on start ----------------------------------------------------------------------------
-Run = tuple[int, int, np.ndarray, TxnState]  # as EndedRuns.add takes it: when, highest queue offset, offsets, state
+Run = tuple[
+    int, int, np.ndarray, TxnState
+]  # as EndedRuns.add takes it: when, highest queue offset, offsets, state
 
 
 def load_resolved(svc: TransactionService) -> tuple[dict[str, TxnState], list[Run]]:
@@ -67,21 +69,27 @@ def load_resolved(svc: TransactionService) -> tuple[dict[str, TxnState], list[Ru
         code[np.asarray(pc.fill_null(pc.equal(acts, "COMMIT"), False))] = 0
         code[np.asarray(pc.fill_null(pc.equal(acts, "ROLLBACK"), False))] = 1
         is_op = np.asarray(pc.fill_null(pc.equal(b.column("tags"), REMOVE_TAG), False))
-        own = np.asarray(pc.fill_null(pc.equal(pc.map_lookup(props, pa.scalar(P_OP_OWN), "last"), "true"), False))
+        own = np.asarray(
+            pc.fill_null(pc.equal(pc.map_lookup(props, pa.scalar(P_OP_OWN), "last"), "true"), False)
+        )
         offs, rows = op_half_offsets(b.column("body"))
         keep = is_op[rows] & ~own[rows]
         halves.append(offs[keep])
         codes.append(code[rows[keep]])
         if (own & is_op).any():
             stored = b.column("storeTimestamp").cast(pa.int64()).to_numpy() // 1000  # us -> ms
-            runs += _own_runs(store, offs, rows, np.flatnonzero(own & is_op), stored, code, kinds, checked)
+            runs += _own_runs(
+                store, offs, rows, np.flatnonzero(own & is_op), stored, code, kinds, checked
+            )
         n = b.num_rows - 1
         group = pc.map_lookup(props.slice(n, 1), pa.scalar(P_OP_GROUP), "last")[0].as_py()
         reals = int(group) if code[n] == 0 and group and group.isdigit() else 0
         last = (int(b.column("commitLogOffset")[n].as_py()), reals, offs[rows == n])
     out: dict[str, TxnState] = {}
     if halves:
-        for txn, code in zip(_txn_ids(store, np.concatenate(halves)), np.concatenate(codes).tolist()):
+        for txn, code in zip(
+            _txn_ids(store, np.concatenate(halves)), np.concatenate(codes).tolist(), strict=True
+        ):
             if txn is not None and txn not in out:
                 out[txn] = kinds[code]
     if last is not None and last[1] > 0:
@@ -89,8 +97,16 @@ def load_resolved(svc: TransactionService) -> tuple[dict[str, TxnState], list[Ru
     return out, runs
 
 
-def _own_runs(store: MessageStore, offs: np.ndarray, rows: np.ndarray, ops: np.ndarray, stored: np.ndarray,
-              code: np.ndarray, kinds: tuple[TxnState, ...], checked: int) -> list[Run]:
+def _own_runs(
+    store: MessageStore,
+    offs: np.ndarray,
+    rows: np.ndarray,
+    ops: np.ndarray,
+    stored: np.ndarray,
+    code: np.ndarray,
+    kinds: tuple[TxnState, ...],
+    checked: int,
+) -> list[Run]:
     """The groups the ops at rows ``ops`` ended, their half queue offsets turned into CommitLog
     offsets by the half queue's units (no record read); a group wholly below the check-back's
     offset ``checked`` is forgotten, as the running service forgets it."""
@@ -100,7 +116,7 @@ def _own_runs(store: MessageStore, offs: np.ndarray, rows: np.ndarray, ops: np.n
     out: list[Run] = []
     order = np.argsort(rows, kind="stable")
     bounds = np.searchsorted(rows[order], [ops, ops + 1])
-    for op, a, z in zip(ops.tolist(), bounds[0].tolist(), bounds[1].tolist()):
+    for op, a, z in zip(ops.tolist(), bounds[0].tolist(), bounds[1].tolist(), strict=True):
         q = offs[order[a:z]]
         q = q[q >= cq.min_offset]
         if len(q) == 0 or int(q.max()) < checked:
@@ -109,7 +125,9 @@ def _own_runs(store: MessageStore, offs: np.ndarray, rows: np.ndarray, ops: np.n
         units = cq.units(lo, int(q.max()) + 1)
         at = q - lo
         q, at = q[at < len(units)], at[at < len(units)]
-        out.append((int(stored[op]), int(q.max()), units["offset"][at].astype(np.int64), kinds[code[op]]))
+        out.append(
+            (int(stored[op]), int(q.max()), units["offset"][at].astype(np.int64), kinds[code[op]])
+        )
     return out
 
 
@@ -128,7 +146,9 @@ def _txn_ids(store: MessageStore, half_offsets: np.ndarray) -> list[str | None]:
         )
         q = b.column("queueOffset").to_numpy()
         sel = np.flatnonzero(np.isin(q, want))
-        found.update(zip(q[sel].tolist(), b.column("msgId").take(pa.array(sel)).to_pylist()))
+        found.update(
+            zip(q[sel].tolist(), b.column("msgId").take(pa.array(sel)).to_pylist(), strict=True)
+        )
     return [found.get(q) for q in half_offsets.tolist()]
 
 

@@ -34,7 +34,10 @@ class EndedRuns:
         return sum(len(r[2]) for r in self._runs)
 
     def add(self, now_ms: int, max_queue_offset: int, phys: np.ndarray, state: TxnState) -> None:
-        self._runs = (*self._runs, (now_ms, max_queue_offset, np.sort(np.asarray(phys, dtype=np.int64)), state))
+        self._runs = (
+            *self._runs,
+            (now_ms, max_queue_offset, np.sort(np.asarray(phys, dtype=np.int64)), state),
+        )
 
     def state_of(self, phys: int) -> TxnState | None:
         for _ms, _q, arr, state in reversed(self._runs):

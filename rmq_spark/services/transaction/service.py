@@ -43,30 +43,18 @@ import logging
 import struct
 import threading
 from collections import OrderedDict, deque
-from itertools import islice
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from itertools import islice
 from typing import Any
 
 import numpy as np
 
-from rmq_spark.services.config import BrokerConfig
 from rmq_spark.errors import MessageIllegalError, RmqError, StoreError
-from rmq_spark.store import layout as L
+from rmq_spark.services.config import BrokerConfig
 from rmq_spark.services.transaction import check as C
-from rmq_spark.services.transaction.recovery import load_resolved
-from rmq_spark.services.transaction.states import (
-    EndTxStatus,
-    GroupResult,
-    HalfRef,
-    TransactionAction,
-    TxnState,
-    as_action,
-)
-from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
-from rmq_spark.store.dispatch import DispatchBatch
+from rmq_spark.services.transaction.commit import commit_keys, encode_commits
 from rmq_spark.services.transaction.halves import (
-    parse_halves,
     Half,
     Real,
     Row,
@@ -75,9 +63,24 @@ from rmq_spark.services.transaction.halves import (
     half_of,
     half_rows,
     message_of,
+    parse_halves,
     read_halves,
     txn_id_of,
 )
+from rmq_spark.services.transaction.recovery import load_resolved
+from rmq_spark.services.transaction.runs import EndedRuns
+from rmq_spark.services.transaction.states import (
+    EndTxStatus,
+    GroupResult,
+    HalfRef,
+    TransactionAction,
+    TxnState,
+    as_action,
+)
+from rmq_spark.store import layout as L
+from rmq_spark.store.clock import SYSTEM_CLOCK, Clock
+from rmq_spark.store.dispatch import DispatchBatch
+from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.message import (
     Message,
     MessageExt,
@@ -85,11 +88,8 @@ from rmq_spark.store.message import (
     new_uniq_ids_array,
     tags_code,
 )
-from rmq_spark.store.encoded import SMALL_BATCH, EncodedBatch
 from rmq_spark.store.properties import encode_properties
-from rmq_spark.services.transaction.runs import EndedRuns
 from rmq_spark.store.rowprops import RowProperties, decoded
-from rmq_spark.services.transaction.commit import commit_keys, encode_commits
 from rmq_spark.store.store import MessageStore, PutResult
 from rmq_spark.store.validation import check_body, check_topic
 
@@ -161,7 +161,9 @@ class TransactionService:
         # a large commit of halves without them patches the halves' bytes (encode_commits)
         self.hook_only_on: tuple[str, ...] | None = None
         self.resolvers: dict[str, Callable[[MessageExt], Any]] = {}
-        self.waiting_resolvers: set[str] = set()  # their UNKNOWN ends a check round (register_resolver)
+        self.waiting_resolvers: set[str] = (
+            set()
+        )  # their UNKNOWN ends a check round (register_resolver)
         self._lock = threading.Lock()  # guards _state and _inflight
         self._state: dict[str, TxnState] = {}  # transaction id -> how it ended
         self._inflight: set[str] = set()
@@ -193,7 +195,10 @@ class TransactionService:
         if (
             msg.topic == L.TRANS_HALF_TOPIC
             or str(msg.properties.get(L.P_TRAN_MSG, "")).lower() != "true"
-            or (msg.reconsume_times > 0 and (_delayed(msg) or msg.topic.startswith(L.DLQ_GROUP_TOPIC_PREFIX)))
+            or (
+                msg.reconsume_times > 0
+                and (_delayed(msg) or msg.topic.startswith(L.DLQ_GROUP_TOPIC_PREFIX))
+            )
         ):
             return msg
         (row,), (real,) = self._halves([msg])
@@ -219,6 +224,7 @@ class TransactionService:
         rows, reals = half_rows(self.store, self.clock.now_ms(), msgs, producer_group, True)
         r = self._put(rows)
         a = r.append
+        assert a is not None  # the store sets it on every put it makes
         phys, qoffs = a.phys_list(), a.queue_list()
         cache, stored = self._cache, a.store_timestamp_ms
         if len(rows) == 1:
@@ -231,7 +237,7 @@ class TransactionService:
             return r
         entries = [
             (p, Half(p, q, row[3][L.P_UNIQ_KEY], None, real, row, None, stored))
-            for p, q, row, real in zip(phys, qoffs, rows, reals)
+            for p, q, row, real in zip(phys, qoffs, rows, reals, strict=True)
         ]
         with self._cache_lock:
             cache.update(entries)
@@ -250,9 +256,17 @@ class TransactionService:
         """:meth:`prepare` of messages of one topic and queue (shared ``properties``, or each its
         own as :class:`RowProperties`), built column-wise (:func:`~rmq_spark.services.transaction.halves.body_halves`)."""
         if len(bodies) < PATCH_COMMIT_MIN:  # a few: the general path keeps them for the commit
-            each = decoded(properties.blobs) if isinstance(properties, RowProperties) else [properties] * len(bodies)
-            listed = bodies if isinstance(bodies, (list, tuple)) else bodies.to_pylist()  # or an Arrow column
-            msgs = [Message(topic, b, dict(p), queue_id=queue_id) for b, p in zip(listed, each)]
+            each = (
+                decoded(properties.blobs)
+                if isinstance(properties, RowProperties)
+                else [properties] * len(bodies)
+            )
+            # or an Arrow column
+            listed = bodies if isinstance(bodies, (list, tuple)) else bodies.to_pylist()  # type: ignore[attr-defined]
+            msgs = [
+                Message(topic, b, dict(p), queue_id=queue_id)
+                for b, p in zip(listed, each, strict=True)
+            ]
             return self.prepare(msgs, producer_group)
         now = self.clock.now_ms()
         return self.store.put_encoded(
@@ -260,7 +274,11 @@ class TransactionService:
         )
 
     def prepare_bodies_for_commit(
-        self, topic: str, queue_id: int, bodies: Sequence[bytes], properties: dict[str, str] | RowProperties,
+        self,
+        topic: str,
+        queue_id: int,
+        bodies: Sequence[bytes],
+        properties: dict[str, str] | RowProperties,
         producer_group: str,
     ) -> tuple[PutResult, EncodedBatch | None]:
         """:meth:`prepare_bodies`, and the real messages a commit of these halves writes, encoded
@@ -270,7 +288,9 @@ class TransactionService:
             return self.prepare_bodies(topic, queue_id, bodies, properties, producer_group), None
         now = self.clock.now_ms()
         ids = new_uniq_ids_array(len(bodies))
-        halves = body_halves(self.store, now, topic, queue_id, bodies, properties, producer_group, ids)
+        halves = body_halves(
+            self.store, now, topic, queue_id, bodies, properties, producer_group, ids
+        )
         r = self.store.put_encoded(halves)
         if not r.ok or r.append is None:
             return r, None
@@ -279,8 +299,13 @@ class TransactionService:
                             halves.body_crcs())  # fmt: skip
         return r, reals
 
-    def commit_encoded(self, offsets: Sequence[int], queue_offsets: Sequence[int], ids: list[str],
-                       reals: Sequence[EncodedBatch]) -> GroupResult:
+    def commit_encoded(
+        self,
+        offsets: Sequence[int],
+        queue_offsets: Sequence[int],
+        ids: Sequence[str],
+        reals: Sequence[EncodedBatch],
+    ) -> GroupResult:
         """Commit the halves at ``offsets`` (their half queue offsets and ids given) by writing the
         op message and ``reals``, their real messages made by :meth:`prepare_bodies_for_commit`,
         as one append; the halves must be pending (else the general :meth:`commit_group` says
@@ -293,8 +318,13 @@ class TransactionService:
             return self.commit_group(list(offsets))
         return self._commit_written(offsets, list(queue_offsets), ids, reals)
 
-    def _commit_written(self, offsets: Sequence[int], queue_offsets: list[int], ids: list[str],
-                        reals: EncodedBatch | Sequence[EncodedBatch]) -> GroupResult:
+    def _commit_written(
+        self,
+        offsets: Sequence[int],
+        queue_offsets: list[int],
+        ids: Sequence[str],
+        reals: EncodedBatch | Sequence[EncodedBatch],
+    ) -> GroupResult:
         """The op message and ``reals`` as one append, for halves marked in flight (halves their
         caller stored itself: how they ended is remembered by offset, :mod:`.runs`)."""
         put: PutResult | None = None
@@ -305,19 +335,28 @@ class TransactionService:
             with self._lock:
                 self._inflight.difference_update(ids)
                 if put is not None and put.append is not None:
-                    self._runs.add(self.clock.now_ms(), max(queue_offsets), np.asarray(offsets), TxnState.COMMITTED)
+                    self._runs.add(
+                        self.clock.now_ms(),
+                        max(queue_offsets),
+                        np.asarray(offsets),
+                        TxnState.COMMITTED,
+                    )
         if self._cache:
             with self._cache_lock:
                 for p in offsets:
                     self._cache.pop(p, None)
-        return GroupResult(EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT, put, ids)
+        return GroupResult(
+            EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT, put, ids
+        )
 
     def _halves(
         self, msgs: Sequence[Message], group: str | None = None, force: bool = False
     ) -> tuple[list[Row], list[Real]]:
         return half_rows(self.store, self.clock.now_ms(), msgs, group, force)
 
-    def _put(self, rows: list[Row], tail: EncodedBatch | Sequence[EncodedBatch] | None = None) -> PutResult:
+    def _put(
+        self, rows: list[Row], tail: EncodedBatch | Sequence[EncodedBatch] | None = None
+    ) -> PutResult:
         """Write ``rows``, then the records of ``tail``, as one append."""
         if tail is None and len(rows) <= FEW_RECORDS:
             return self.store.put_rows(rows)
@@ -338,7 +377,11 @@ class TransactionService:
                     phys = int(batch.phys[i])
                     msg, real = fresh
                     self._cache[phys] = Half(
-                        phys, int(batch.queue_offsets[i]), msg.properties[L.P_UNIQ_KEY], msg, real,
+                        phys,
+                        int(batch.queue_offsets[i]),
+                        msg.properties[L.P_UNIQ_KEY],
+                        msg,
+                        real,
                         stored_ms=int(batch.store_timestamps[i]),
                     )
             while len(self._cache) > HALF_CACHE_ENTRIES:
@@ -350,7 +393,11 @@ class TransactionService:
         missing half is not listed: ending it reports NOT_FOUND)."""
         wanted = tuple(expect.items())
         found = self._lookup(list(offsets), tuple(expect))
-        return [off for off, h in zip(offsets, found) if h is not None and any(h.prop(k) != v for k, v in wanted)]
+        return [
+            off
+            for off, h in zip(offsets, found, strict=True)
+            if h is not None and any(h.prop(k) != v for k, v in wanted)
+        ]
 
     def _lookup(self, offsets: list[int], also: tuple[str, ...] = ()) -> list[Half | None]:
         """The halves at ``offsets`` (None: no half there); ``also``: properties the caller will
@@ -358,10 +405,12 @@ class TransactionService:
         with self._cache_lock:
             found = list(map(self._cache.get, offsets))
         if None not in found:
-            return found  # type: ignore[return-value]
+            return found
         misses = [i for i, h in enumerate(found) if h is None]
         if len(misses) >= BULK_LOOKUP_MIN:
-            for i, h in zip(misses, self._read_many([offsets[i] for i in misses], also)):
+            for i, h in zip(
+                misses, self._read_many([offsets[i] for i in misses], also), strict=True
+            ):
                 found[i] = h
             misses = [i for i in misses if found[i] is not None]
         else:
@@ -369,7 +418,7 @@ class TransactionService:
                 found[i] = self._read(offsets[i])
         if misses:
             with self._cache_lock:
-                self._cache.update((offsets[i], found[i]) for i in misses if found[i] is not None)
+                self._cache.update((offsets[i], h) for i in misses if (h := found[i]) is not None)
                 while len(self._cache) > HALF_CACHE_ENTRIES:
                     self._cache.popitem(last=False)
         return found
@@ -377,7 +426,9 @@ class TransactionService:
     def _read_many(self, offsets: list[int], also: tuple[str, ...] = ()) -> list[Half | None]:
         """Halves at ``offsets`` in one vectorized pass; their parse is kept for the commit that
         usually follows (:meth:`_patched_reals`)."""
-        found, _PARSED.last = read_halves(self.store, offsets, commit_keys(self._hooked() or ()), self._read, also)
+        found, _PARSED.last = read_halves(
+            self.store, offsets, commit_keys(self._hooked() or ()), self._read, also
+        )
         return found
 
     def _hooked(self) -> tuple[str, ...] | None:
@@ -407,7 +458,9 @@ class TransactionService:
         return self.state(commitlog_offset) is TxnState.PENDING
 
     def is_resolved(self, half: MessageExt) -> bool:
-        return txn_id_of(half) in self._state or self._runs.state_of(half.commitlog_offset) is not None
+        return (
+            txn_id_of(half) in self._state or self._runs.state_of(half.commitlog_offset) is not None
+        )
 
     # --- ending transactions -------------------------------------------------------------------------
     def end_transaction(
@@ -442,7 +495,9 @@ class TransactionService:
         return bad if bad is not None else self._end_one(h, act)[0]
 
     def commit_group(
-        self, halves: Iterable[int | tuple | HalfRef], expect: Mapping[str, str] | None = None
+        self,
+        halves: Iterable[int | tuple[Any, ...] | HalfRef],
+        expect: Mapping[str, str] | None = None,
     ) -> GroupResult:
         """Commit every half in ONE append (op message first, then all real messages), so that a
         reader sees all of them or none.  All must be pending, else nothing is written: the status
@@ -465,10 +520,13 @@ class TransactionService:
         if parsed is None:
             return self.commit_group(list(offsets))
         rec, ids = parsed
+        assert hooked is not None  # parsed only then
         oldest = self.clock.now_ms() - self.file_reserved_ms
         patched = None
         if len(set(ids)) == len(ids) and not (rec.head["store_timestamp"] < oldest).any():
-            patched = encode_commits(self.store, np.asarray(offsets, dtype=np.int64), None, hooked, parsed=rec)
+            patched = encode_commits(
+                self.store, np.asarray(offsets, dtype=np.int64), None, hooked, parsed=rec
+            )
         if patched is None:
             return self.commit_group(list(offsets))
         with self._lock:
@@ -481,29 +539,35 @@ class TransactionService:
         return self._commit_written(offsets, rec.head["queue_offset"].tolist(), ids, patched)
 
     def rollback_group(
-        self, halves: Iterable[int | tuple | HalfRef], expect: Mapping[str, str] | None = None
+        self,
+        halves: Iterable[int | tuple[Any, ...] | HalfRef],
+        expect: Mapping[str, str] | None = None,
     ) -> GroupResult:
         """Roll back the pending halves in one op message; the ended ones are in ``rejected``."""
         return self._end_group(halves, TransactionAction.ROLLBACK, expect)
 
     def _end_group(
-        self, items: Iterable[int | tuple | HalfRef], act: TransactionAction, expect: Mapping[str, str] | None = None
+        self,
+        items: Iterable[int | tuple[Any, ...] | HalfRef],
+        act: TransactionAction,
+        expect: Mapping[str, str] | None = None,
     ) -> GroupResult:
         refs = items if isinstance(items, list) else list(items)
         if all(x.__class__ is int for x in refs):  # CommitLog offsets: found or not, no more
             found = self._lookup(refs, tuple(expect or ()))  # type: ignore[arg-type]
             rejected = (
                 {} if None not in found
-                else {off: EndTxStatus.NOT_FOUND for off, h in zip(refs, found) if h is None}
+                else {off: EndTxStatus.NOT_FOUND for off, h in zip(refs, found, strict=True) if h is None}
             )  # fmt: skip
         else:
             refs = [
                 x if isinstance(x, HalfRef) else HalfRef(*x) if isinstance(x, tuple) else int(x)
                 for x in refs
             ]
-            found = self._lookup([r if isinstance(r, int) else r.commitlog_offset for r in refs], tuple(expect or ()))
+            offs = [r if isinstance(r, int) else r.commitlog_offset for r in refs]  # type: ignore[union-attr]
+            found = self._lookup(offs, tuple(expect or ()))
             rejected = {}
-            for ref, h in zip(refs, found):
+            for ref, h in zip(refs, found, strict=True):
                 off = ref if isinstance(ref, int) else ref.commitlog_offset
                 bad = EndTxStatus.NOT_FOUND if h is None else None
                 if h is not None and not isinstance(ref, int):
@@ -552,7 +616,9 @@ class TransactionService:
         commit = act is TransactionAction.COMMIT
         with self._lock:
             state, inflight = self._state, self._inflight
-            ran = self._runs.states_of(np.fromiter((h.phys for h in halves), dtype=np.int64, count=len(halves)))
+            ran = self._runs.states_of(
+                np.fromiter((h.phys for h in halves), dtype=np.int64, count=len(halves))
+            )
             by_txn: dict[str, Half] = {}  # the first half of each transaction (copies alike)
             for k, h in enumerate(halves):
                 if h.txn_id not in by_txn:
@@ -561,8 +627,8 @@ class TransactionService:
                         rejected[h.phys] = EndTxStatus.IN_PROGRESS
                     elif h.txn_id in state:
                         rejected[h.phys] = _ALREADY[state[h.txn_id]]
-                    elif ran is not None and ran[k] is not None:
-                        rejected[h.phys] = _ALREADY[ran[k]]
+                    elif ran is not None and (st := ran[k]) is not None:
+                        rejected[h.phys] = _ALREADY[st]
             if rejected:
                 todo = [h for h in by_txn.values() if h.phys not in rejected]
                 ids = [h.txn_id for h in todo]
@@ -617,7 +683,9 @@ class TransactionService:
         self._cache.pop(h.phys, None)  # one call on the C OrderedDict: no lock needed
         return (EndTxStatus.SUCCESS if put.ok else EndTxStatus.FLUSH_DISK_TIMEOUT), put, [tid], {}
 
-    def _op_row(self, half_offsets: list[int], act: TransactionAction, reals: int, own: bool = False) -> Row:
+    def _op_row(
+        self, half_offsets: list[int], act: TransactionAction, reals: int, own: bool = False
+    ) -> Row:
         """The op message of ``half_offsets`` (``reals``: the real messages written after it;
         ``own``: halves their caller stored itself, which a restart remembers by offset)."""
         if len(half_offsets) == 1:  # a few bytes: no limit to check
@@ -643,7 +711,21 @@ class TransactionService:
                 _OP_PROPS[(act, reals, own)] = known
         props, enc = known
         now = self.clock.now_ms()
-        return (L.TRANS_OP_HALF_TOPIC, 0, body, dict(props), enc, _REMOVE_CODE, 0, 0, now, _HOST, 0, 0, 0)
+        return (
+            L.TRANS_OP_HALF_TOPIC,
+            0,
+            body,
+            dict(props),
+            enc,
+            _REMOVE_CODE,
+            0,
+            0,
+            now,
+            _HOST,
+            0,
+            0,
+            0,
+        )
 
     def _patched_reals(self, todo: list[Half]) -> EncodedBatch | None:
         """The real messages of a large group of halves no longer in memory, made from their
@@ -699,9 +781,19 @@ class TransactionService:
             m.properties[L.P_UNIQ_KEY] = uniq or new_uniq_ids(1)[0]
         p = m.properties
         return (
-            m.topic, m.queue_id, bytes(m.body), p, encode_properties(p), tags_code(p.get(L.P_TAGS)),
-            m.flag, m.sys_flag, m.born_timestamp_ms or self.clock.now_ms(), m.born_host,
-            m.born_port, m.reconsume_times, m.prepared_transaction_offset,
+            m.topic,
+            m.queue_id,
+            bytes(m.body),
+            p,
+            encode_properties(p),
+            tags_code(p.get(L.P_TAGS)),
+            m.flag,
+            m.sys_flag,
+            m.born_timestamp_ms or self.clock.now_ms(),
+            m.born_host,
+            m.born_port,
+            m.reconsume_times,
+            m.prepared_transaction_offset,
         )
 
     def real_message(self, h: Half) -> Message:

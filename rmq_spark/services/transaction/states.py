@@ -5,6 +5,7 @@ and where a half is (:class:`HalfRef`)."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +61,7 @@ class HalfRef:
 class GroupResult:
     status: EndTxStatus
     put: PutResult | None = None
-    transaction_ids: list[str] = field(default_factory=list)  # the transactions this call ended
+    transaction_ids: Sequence[str] = field(default_factory=list)  # the transactions this call ended
     rejected: dict[int, EndTxStatus] = field(default_factory=dict)  # CommitLog offset -> why
 
     @property

@@ -46,7 +46,12 @@ from zlib_ng.zlib_ng import crc32
 
 from rmq_spark.errors import CorruptStoreError
 from rmq_spark.store import layout as L
-from rmq_spark.store.hashing import java_string_hash, java_string_hashes, java_string_hashes_arrow, java_string_hashes_of_rows
+from rmq_spark.store.hashing import (
+    java_string_hash,
+    java_string_hashes,
+    java_string_hashes_arrow,
+    java_string_hashes_of_rows,
+)
 from rmq_spark.store.mapped import ALLOCATE_AHEAD_BYTES, allocate
 from rmq_spark.store.properties import find_properties
 from rmq_spark.store.record import (
@@ -80,6 +85,7 @@ SMALL_KEYS = 8  # up to this many keys are hashed and linked one by one, in plai
 _SLOT = struct.Struct(">i")
 assert HEADER_BYTES == 40 and ENTRY_BYTES == 20 == ENTRY_STRUCT.size
 
+
 def index_hash(key: str) -> int:
     """The IndexFile keyHash of one key: ``abs(hashCode)``, with ``Integer.MIN_VALUE`` -> 0."""
     h = java_string_hash(key)
@@ -95,14 +101,20 @@ def index_hashes(keys: Sequence[str]) -> np.ndarray:
     return h.astype(np.int32)
 
 
-def id_keys(topics: list[str], uniq_keys: Sequence[str | None], sel: np.ndarray, every: bool, one_topic: bool) -> list[str]:
+def id_keys(
+    topics: Sequence[str],
+    uniq_keys: Sequence[str | None],
+    sel: np.ndarray,
+    every: bool,
+    one_topic: bool,
+) -> list[str]:
     """The index keys ``topic#UNIQ_KEY`` of the records ``sel`` (``every``: all of them)."""
     picked = uniq_keys if every else [uniq_keys[i] for i in sel.tolist()]
     if one_topic:
         prefix = topics[0] + "#"
         return [prefix + u for u in picked]  # type: ignore[operator]
     named = topics if every else [topics[i] for i in sel.tolist()]
-    return [f"{t}#{u}" for t, u in zip(named, picked)]
+    return [f"{t}#{u}" for t, u in zip(named, picked, strict=True)]
 
 
 def index_hashes_of_ids(prefix: str, digits: np.ndarray) -> np.ndarray:
@@ -112,8 +124,13 @@ def index_hashes_of_ids(prefix: str, digits: np.ndarray) -> np.ndarray:
     return h.astype(np.int32)
 
 
-def id_hashes(topics: list[str], uniq_keys: Sequence[str | None], keep: np.ndarray, sel: np.ndarray,
-              one_topic: bool) -> np.ndarray:
+def id_hashes(
+    topics: Sequence[str],
+    uniq_keys: Sequence[str | None],
+    keep: np.ndarray,
+    sel: np.ndarray,
+    one_topic: bool,
+) -> np.ndarray:
     """:func:`index_hashes` of the keys ``topic#UNIQ_KEY`` of the records ``sel`` (those true in
     ``keep``): from an IdColumn's digits when the records share a topic (a sink's rows; a
     commit's real messages, after its op message), else from the strings."""
@@ -124,7 +141,9 @@ def id_hashes(topics: list[str], uniq_keys: Sequence[str | None], keep: np.ndarr
     if digits is not None:  # the records kept may still share a topic: all but a few
         others = np.flatnonzero(~keep).tolist()
         first = topics[int(sel[0])]
-        if len(others) < 64 and topics.count(first) == len(sel) + sum(topics[i] == first for i in others):
+        if len(others) < 64 and topics.count(first) == len(sel) + sum(
+            topics[i] == first for i in others
+        ):
             return index_hashes_of_ids(first + "#", digits[sel])
     return index_hashes(id_keys(topics, uniq_keys, sel, every, one_topic))
 
@@ -136,7 +155,9 @@ def index_hashes_arrow(keys: pa.Array) -> np.ndarray:
     return h.astype(np.int32)
 
 
-def key_word_hashes(chosen: np.ndarray, topics: list[str], keys: list[str | None], one_topic: bool):  # type: ignore[no-untyped-def]
+def key_word_hashes(
+    chosen: np.ndarray, topics: Sequence[str], keys: Sequence[str | None], one_topic: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """(record, keyHash) of every non-empty word of the KEYS of the records ``chosen`` (indexes
     into ``topics`` and ``keys``), in record order, each word hashed as ``topic#word``: split,
     prefixed and hashed column-wise (Arrow)."""
@@ -242,9 +263,14 @@ class IndexFile:
             )
         e0 = self._entries_pos
         self._sealed = self._mm[e0 : e0 + len(SEAL_MAGIC)] == SEAL_MAGIC
-        if self._sealed and _SEAL_CRC.unpack_from(self._mm, e0 + len(SEAL_MAGIC))[0] != self._checksum():
+        if (
+            self._sealed
+            and _SEAL_CRC.unpack_from(self._mm, e0 + len(SEAL_MAGIC))[0] != self._checksum()
+        ):
             self.close()
-            raise CorruptStoreError(f"{path}: the sealed index file's CRC does not match its content", path, e0)
+            raise CorruptStoreError(
+                f"{path}: the sealed index file's CRC does not match its content", path, e0
+            )
 
     @property
     def sealed(self) -> bool:
@@ -270,7 +296,9 @@ class IndexFile:
         """Before the file changes: its seal would no longer hold."""
         e0 = self._entries_pos
         assert self._mm is not None
-        self._mm[e0 : e0 + len(SEAL_MAGIC) + _SEAL_CRC.size] = bytes(len(SEAL_MAGIC) + _SEAL_CRC.size)
+        self._mm[e0 : e0 + len(SEAL_MAGIC) + _SEAL_CRC.size] = bytes(
+            len(SEAL_MAGIC) + _SEAL_CRC.size
+        )
         self._sealed = False
 
     def _write_header(self) -> None:
@@ -348,12 +376,16 @@ class IndexFile:
         self._allocate_entries(first, k)
         if self._sealed:
             self._unseal()
-        hashes, phys, store_ts = [int(x) for x in hashes[:k]], [int(x) for x in phys[:k]], [int(x) for x in store_ts[:k]]
+        hashes, phys, store_ts = (
+            [int(x) for x in hashes[:k]],
+            [int(x) for x in phys[:k]],
+            [int(x) for x in store_ts[:k]],
+        )
         if first <= 1:
             self.begin_phy, self.begin_ts = phys[0], store_ts[0]
         linked: dict[int, int] = {}  # slot -> entry written by this call
         idx = first
-        for h, phy, ts in zip(hashes, phys, store_ts):
+        for h, phy, ts in zip(hashes, phys, store_ts, strict=True):
             slot = h % self.slot_num
             slot_pos = HEADER_BYTES + slot * SLOT_BYTES
             prev = linked.get(slot)
@@ -431,12 +463,13 @@ class IndexFile:
         :class:`DiskFullError` here, nothing written; never a SIGBUS on the mapping)."""
         end = self._entries_pos + (first + k) * ENTRY_BYTES
         if end > self._allocated:
-            upto = min(self._entries_pos + self.index_num * ENTRY_BYTES, max(end, self._allocated + ALLOCATE_AHEAD_BYTES))
+            upto = min(
+                self._entries_pos + self.index_num * ENTRY_BYTES,
+                max(end, self._allocated + ALLOCATE_AHEAD_BYTES),
+            )
             allocate(self._fd, self._allocated, upto, self.path)
             self._allocated = upto
 
     def destroy(self) -> None:
         self.close()
         os.unlink(self.path)
-
-

@@ -15,13 +15,18 @@ Small dispatches (a broker's single sends) are held in memory and indexed togeth
 over one (measured: a put of one message spent a fifth of its time indexing itself).  Nothing
 depends on held records being in the files: a crash loses them with the unflushed rest, and the
 catch-up above indexes them again from the CommitLog.
+
+Why this module is long: crash recovery, the held dispatches and the queries share the IndexFiles'
+state under one lock.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,8 +34,6 @@ import numpy as np
 from rmq_spark.errors import ConfigError, CorruptStoreError, DiskFullError
 from rmq_spark.store import layout as L
 from rmq_spark.store.dispatch import DispatchBatch, as_list
-from rmq_spark.store.mapped import make_dirs
-from rmq_spark.store.message import IdColumn
 from rmq_spark.store.index.indexfile import (
     _NAME,
     DEFAULT_INDEX_ENTRIES,
@@ -40,11 +43,13 @@ from rmq_spark.store.index.indexfile import (
     SMALL_KEYS,
     IndexFile,
     _index_fields,
+    id_hashes,
     index_hash,
     index_hashes,
-    id_hashes,
     key_word_hashes,
 )
+from rmq_spark.store.mapped import make_dirs
+from rmq_spark.store.message import IdColumn
 from rmq_spark.store.record import RecordCheck, check_record
 
 __all__ = ["IndexService"]
@@ -67,7 +72,15 @@ class _Scanned:
     keys: list[str | None] = field(default_factory=list)
     uniq_keys: list[str | None] = field(default_factory=list)
 
-    def add(self, phys: int, topic: str, sys_flag: int, store_ts: int, keys: str | None, uniq: str | None) -> None:
+    def add(
+        self,
+        phys: int,
+        topic: str,
+        sys_flag: int,
+        store_ts: int,
+        keys: str | None,
+        uniq: str | None,
+    ) -> None:
         self.phys.append(phys)
         self.topics.append(topic)
         self.sys_flags.append(sys_flag)
@@ -124,7 +137,11 @@ class IndexService:
             except CorruptStoreError as e:
                 # other sizes, a torn or damaged file: drop it and the files after it; they are
                 # rebuilt from the CommitLog
-                log.error("%s; it and the %d index files after it are rebuilt from the CommitLog", e, len(names) - i - 1)
+                log.error(
+                    "%s; it and the %d index files after it are rebuilt from the CommitLog",
+                    e,
+                    len(names) - i - 1,
+                )
                 for later in names[i:]:
                     os.unlink(os.path.join(self.directory, later))
                 break
@@ -176,9 +193,19 @@ class IndexService:
             if self._covered is None or end > self._covered:
                 self._covered = end
 
-    def dispatch_one(  # type: ignore[no-untyped-def]
-        self, phys: int, size: int, topic: str, queue_id: int, queue_offset: int, tags_code: int,
-        sys_flag: int, store_ts_ms: int, keys: str | None, uniq_key: str | None, end_offset: int,
+    def dispatch_one(
+        self,
+        phys: int,
+        size: int,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        tags_code: int,
+        sys_flag: int,
+        store_ts_ms: int,
+        keys: str | None,
+        uniq_key: str | None,
+        end_offset: int,
     ) -> None:
         """:meth:`dispatch` of a batch of one record (held like the records of small batches)."""
         with self._lock:
@@ -234,11 +261,11 @@ class IndexService:
     def _index(
         self,
         phys: np.ndarray | list[int],
-        topics: list[str],
+        topics: Sequence[str],
         sys_flags: np.ndarray | list[int],
         store_ts: np.ndarray | list[int],
-        keys: list[str | None],
-        uniq_keys: list[str | None],
+        keys: Sequence[str | None],
+        uniq_keys: Sequence[str | None],
     ) -> int:
         """Index records (skipping ROLLBACK ones and those already indexed); returns how many
         records were new."""
@@ -251,7 +278,7 @@ class IndexService:
         phys_list = phys.tolist() if isinstance(phys, np.ndarray) else list(phys)
         sflags = sys_flags.tolist() if isinstance(sys_flags, np.ndarray) else list(sys_flags)
         sel = [
-            i for i, (p, f) in enumerate(zip(phys_list, sflags))
+            i for i, (p, f) in enumerate(zip(phys_list, sflags, strict=True))
             if p > last and (f & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE
         ]  # fmt: skip
         if not sel:
@@ -291,7 +318,10 @@ class IndexService:
             try:
                 while done < len(hs):
                     f, take = self._room_for(kp, done)
-                    done += f._put_few(hs[done : done + take], kp[done : done + take], kt[done : done + take])
+                    put_few = f._put_few  # noqa: SLF001 - the index's own files
+                    done += put_few(
+                        hs[done : done + take], kp[done : done + take], kt[done : done + take]
+                    )
             except DiskFullError as e:
                 self._lag(kp[done], e)
                 return len(sel)
@@ -300,22 +330,30 @@ class IndexService:
         rec_arr = np.asarray(rec, dtype=np.int64)
         hashes = index_hashes(strs)
         if len(strs) > uniq_only:
-            order = np.argsort(rec_arr, kind="stable")
-            rec_arr, hashes = rec_arr[order], hashes[order]
+            by_rec = np.argsort(rec_arr, kind="stable")
+            rec_arr, hashes = rec_arr[by_rec], hashes[by_rec]
         key_phys = np.asarray(phys, dtype=np.int64)[rec_arr]
         key_ts = np.asarray(store_ts, dtype=np.int64)[rec_arr]
         self._put(hashes, key_phys, key_ts)
         return len(sel)
 
     def _index_uniq(
-        self, phys: np.ndarray, topics: list[str], sys_flags: np.ndarray, store_ts: np.ndarray | list[int],
-        uniq_keys: list[str | None], last: int, keys: list[str | None] | None = None,
+        self,
+        phys: np.ndarray,
+        topics: Sequence[str],
+        sys_flags: np.ndarray,
+        store_ts: np.ndarray | list[int],
+        uniq_keys: Sequence[str | None],
+        last: int,
+        keys: Sequence[str | None] | None = None,
     ) -> int:
         """:meth:`_index` of a large batch (a bulk put, a sink's rows, a group commit with its op
         message, which has no id): the same entries, selected with numpy, in record order; the
         words of ``keys`` split, prefixed and hashed by Arrow."""
         phys = np.asarray(phys, dtype=np.int64)
-        keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
+        keep = (phys > last) & (
+            (np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE
+        )
         ids = uniq_keys if isinstance(uniq_keys, IdColumn) else None
         if ids is not None and ids.present is not None:  # records without an id get no entry
             keep &= ids.present
@@ -327,7 +365,9 @@ class IndexService:
         one_topic = topics.count(topics[0]) == len(topics)
         hashes = id_hashes(topics, uniq_keys, keep, sel, one_topic)
         if keys is not None:  # records with no id still have their key words indexed
-            keep = (phys > last) & ((np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE)
+            keep = (phys > last) & (
+                (np.asarray(sys_flags) & L.TRANSACTION_MASK) != L.TRANSACTION_ROLLBACK_TYPE
+            )
             chosen = np.flatnonzero(keep)
         else:
             chosen = sel
@@ -353,7 +393,11 @@ class IndexService:
         try:
             while done < len(hashes):
                 f, take = self._room_for(key_phys, done)
-                done += f.put_hashes(hashes[done : done + take], key_phys[done : done + take], key_ts[done : done + take])
+                done += f.put_hashes(
+                    hashes[done : done + take],
+                    key_phys[done : done + take],
+                    key_ts[done : done + take],
+                )
         except DiskFullError as e:
             self._lag(int(key_phys[done]), e)
             return
@@ -428,7 +472,9 @@ class IndexService:
             if mf is None:
                 break
             pos = offset - mf.from_offset
-            kind, size, why = check_record(mf.mm, pos, max(pos, mf.data_bytes), True, cl.force_prop_crc, mf.size_bytes)
+            kind, size, why = check_record(
+                mf.mm, pos, max(pos, mf.data_bytes), True, cl.force_prop_crc, mf.size_bytes
+            )
             if kind == RecordCheck.BLANK:
                 offset = mf.end_offset
                 continue

@@ -28,6 +28,7 @@ final class AclClients {
         DefaultMQProducer producer = new DefaultMQProducer(opts.str("group") + "_p",
             new AclClientRPCHook(new SessionCredentials(opts.str("access-key"), opts.str("secret-key"))));
         producer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(producer);
         producer.setRetryTimesWhenSendFailed(0);
         producer.start();
         try {
@@ -57,6 +58,7 @@ final class AclClients {
         DefaultLitePullConsumer consumer = new DefaultLitePullConsumer(opts.str("group"),
             new AclClientRPCHook(new SessionCredentials(cred[0], cred[1])));
         consumer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(consumer);
         consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         consumer.setPollTimeoutMillis(1000);
         consumer.subscribe(topic, "*");

@@ -6,9 +6,11 @@ import java.util.List;
 
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
 import org.apache.rocketmq.client.consumer.MessageSelector;
+import org.apache.rocketmq.client.exception.MQClientException;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
+import org.apache.rocketmq.remoting.exception.RemotingSendRequestException;
 
 /**
  * DefaultLitePullConsumer, in its two modes:
@@ -29,6 +31,7 @@ final class LitePullConsumer {
         long deadline = opts.deadlineMs(60);
         DefaultLitePullConsumer consumer = new DefaultLitePullConsumer(opts.str("group"));
         consumer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(consumer);
         consumer.setPollTimeoutMillis(1000);
         boolean assign = "assign".equals(opts.str("mode", "subscribe"));
         if (assign) {
@@ -42,6 +45,7 @@ final class LitePullConsumer {
             }
         }
         consumer.start();
+        Opts.loadedAdmin(consumer);
         try {
             if (assign) {
                 Collection<MessageQueue> mqs = consumer.fetchMessageQueues(topic);
@@ -49,11 +53,7 @@ final class LitePullConsumer {
                 consumer.assign(queues);
                 String seek = opts.str("seek", "begin");
                 for (MessageQueue mq : queues) {
-                    if ("begin".equals(seek)) {
-                        consumer.seekToBegin(mq);
-                    } else {
-                        consumer.seek(mq, Long.parseLong(seek));
-                    }
+                    seek(consumer, mq, seek);
                     Out.event("assigned").put("brokerName", mq.getBrokerName()).put("queueId", mq.getQueueId()).emit();
                 }
             }
@@ -72,6 +72,32 @@ final class LitePullConsumer {
             return received >= expect ? 0 : 3;
         } finally {
             consumer.shutdown();
+        }
+    }
+
+    /**
+     * seek() or seekToBegin(), tried up to three times.  rocketmq-client 5.5.0's seek() interrupts
+     * the queue's pull task; when that task is inside a request (the QUERY_CONSUMER_OFFSET of a new
+     * group's first pull), the interrupted request fails and the client closes its channel to the
+     * broker, failing every other request in flight on it: this seek's own GET_MIN_OFFSET too
+     * ("send request to <addr> failed", the client's log naming the InterruptedException).  The
+     * broker answered; the next request opens a new channel.  A retry is printed ("seek-retried").
+     */
+    static void seek(DefaultLitePullConsumer consumer, MessageQueue mq, String seek) throws MQClientException {
+        for (int attempt = 1; ; attempt++) {
+            try {
+                if ("begin".equals(seek)) {
+                    consumer.seekToBegin(mq);
+                } else {
+                    consumer.seek(mq, Long.parseLong(seek));
+                }
+                return;
+            } catch (MQClientException e) {
+                if (attempt == 3 || !(e.getCause() instanceof RemotingSendRequestException)) {
+                    throw e;
+                }
+                Out.event("seek-retried").put("queueId", mq.getQueueId()).put("attempt", attempt).emit();
+            }
         }
     }
 }

@@ -22,6 +22,7 @@ final class Lookup {
         long deadline = opts.deadlineMs(20);
         DefaultMQProducer producer = new DefaultMQProducer(opts.str("group"));
         producer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(producer);
         producer.start();
         try {
             if (opts.str("offset-msg-id", null) != null) {

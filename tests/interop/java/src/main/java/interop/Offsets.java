@@ -23,11 +23,15 @@ final class Offsets {
         long timestamp = opts.longValue("timestamp", System.currentTimeMillis());
         DefaultMQProducer producer = new DefaultMQProducer(opts.str("group"));
         producer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(producer);
         producer.start();
+        Opts.loadedAdmin(producer);
         DefaultLitePullConsumer consumer = new DefaultLitePullConsumer(opts.str("group-offsets", opts.str("group") + "-reader"));
         consumer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(consumer);
         consumer.setAutoCommit(false);
         consumer.start();
+        Opts.loadedAdmin(consumer);
         try {
             List<MessageQueue> mqs = new ArrayList<>(consumer.fetchMessageQueues(topic));
             mqs.sort(Comparator.comparing(MessageQueue::getBrokerName).thenComparing(MessageQueue::getQueueId));

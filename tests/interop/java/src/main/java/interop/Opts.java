@@ -3,8 +3,38 @@ package interop;
 import java.util.HashMap;
 import java.util.Map;
 
+import org.apache.rocketmq.client.ClientConfig;
+import org.apache.rocketmq.client.impl.MQClientManager;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
+
 /** Command-line options of every program: "--name value" pairs, "--flag" alone means "true". */
 public final class Opts {
+    /**
+     * The clients' budgets, sized for a loaded machine: a client's defaults (3 s for a send and for
+     * every request to a NameServer or broker) are exceeded there by a JVM started cold, and a
+     * client closes its channel when a request times out, failing every other request in flight on
+     * it ("send request to <addr> failed").
+     */
+    static final int CLIENT_TIMEOUT_MS = 15_000;
+
+    /**
+     * After a client started: the same budget for what its MQAdminImpl asks (fetchMessageQueues,
+     * minOffset, maxOffset, searchOffset: 6 s, not the client's setting), through the client
+     * instance the client shares with every client of its id.
+     */
+    static void loadedAdmin(ClientConfig client) {
+        MQClientManager.getInstance().getOrCreateMQClientInstance(client).getMQAdminImpl()
+            .setTimeoutMillis(CLIENT_TIMEOUT_MS);
+    }
+
+    /** Gives a client the budgets of {@link #CLIENT_TIMEOUT_MS}. */
+    static void loaded(ClientConfig client) {
+        client.setMqClientApiTimeout(CLIENT_TIMEOUT_MS);
+        if (client instanceof DefaultMQProducer) {
+            ((DefaultMQProducer) client).setSendMsgTimeout(CLIENT_TIMEOUT_MS);
+        }
+    }
+
     private final Map<String, String> values = new HashMap<>();
 
     public Opts(String[] args, int from) {

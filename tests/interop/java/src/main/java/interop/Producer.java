@@ -35,6 +35,7 @@ final class Producer {
         int delayLevel = opts.integer("delay-level", 0);
         DefaultMQProducer producer = new DefaultMQProducer(opts.str("group"));
         producer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(producer);
         producer.start();
         try {
             List<Message> msgs = new ArrayList<>();

@@ -22,6 +22,7 @@ final class PullConsumer {
         String topic = opts.str("topic");
         DefaultMQPullConsumer consumer = new DefaultMQPullConsumer(opts.str("group"));
         consumer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(consumer);
         consumer.start();
         try {
             Set<MessageQueue> mqs = consumer.fetchSubscribeMessageQueues(topic);

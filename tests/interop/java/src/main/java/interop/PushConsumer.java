@@ -6,14 +6,17 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.atomic.AtomicInteger;
 
+import org.apache.rocketmq.client.consumer.AllocateMessageQueueStrategy;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.MessageSelector;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.ConsumeOrderlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerOrderly;
+import org.apache.rocketmq.client.consumer.rebalance.AllocateMessageQueueAveragely;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.MessageConst;
+import org.apache.rocketmq.common.message.MessageQueue;
 
 /**
  * Seed 001 (ConsumeQueue and the consumer's pull and consume path): DefaultMQPushConsumer with
@@ -34,6 +37,9 @@ import org.apache.rocketmq.common.message.MessageConst;
  * [--orderly] [--tag-expr "TagA || TagB"] [--sql EXPR] [--from first|last]
  * [--fail (always RECONSUME_LATER)] [--max-reconsume-times M] [--retry-delay-level L]
  * [--settle-ms MS] [--timeout-s S] [--hold-file PATH]
+ *
+ * Each rebalance prints "rebalanced-consumer-K-of-N" (instance K, N consumers in the group), so a
+ * test can wait until every instance has taken its share of the queues.
  */
 final class PushConsumer {
     static int run(Opts opts) throws Exception {
@@ -48,7 +54,9 @@ final class PushConsumer {
                 final String instance = "consumer-" + k;
                 DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(opts.str("group"));
                 consumer.setNamesrvAddr(opts.namesrv());
+                Opts.loaded(consumer);
                 consumer.setInstanceName(opts.str("group") + "-" + instance);
+                consumer.setAllocateMessageQueueStrategy(announced(instance));
                 Compat.setMessageModel(consumer, opts.str("model", "clustering").toUpperCase());
                 consumer.setConsumeFromWhere("last".equals(opts.str("from", "first"))
                     ? ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET : ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
@@ -102,6 +110,25 @@ final class PushConsumer {
                 consumer.shutdown();
             }
         }
+    }
+
+    /** RocketMQ's default allocation (averagely), printing each rebalance's outcome. */
+    static AllocateMessageQueueStrategy announced(String instance) {
+        AllocateMessageQueueAveragely averagely = new AllocateMessageQueueAveragely();
+        return new AllocateMessageQueueStrategy() {
+            @Override
+            public List<MessageQueue> allocate(String group, String currentCid, List<MessageQueue> mqAll,
+                                               List<String> cidAll) {
+                List<MessageQueue> mine = averagely.allocate(group, currentCid, mqAll, cidAll);
+                Out.event("rebalanced-" + instance + "-of-" + cidAll.size()).put("queues", mine.size()).emit();
+                return mine;
+            }
+
+            @Override
+            public String getName() {
+                return averagely.getName();
+            }
+        };
     }
 
     /** Waits for the file a test creates when it is done with the running consumers. */

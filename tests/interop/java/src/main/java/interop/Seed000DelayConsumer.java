@@ -22,6 +22,7 @@ final class Seed000DelayConsumer {
         CountDownLatch done = new CountDownLatch(expect);
         DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(opts.str("group"));
         consumer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(consumer);
         consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         consumer.subscribe(opts.str("topic"), "TagA");
         consumer.registerMessageListener((MessageListenerConcurrently) (msgs, context) -> {

@@ -18,6 +18,7 @@ final class Seed000DelayProducer {
         int delayLevel = opts.integer("delay-level", 3);
         DefaultMQProducer producer = new DefaultMQProducer(opts.str("group", "producer-group-1"));
         producer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(producer);
         producer.start();
         try {
             for (int i = 0; i < count; i++) {

@@ -84,6 +84,7 @@ final class Seed002TransactionProducer {
         TransactionListenerImpl transactionListener = new TransactionListenerImpl();
         TransactionMQProducer producer = new TransactionMQProducer(opts.str("group", "trans_producer"));
         producer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(producer);
         ExecutorService executorService = new ThreadPoolExecutor(2, 5, 100, TimeUnit.SECONDS,
             new ArrayBlockingQueue<Runnable>(2000), new ThreadFactory() {
                 @Override

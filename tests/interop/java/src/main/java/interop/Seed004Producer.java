@@ -20,6 +20,7 @@ final class Seed004Producer {
     static int run(Opts opts) throws Exception {
         DefaultMQProducer producer = new DefaultMQProducer(opts.str("group"));
         producer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(producer);
         producer.setSendLatencyFaultEnable(true); // 打开发送延迟故障容忍
         producer.start();
         try {

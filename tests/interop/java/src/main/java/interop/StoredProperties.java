@@ -41,9 +41,11 @@ final class StoredProperties {
 
         DefaultMQProducer producer = new DefaultMQProducer(group + "_p");
         producer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(producer);
         producer.start();
         TransactionMQProducer txProducer = new TransactionMQProducer(group + "_tx");
         txProducer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(txProducer);
         txProducer.setTransactionListener(new TransactionListener() {
             @Override
             public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
@@ -58,6 +60,7 @@ final class StoredProperties {
         txProducer.start();
         DefaultMQPullConsumer consumer = new DefaultMQPullConsumer(group);
         consumer.setNamesrvAddr(opts.namesrv());
+        Opts.loaded(consumer);
         consumer.start();
         try {
             for (String kind : new String[] {"plain", "delay", "timer", "retry", "dlq"}) {
