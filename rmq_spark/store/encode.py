@@ -284,8 +284,10 @@ def encode_columns(
         if body_rows is not None and total >= n * LARGE_RECORD_BYTES:
             bodies = bodies.to_pylist()  # type: ignore[union-attr]
         if total >= n * LARGE_RECORD_BYTES:
-            listed = tail_list.to_pylist() if arrow_tails else tail_list  # type: ignore[attr-defined]
-            big_tails = tails2d if props_bytes is None else listed
+            if props_bytes is None:
+                big_tails = tails2d
+            else:  # tail_list is bound whenever props_bytes is given
+                big_tails = tail_list.to_pylist() if arrow_tails else tail_list  # type: ignore[attr-defined]
             buf = _assemble_large(h, bodies, body_lens, big_tails, total)
         elif props_bytes is None and n and int(body_lens.min()) == int(body_lens.max()):
             buf = _assemble_uniform(
