@@ -287,7 +287,7 @@ def encode_columns(
             if props_bytes is None:
                 big_tails = tails2d
             else:  # tail_list is bound whenever props_bytes is given
-                big_tails = tail_list.to_pylist() if arrow_tails else tail_list  # type: ignore[attr-defined]
+                big_tails = tail_list.to_pylist() if arrow_tails else tail_list  # type: ignore[attr-defined,assignment]
             buf = _assemble_large(h, bodies, body_lens, big_tails, total)
         elif props_bytes is None and n and int(body_lens.min()) == int(body_lens.max()):
             buf = _assemble_uniform(
