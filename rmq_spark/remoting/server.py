@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import inspect
 import itertools
 import logging
@@ -67,6 +68,20 @@ IDLE_TIMEOUT_S = 120.0
 WRITE_HIGH_WATER_BYTES = 8 << 20
 # requests of one connection served in one turn of the event loop
 FRAMES_PER_TURN = 4
+# connections accepted in one turn of the event loop, and the pause when accept runs out of
+# descriptors (asyncio's own figures)
+ACCEPTS_PER_TURN = 100
+ACCEPT_RETRY_S = 1.0
+_ACCEPT_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_ACCEPT_PEER_ERRNOS = (errno.ECONNABORTED, errno.EPROTO, errno.EPERM)
+
+
+def _peer_text(sock: socket.socket) -> str:
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return "?"
+    return f"{peer[0]}:{peer[1]}"
 
 
 class Processor:
@@ -116,6 +131,11 @@ class Connection(asyncio.Protocol):
         self.work = ConnectionWork()
         self.last_active = time.monotonic()
 
+    @property
+    def admitted(self) -> bool:
+        """Made and counted, until its connection is lost."""
+        return self._admitted
+
     # --- asyncio.Protocol -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -124,14 +144,7 @@ class Connection(asyncio.Protocol):
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
         sock = transport.get_extra_info("socket")
-        refusal = self.server.admit(sock.fileno() if sock is not None else -1)
-        if refusal is not None:
-            self.server.refused_connections += 1
-            self.server.limited_log.log("refused", logging.WARNING, "remoting connection from %s refused: %s",
-                                        self.peer, refusal)  # fmt: skip
-            self._closed = True
-            transport.abort()
-            return
+        # admitted (and counted) by the server's accept, before this protocol was made
         self._admitted = True
         if sock is not None:
             try:
@@ -439,7 +452,8 @@ class RemotingServer:
         # broker's --idle-exit-s)
         self.activity = activity
         self._opaque = itertools.count(1)
-        self._server: asyncio.base_events.Server | None = None
+        self._accepting = False
+        self._stopping = False
         self._reaper: asyncio.TimerHandle | None = None
         loop_thread.call(self._start)
 
@@ -467,9 +481,86 @@ class RemotingServer:
 
     # --- lifecycle --------------------------------------------------------------------------------
     async def _start(self) -> None:
-        loop = self.loop_thread.loop
-        self._server = await loop.create_server(lambda: Connection(self), sock=self.sock)
+        self.sock.setblocking(False)
+        self._accepting = True
+        self.loop_thread.loop.add_reader(self.sock.fileno(), self._accept_ready)
         self._schedule_reap()
+
+    def _accept_ready(self) -> None:
+        """Accept what the listening socket holds, a bounded number per turn of the loop.
+
+        Each connection is admitted or refused (closed at once, its descriptor freed) as it is
+        accepted, before the next one is: asyncio's own server accepts a hundred per turn and
+        admits them turns later, so a crowd could take the descriptors kept for the store before
+        the first was refused.  Out of descriptors, accepting pauses for a moment (one warning
+        per interval), as the store's reserve makes room."""
+        loop = self.loop_thread.loop
+        for _ in range(ACCEPTS_PER_TURN):
+            try:
+                csock, _addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _ACCEPT_RESOURCE_ERRNOS:
+                    self.limited_log.log("accept", logging.WARNING,
+                                         "remoting port %s: out of resources accepting (%s): pausing "
+                                         "%.1fs", self.endpoint, exc, ACCEPT_RETRY_S)  # fmt: skip
+                    self._pause_accepting(ACCEPT_RETRY_S)
+                    return
+                if exc.errno in _ACCEPT_PEER_ERRNOS:  # the peer went before it was accepted
+                    continue
+                self.limited_log.log("accept-error", logging.ERROR, "remoting port %s: accept failed",
+                                     self.endpoint, exc_info=exc)  # fmt: skip
+                self._pause_accepting(ACCEPT_RETRY_S)
+                return
+            refusal = self.admit(csock.fileno())
+            if refusal is not None:
+                self.refused_connections += 1
+                peer = _peer_text(csock)
+                csock.close()
+                self.limited_log.log("refused", logging.WARNING,
+                                     "remoting connection from %s refused: %s", peer, refusal)  # fmt: skip
+                continue
+            csock.setblocking(False)
+            task = loop.create_task(self._connect(csock))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _connect(self, csock: socket.socket) -> None:
+        """Make the admitted connection on ``csock`` a transport with its :class:`Connection`."""
+        made: list[Connection] = []
+
+        def factory() -> Connection:
+            conn = Connection(self)
+            made.append(conn)
+            return conn
+
+        try:
+            await self.loop_thread.loop.connect_accepted_socket(factory, csock)
+        except BaseException as exc:
+            if not made or not made[0].admitted:  # never counted by connection_lost
+                self.release()
+            csock.close()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            self.limited_log.log("connect", logging.WARNING,
+                                 "remoting connection on %s failed as it was made: %s",
+                                 self.endpoint, exc)  # fmt: skip
+
+    def _pause_accepting(self, seconds: float) -> None:
+        loop = self.loop_thread.loop
+        if not self._accepting:
+            return
+        self._accepting = False
+        loop.remove_reader(self.sock.fileno())
+
+        def resume() -> None:
+            if self._stopping or self._accepting:
+                return
+            self._accepting = True
+            loop.add_reader(self.sock.fileno(), self._accept_ready)
+
+        loop.call_later(seconds, resume)
 
     def _schedule_reap(self) -> None:
         loop = self.loop_thread.loop
@@ -491,8 +582,11 @@ class RemotingServer:
         async def close() -> None:
             if self._reaper is not None:
                 self._reaper.cancel()
-            if self._server is not None:
-                self._server.close()
+            self._stopping = True
+            if self._accepting:
+                self._accepting = False
+                self.loop_thread.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
             for conn in list(self.connections):
                 conn.close()
             tasks = list(self.tasks)
