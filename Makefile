@@ -34,7 +34,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format $(LINTED)
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra --durations=25 $(PYTEST_ARGS)
 
 # `make test` on a loaded machine: beside two CPU hogs, stopped by pid when it ends (also on ^C).
 # PYTEST_ARGS picks tests: make test-loaded PYTEST_ARGS='tests/remoting -k idle'
