@@ -103,6 +103,8 @@ class ClusterClient:
         self._ns_index = 0
         self._routes: dict[str, TopicRoute] = {}
         self._addrs: dict[str, str] = {}  # broker name -> master address, from every route seen
+        # broker name -> where reads go: the master, else a slave (the newest route's)
+        self._read_addrs: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -193,6 +195,10 @@ class ClusterClient:
             for b in route.brokers.values():
                 if b.master:
                     self._addrs[b.name] = b.master
+                else:  # a broker group whose master is down: writes wait, reads go to a slave
+                    self._addrs.pop(b.name, None)
+                if b.read_addr:
+                    self._read_addrs[b.name] = b.read_addr
         return route
 
     def routes(self, topics: Iterable[str], refresh: bool = False) -> dict[str, TopicRoute]:
@@ -226,17 +232,40 @@ class ClusterClient:
             )
         return addr
 
+    def read_addr(self, broker: str, topic: str | None = None) -> str:
+        """Where reads of ``broker`` go: its master, or while the broker group has none (its
+        master down) one of its slaves, which hold what the master replicated to them."""
+        addr = self._read_addrs.get(broker)
+        if addr is None and topic is not None:
+            self.route(topic, refresh=True)
+            addr = self._read_addrs.get(broker)
+        if addr is None:
+            if ":" in broker:
+                return broker
+            raise BrokerUnreachableError(
+                f"broker {broker!r} has neither master nor slave in the routes the NameServers "
+                f"({';'.join(self.namesrv_addrs)}) gave"
+                + (f" for topic {topic!r}" if topic else ""),
+                broker=broker,
+            )
+        return addr
+
+    def reads_from_slave(self, broker: str) -> bool:
+        """Whether reads of ``broker`` go to a slave now (its master is not in the routes)."""
+        addr = self._read_addrs.get(broker)
+        return addr is not None and addr != self._addrs.get(broker)
+
     def broker_addr_or_none(self, broker: str) -> str | None:
         """The master address known for ``broker`` (no NameServer asked)."""
         return self._addrs.get(broker)
 
     def forget_broker(self, broker: str) -> None:
-        """Drop what is known of ``broker`` (after it failed): its address is asked again."""
+        """Drop what is known of ``broker`` (after it failed): its addresses are asked again."""
         with self._lock:
-            addr = self._addrs.pop(broker, None)
+            addrs = {self._addrs.pop(broker, None), self._read_addrs.pop(broker, None)}
             self._routes = {t: r for t, r in self._routes.items() if broker not in r.brokers}
-        if addr is not None:
-            self.pool.drop_dead(addr)
+        for addr in addrs - {None}:
+            self.pool.drop_dead(addr)  # type: ignore[arg-type]
 
     def invoke(
         self,
@@ -249,9 +278,11 @@ class ClusterClient:
         ok: Iterable[int] = (ResponseCode.SUCCESS,),
         timeout_s: float | None = None,
         what: str = "",
+        read: bool = False,
     ) -> RemotingCommand:
-        """One request to ``broker``'s master; its answer, or :class:`ClusterError`."""
-        addr = self.broker_addr(broker, topic)
+        """One request to ``broker``'s master (``read``: its master or, while it has none, a
+        slave); its answer, or :class:`ClusterError`."""
+        addr = self.read_addr(broker, topic) if read else self.broker_addr(broker, topic)
         try:
             answer = self._call(addr, RemotingCommand(code, ext, body), broker, timeout_s)
         except BrokerUnreachableError:
@@ -349,7 +380,7 @@ class ClusterClient:
             suspend_ms,
             max_bytes,
         )
-        addr = self.broker_addr(broker, topic)
+        addr = self.read_addr(broker, topic)
         t = timeout_s or max(self.timeout_s, suspend_ms / 1000 + 5)
         try:
             answer = self._call(addr, cmd, broker, t)
@@ -386,7 +417,7 @@ class ClusterClient:
             0,
             None,
         )
-        addr = self.broker_addr(broker, topic)
+        addr = self.read_addr(broker, topic)
         code = RequestCode.PULL_MESSAGE
         try:
             fut = self.pool.get(addr).submit(cmd)
@@ -421,7 +452,9 @@ class ClusterClient:
         self, code: int, broker: str, topic: str, queue_id: int, extra: dict[str, str] | None = None
     ) -> int:
         ext = {"topic": topic, "queueId": str(queue_id), "bname": broker, **(extra or {})}
-        answer = self.invoke(broker, code, ext, topic=topic, what=f" of {topic}/{queue_id}")
+        answer = self.invoke(
+            broker, code, ext, topic=topic, what=f" of {topic}/{queue_id}", read=True
+        )
         return int(answer.ext_fields.get("offset", 0))
 
     def get_max_offset(self, broker: str, topic: str, queue_id: int) -> int:
@@ -465,6 +498,7 @@ class ClusterClient:
             topic=topic,
             ok=(ResponseCode.SUCCESS, *none),
             what=f" of {group} on {topic}/{queue_id}",
+            read=True,  # a slave holds the offsets its master synchronised to it
         )
         if answer.code in none:
             return None

@@ -28,6 +28,14 @@ class BrokerData:
     def master(self) -> str | None:
         return self.addrs.get(MASTER_ID)
 
+    @property
+    def read_addr(self) -> str | None:
+        """Where reads go: the master, else the slave of the lowest id (as the Java consumer's
+        ``findBrokerAddressInSubscribe`` falls back to any replica of the broker group)."""
+        if MASTER_ID in self.addrs:
+            return self.addrs[MASTER_ID]
+        return self.addrs[min(self.addrs)] if self.addrs else None
+
 
 @dataclass(frozen=True)
 class QueueData:

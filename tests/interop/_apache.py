@@ -213,16 +213,23 @@ class ApacheRocketMQ:
         jvm_flags: tuple[str, ...] = ("-XX:+UseSerialGC",),
         broker_config: dict[str, str] | None = None,
         namesrv_addr: str | None = None,
+        slaves: tuple[str, ...] = (),
     ) -> None:
         """``namesrv_addr``: run no NameServer; the brokers register with that one (another
-        NameServer, e.g. rmq-broker's)."""
+        NameServer, e.g. rmq-broker's).  ``slaves``: brokers of ``brokers`` that also get a
+        slave (``brokerRole=SLAVE``, brokerId 1, a store of its own), a process named
+        ``NAME-slave`` here (``stop_broker("broker-a")`` stops the master only)."""
         self.workdir = Path(workdir)
         self.cluster = cluster
         self.version = version
         self.heap = heap
         self.namesrv_heap = namesrv_heap
         self.jvm_flags = jvm_flags
-        self.broker_names = brokers
+        self.slave_of = {f"{name}-slave": name for name in slaves}
+        unknown = set(slaves) - set(brokers)
+        if unknown:
+            raise ValueError(f"slaves of brokers not in {brokers}: {sorted(unknown)}")
+        self.broker_names = (*brokers, *self.slave_of)
         self.broker_config = broker_config or {}
         self.classpath = server_classpath(version)
         self.home = self.workdir / "home"
@@ -279,11 +286,12 @@ class ApacheRocketMQ:
             self.broker_ports[name] = free_port(neighbours=(-2, 1))
         port = self.broker_ports[name]
         store = self.workdir / name / "store"
+        slave_of = self.slave_of.get(name)
         settings = {
             "brokerClusterName": self.cluster,
-            "brokerName": name,
-            "brokerId": "0",
-            "brokerRole": "ASYNC_MASTER",
+            "brokerName": slave_of or name,
+            "brokerId": "1" if slave_of else "0",
+            "brokerRole": "SLAVE" if slave_of else "ASYNC_MASTER",
             "flushDiskType": "ASYNC_FLUSH",
             "listenPort": str(port),
             "bindAddress": "127.0.0.1",
@@ -393,7 +401,11 @@ class ApacheRocketMQ:
         self, topic: str, brokers: tuple[str, ...] | None = None, timeout_s: float = 30.0
     ) -> None:
         """Waits until the NameServer's route of ``topic`` names every broker of ``brokers``."""
-        wanted = brokers if brokers is not None else tuple(self.brokers)
+        wanted = (
+            brokers
+            if brokers is not None
+            else tuple(dict.fromkeys(self.slave_of.get(n, n) for n in self.brokers))
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             header, body = remoting_request(

@@ -97,8 +97,8 @@ class ClusterPlanner:
             for b, q in route.read_queues():
                 if t in assign and q not in assign[t]:
                     continue
-                if not route.brokers.get(b) or not route.brokers[b].master:
-                    down[b] = f"broker {b} has no master in the route of {t}"
+                if not route.brokers.get(b) or not route.brokers[b].read_addr:
+                    down[b] = f"broker {b} has neither master nor slave in the route of {t}"
                     continue
                 keys.append((t, b, q))
         return keys, down

@@ -118,6 +118,7 @@ class _Reader:
         """Bodies of ``[offset, end)``, one pull after the other, with the retries and checks."""
         p, ctx, client = self.p, self.ctx, self.client
         down_since: float | None = None
+        behind_since: float | None = None  # reading a slave that is behind the planned end
         delay = 0.2
         while offset < end:
             expr, etype = self._expression()
@@ -132,21 +133,27 @@ class _Reader:
                     expression=expr or "*",
                     expression_type=etype,
                 )
-            except BrokerUnreachableError as e:
-                now = time.monotonic()
-                down_since = down_since or now
-                if now - down_since > ctx.unavailable_timeout_ms / 1000:
-                    raise ClusterError(
-                        f"broker {p.broker} did not answer for {ctx.unavailable_timeout_ms / 1000:g}s (option "
-                        f"brokerUnavailableTimeout) while reading offsets {offset}..{end - 1} of {self.where}: {e}",
-                        broker=p.broker,
-                        addr=e.addr,
-                        request=e.request,
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
             except ClusterError as e:
+                # no answer; or SYSTEM_BUSY: the broker's flow control, or a slave that does not
+                # serve reads (Apache's slaveReadEnable=false) while its master is down
+                if isinstance(e, BrokerUnreachableError) or e.code == ResponseCode.SYSTEM_BUSY:
+                    now = time.monotonic()
+                    down_since = down_since or now
+                    if now - down_since > ctx.unavailable_timeout_ms / 1000:
+                        what = "answer" if isinstance(e, BrokerUnreachableError) else "serve reads"
+                        raise ClusterError(
+                            f"broker {p.broker} did not {what} for {ctx.unavailable_timeout_ms / 1000:g}s "
+                            f"(option brokerUnavailableTimeout) while reading offsets {offset}..{end - 1} of "
+                            f"{self.where}: {e}",
+                            broker=p.broker,
+                            addr=e.addr,
+                            request=e.request,
+                        ) from None
+                    if e.code == ResponseCode.SYSTEM_BUSY and client.reads_from_slave(p.broker):
+                        client.forget_broker(p.broker)  # the master may be back: routes again
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
                 if self.sql_on_broker and _sql92_refused(e):
                     _no_sql92.add(client.broker_addr_or_none(p.broker) or p.broker)
                     log.info(
@@ -176,6 +183,16 @@ class _Reader:
                 if r.max_offset >= end:
                     time.sleep(0.05)  # not visible yet (a ConsumeQueue being dispatched): ask again
                     continue
+                if client.reads_from_slave(p.broker):
+                    # a slave behind the end its master gave the plan: wait for it to catch up,
+                    # or for the master to be back in the routes
+                    now = time.monotonic()
+                    behind_since = behind_since or now
+                    if now - behind_since <= ctx.unavailable_timeout_ms / 1000:
+                        client.forget_broker(p.broker)
+                        time.sleep(delay)
+                        delay = min(delay * 2, 5.0)
+                        continue
                 if ctx.fail_on_data_loss:
                     raise DataLossError(
                         f"{self.where} ends at offset {r.max_offset} on broker {p.broker}, below the planned {end}: "
@@ -199,7 +216,7 @@ class _Reader:
         while offset < end:
             try:
                 ch = PullChannel(
-                    client.broker_addr(p.broker, p.topic),
+                    client.read_addr(p.broker, p.topic),
                     p.broker,
                     p.topic,
                     p.queue_id,
