@@ -35,6 +35,7 @@ from _java import JAVA_DIR, maven, sources_digest
 
 __all__ = [
     "SERVER_VERSION_DEFAULT",
+    "ApacheProxy",
     "ApacheRocketMQ",
     "free_port",
     "remoting_request",
@@ -43,6 +44,8 @@ __all__ = [
 
 SERVER_VERSION_DEFAULT = "5.5.0"
 SERVER_POM_DIR = JAVA_DIR / "server"
+PROXY_POM_DIR = JAVA_DIR / "proxy"
+PROXY_READY = "rocketmq-proxy startup successfully"
 STOP_TIMEOUT_S = 20.0
 # a loaded machine (other test runs sharing its cores) may need longer: RMQ_APACHE_START_TIMEOUT_S
 START_TIMEOUT_S = float(os.environ.get("RMQ_APACHE_START_TIMEOUT_S", "60"))
@@ -55,11 +58,12 @@ GET_BROKER_CLUSTER_INFO = 106
 REMOTING_VERSION = 401
 
 
-def server_classpath(version: str = SERVER_VERSION_DEFAULT) -> str:
-    """The NameServer + broker classpath of ``version``, resolved once and cached in a file."""
-    out = SERVER_POM_DIR / "target" / f"classpath-{version}.txt"
+def server_classpath(version: str = SERVER_VERSION_DEFAULT, pom_dir: Path = SERVER_POM_DIR) -> str:
+    """The NameServer + broker classpath of ``version`` (``pom_dir``: another pom's, the
+    proxy's), resolved once and cached in a file."""
+    out = pom_dir / "target" / f"classpath-{version}.txt"
     stamp = out.with_suffix(".sha256")
-    digest = sources_digest(SERVER_POM_DIR, ("pom.xml",)) + " " + version
+    digest = sources_digest(pom_dir, ("pom.xml",)) + " " + version
     if not (out.is_file() and stamp.is_file() and stamp.read_text() == digest):
         out.parent.mkdir(parents=True, exist_ok=True)
         maven(
@@ -68,7 +72,7 @@ def server_classpath(version: str = SERVER_VERSION_DEFAULT) -> str:
                 "dependency:build-classpath",
                 f"-Dmdep.outputFile={out}",
             ],
-            cwd=SERVER_POM_DIR,
+            cwd=pom_dir,
         )
         stamp.write_text(digest)
     return out.read_text().strip()
@@ -423,3 +427,61 @@ class ApacheRocketMQ:
                     f"route of {topic} does not name {wanted} after {timeout_s}s: {header} {body[:500]!r}"
                 )
             time.sleep(0.2)
+
+
+class ApacheProxy:
+    """A RocketMQ 5 proxy (``ProxyStartup -pm cluster``) in front of ``cluster``'s brokers: its
+    remoting port (``remoting_addr``, what a remoting client takes as its ``namesrvAddr``) and
+    its gRPC port, on 127.0.0.1, with a small heap; stopped by pid."""
+
+    def __init__(
+        self, workdir: str | os.PathLike[str], cluster: ApacheRocketMQ, *, heap: str = "256m"
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.remoting_port = free_port()
+        self.grpc_port = free_port()
+        self.remoting_addr = f"127.0.0.1:{self.remoting_port}"
+        conf = self.workdir / "rmq-proxy.json"
+        conf.write_text(
+            json.dumps(
+                {
+                    "rocketMQClusterName": cluster.cluster,
+                    "namesrvAddr": cluster.namesrv_addr,
+                    "remotingListenPort": self.remoting_port,
+                    "grpcServerPort": self.grpc_port,
+                    "proxyMode": "cluster",
+                }
+            )
+        )
+        home = self.workdir / "home"
+        home.mkdir(exist_ok=True)
+        cmd = [
+            "java",
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            *cluster.jvm_flags,
+            f"-Duser.home={home}",
+            f"-Drocketmq.home.dir={home}",
+            f"-Dcom.rocketmq.proxy.configPath={conf}",
+            "-cp",
+            server_classpath(cluster.version, PROXY_POM_DIR),
+            "org.apache.rocketmq.proxy.ProxyStartup",
+            "-pm",
+            "cluster",
+        ]
+        self.proc = _JavaProcess("proxy", cmd, self.workdir / "proxy.log", PROXY_READY)
+        try:
+            self.startup_s = self.proc.wait_ready()
+        except BaseException:
+            self.proc.stop()
+            raise
+
+    def close(self) -> None:
+        self.proc.stop()
+
+    def __enter__(self) -> ApacheProxy:  # noqa: PYI034 -- typing.Self needs 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

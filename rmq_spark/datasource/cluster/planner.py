@@ -21,6 +21,7 @@ from rmq_spark.cluster import BrokerUnreachableError, ClusterClient, ClusterErro
 from rmq_spark.cluster.namespace import in_namespace, unwrap, wrap
 from rmq_spark.datasource.cluster import offsets as C
 from rmq_spark.datasource.options import SourceOptions, StartKind, StartSpec
+from rmq_spark.remoting.codes import ResponseCode
 
 log = logging.getLogger("rmq_spark.datasource.cluster")
 T = TypeVar("T")
@@ -71,9 +72,20 @@ class ClusterPlanner:
         sub, ns = self.opts.subscription, self.ns
         if sub.pattern is not None:
             rx = re.compile(sub.pattern)
+            try:
+                known = self.client.topics()
+            except ClusterError as e:
+                if e.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                    raise
+                raise ClusterError(
+                    f"topicPattern needs the list of every topic, which {self.opts.connection.namesrv_addr} does not "
+                    f"serve ({e}): a RocketMQ proxy's remoting port does not; name the topics with "
+                    "`topics` or `assign`, or give namesrvAddr the NameServers",
+                    code=e.code,
+                ) from None
             return [
                 t
-                for t in self.client.topics()
+                for t in known
                 if (ns is None or in_namespace(ns, t))
                 and rx.fullmatch(unwrap(ns, t))
                 and not _SYSTEM.match(unwrap(ns, t))
@@ -232,9 +244,20 @@ class ClusterPlanner:
                 c.heartbeat(b, consumers=[consumer_data(group, sorted(topics), self.opts.tags)])
             except ClusterError as e:
                 log.warning("consumerGroup %s: heartbeat to %s failed: %s", group, b, e)
-        _, down = self._each(
-            list(offsets), lambda k: c.update_consumer_offset(k[1], group, k[0], k[2], offsets[k])
-        )
+
+        def update(k: C.Key) -> None:
+            try:
+                c.update_consumer_offset(k[1], group, k[0], k[2], offsets[k])
+            except ClusterError as e:
+                if e.code != ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST:
+                    raise
+                # a broker knows a group once it pulled for it or had its heartbeat; a RocketMQ
+                # proxy keeps heartbeats to itself, and a queue with nothing to read was never
+                # pulled: one pull at the offset makes the group known (autoCreateSubscriptionGroup)
+                c.pull(k[1], k[0], k[2], offsets[k], 1, group)
+                c.update_consumer_offset(k[1], group, k[0], k[2], offsets[k])
+
+        _, down = self._each(list(offsets), update)
         if down:
             log.warning("consumerGroup %s: offsets not committed to %s", group, down)
 
