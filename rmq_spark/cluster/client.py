@@ -75,6 +75,11 @@ __all__ = [
 ]
 
 
+# how Apache's ACLs name a refusal in a remark: plain ACL 1.0 answers SYSTEM_ERROR with its
+# AclException, 5.x's ACL 2.0 NO_PERMISSION with AuthenticationException / AuthorizationException
+_ACL_REFUSAL = re.compile(r"\b(AclException|AuthenticationException|AuthorizationException)\b")
+
+
 class ClusterClient:
     def __init__(
         self,
@@ -137,9 +142,16 @@ class ClusterClient:
     def _fail(
         answer: RemotingCommand, request: int, who: str, addr: str, what: str = ""
     ) -> ClusterError:
+        remark = answer.remark or ""
+        hint = (
+            " (refused by the broker's access control: check accessKey / secretKey and the "
+            "account's permissions)"
+            if answer.code == ResponseCode.NO_PERMISSION or _ACL_REFUSAL.search(remark)
+            else ""
+        )
         return ClusterError(
             f"{code_name(request, RequestCode)}{what} to {who} at {addr} answered "
-            f"{code_name(answer.code, ResponseCode)}: {answer.remark or '(no remark)'}",
+            f"{code_name(answer.code, ResponseCode)}: {remark or '(no remark)'}{hint}",
             broker=who,
             addr=addr,
             request=request,

@@ -138,6 +138,18 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
     return buf
 
 
+# what 4.x's NameServer and broker log, and where (5.x carries its own configuration)
+_LOGBACK_4X = """<?xml version="1.0" encoding="UTF-8"?>
+<configuration>
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>${{user.home}}/logs/rocketmqlogs/{name}.log</file>
+    <encoder><pattern>%d{{yyy-MM-dd HH:mm:ss,GMT+8}} %p %t - %m%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="FILE"/></root>
+</configuration>
+"""
+
+
 class _JavaProcess:
     """One server JVM, its output in a log file, ready when the log shows ``ready_text``."""
 
@@ -238,6 +250,11 @@ class ApacheRocketMQ:
         self.classpath = server_classpath(version)
         self.home = self.workdir / "home"
         self.home.mkdir(parents=True, exist_ok=True)
+        if version.startswith("4."):  # 4.x's NameServer and broker read logback files of home
+            conf = self.home / "conf"
+            conf.mkdir(exist_ok=True)
+            for name in ("namesrv", "broker"):
+                (conf / f"logback_{name}.xml").write_text(_LOGBACK_4X.format(name=name))
         self.own_namesrv = namesrv_addr is None
         self.namesrv_port = (
             free_port() if namesrv_addr is None else int(namesrv_addr.rpartition(":")[2])
