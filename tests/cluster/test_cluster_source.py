@@ -188,6 +188,34 @@ def test_queues_added_between_micro_batches_are_read(spark, broker, tmp_path):
     ]
 
 
+def test_topics_matching_the_pattern_added_between_micro_batches_are_read(spark, broker, tmp_path):
+    """``topicPattern`` with ``namesrvAddr``: the NameServer's topic list is asked at every
+    micro-batch, so a topic created after the query started is read from its first offset, as
+    Kafka's source subscribes to new topics of a ``subscribePattern``."""
+    ns = broker.namesrv_endpoint
+    send(ns, "PatA1", [f"a{i}" for i in range(6)])
+    send(ns, "OtherPat", ["not-matched"])
+    ck = str(tmp_path / "ck")
+    s = (
+        spark.readStream.format("rmq")
+        .option("namesrvAddr", ns)
+        .option("topicPattern", "PatA[0-9]+")
+        .option("startingOffsets", "latest")
+        .load()
+    )
+    first = run_batches(s, ck, "topic,body")
+    assert [r for b in first.values() for r in b] == []  # latest: nothing yet
+    send(ns, "PatA1", ["a-after"])
+    send(ns, "PatA22", ["new-0", "new-1"])  # a topic the query has not seen
+    send(ns, "OtherPat", ["still-not-matched"])
+    second = run_batches(s, ck, "topic,body")
+    assert sorted(r for b in second.values() for r in b) == [
+        ("PatA1", b"a-after"),
+        ("PatA22", b"new-0"),
+        ("PatA22", b"new-1"),
+    ]
+
+
 def _free_port() -> int:
     import socket
 
