@@ -368,7 +368,8 @@ class Broker:
                                                 namesrv_addrs=list(self.options.namesrv_addrs),
                                                 activity=self.activity, access_control=acl,
                                                 namesrv_accept_brokers=self.options.namesrv_accept_brokers,
-                                                namesrv_credentials=self.options.namesrv_credentials)  # fmt: skip
+                                                namesrv_credentials=self.options.namesrv_credentials,
+                                                tls=self.options.tls)  # fmt: skip
                 self.remoting.admin.on_reset = (
                     self.service.pop.reset
                 )  # its pop state forgets the queue
@@ -427,7 +428,11 @@ class Broker:
             mounted.add_generic_rpc_handlers((_Counted(internal, self.activity),))
         server.add_generic_rpc_handlers((mounted,))
         try:
-            bound = server.add_insecure_port(self.options.listen)
+            tls = self.options.tls
+            if tls is not None:  # the gRPC port cannot serve both: TLS when permissive too
+                bound = server.add_secure_port(self.options.listen, tls.grpc_credentials())
+            else:
+                bound = server.add_insecure_port(self.options.listen)
         except RuntimeError as e:
             raise ListenError(f"cannot listen on {self.options.listen}: {e}") from None
         if bound == 0:
@@ -472,6 +477,8 @@ class Broker:
             line += f" namesrv={self.namesrv_endpoint}"
         if self.metrics is not None:
             line += f" metrics={self.metrics.endpoint}"
+        if self.options.tls is not None:
+            line += f" tls={self.options.tls.mode.value}"
         return line
 
     @property

@@ -15,6 +15,9 @@ broker's remoting port and of its NameServer (a connection costs a buffer, not a
 - The limits of :mod:`rmq_spark.remoting.limits`: connections past the limit are closed as they
   are accepted; a connection with too much queued blocking work, or whose answers are not read,
   is not read until it drains; past the total, blocking requests are answered ``SYSTEM_BUSY``.
+- ``tls``: the port serves TLS (:mod:`rmq_spark.remoting.tls`), the handshake done in the
+  accepted connection's own task before its :class:`Connection` is made (a failed or stalled one
+  closes that connection only).
 - A connection idle for ``idle_timeout_s`` (RocketMQ's ``serverChannelMaxIdleTimeSeconds``, 120 s)
   is closed.
 - The broker can send requests to a client over its connection (CHECK_TRANSACTION_STATE,
@@ -47,6 +50,7 @@ from rmq_spark.remoting.command import (
 )
 from rmq_spark.remoting.faults import ServerBusy, failure_answer
 from rmq_spark.remoting.loop import EventLoopThread, bind
+from rmq_spark.remoting.tls import TLS_HANDSHAKE_TIMEOUT_S, ServerTls
 from rmq_spark.remoting.work import ConnectionWork, WorkQueue
 
 __all__ = [
@@ -419,7 +423,7 @@ class RemotingServer:
     def __init__(self, sock: socket.socket, processor: Processor, loop_thread: EventLoopThread, *,
                  executor: concurrent.futures.Executor | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S,
                  frame_max_bytes: int | None = None, activity: Any = None,
-                 max_connections: int = lim.MAX_CONNECTIONS) -> None:  # fmt: skip
+                 max_connections: int = lim.MAX_CONNECTIONS, tls: ServerTls | None = None) -> None:  # fmt: skip
         from rmq_spark.remoting.command import FRAME_MAX_BYTES
 
         self.sock = sock
@@ -432,6 +436,7 @@ class RemotingServer:
         self.idle_timeout_s = idle_timeout_s
         self.frame_max_bytes = frame_max_bytes or FRAME_MAX_BYTES
         self.max_connections = max_connections
+        self.tls = tls  # TLS on this port (rmq_spark.remoting.tls: disabled/permissive/enforcing)
         self.conn_inflight_max = lim.CONN_INFLIGHT_MAX
         self.conn_inflight_max_bytes = lim.CONN_INFLIGHT_MAX_BYTES
         self.total_inflight_max = lim.TOTAL_INFLIGHT_MAX
@@ -535,8 +540,15 @@ class RemotingServer:
             made.append(conn)
             return conn
 
+        loop = self.loop_thread.loop
         try:
-            await self.loop_thread.loop.connect_accepted_socket(factory, csock)
+            # TLS: the handshake runs here, in this connection's task (one that never finishes
+            # times out); the Connection is made once it is done
+            ssl_ctx = None
+            if self.tls is not None:
+                ssl_ctx = await self.tls.context_for(loop, csock, self.idle_timeout_s)
+            await loop.connect_accepted_socket(factory, csock, ssl=ssl_ctx,
+                                               ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if ssl_ctx else None)  # fmt: skip
         except BaseException as exc:
             if not made or not made[0].admitted:  # never counted by connection_lost
                 self.release()
