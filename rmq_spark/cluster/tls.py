@@ -17,12 +17,14 @@ How this differs from the Java client's defaults (``TlsSystemConfig``):
 
 from __future__ import annotations
 
+import io
 import socket
 import ssl
 import threading
 from dataclasses import dataclass
+from typing import Any, cast
 
-__all__ = ["TlsConfig", "TlsError", "open_socket", "plain_refusal_hint"]
+__all__ = ["TlsConfig", "TlsError", "TlsSocket", "open_socket", "plain_refusal_hint"]
 
 # TLS records start with a content type; a handshake (ClientHello) is 22
 TLS_HANDSHAKE_BYTE = 0x16
@@ -88,7 +90,112 @@ def _why(e: ssl.SSLError | OSError) -> str:
     return f"{text or type(e).__name__} (is it serving TLS on this port?)"
 
 
-def open_socket(addr: str, timeout_s: float, tls: TlsConfig | None) -> socket.socket:
+class TlsSocket:
+    """TLS over a connected socket, for one reader thread and any number of writer threads at
+    once: an ``ssl.SSLSocket`` is not safe for that (OpenSSL's SSL object takes one thread at a
+    time; a reader blocked in SSL_read beside a writer lost about one request in twenty
+    connections, measured).  The SSL object works on memory buffers under a lock, and the
+    socket's own recv and send run outside it; encrypted records leave in the order they were
+    made (the send lock is taken before the SSL lock is let go)."""
+
+    def __init__(self, sock: socket.socket, ctx: ssl.SSLContext, host: str) -> None:
+        self._sock = sock
+        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._obj = ctx.wrap_bio(self._in, self._out, server_hostname=host)
+        self._lock = threading.Lock()  # the SSL object and its buffers
+        self._send_lock = threading.Lock()  # the socket's send side, records in order
+        while True:
+            try:
+                self._obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._flush_and_unlock(None)
+                if not self._fill():
+                    raise ConnectionError(
+                        "closed the connection during the TLS handshake"
+                    ) from None
+        self._flush_and_unlock(None)
+
+    def _flush_and_unlock(self, lock: threading.Lock | None) -> None:
+        """Send what the SSL object wrote; ``lock`` (the SSL lock, held) is let go once the
+        send lock is held, so the next records cannot overtake these."""
+        data = self._out.read()
+        if not data:
+            if lock is not None:
+                lock.release()
+            return
+        with self._send_lock:
+            if lock is not None:
+                lock.release()
+            self._sock.sendall(data)
+
+    def _fill(self) -> bool:
+        """Read what the socket holds into the SSL object; False at the peer's close."""
+        data = self._sock.recv(1 << 16)
+        if not data:
+            return False
+        with self._lock:
+            self._in.write(data)
+        return True
+
+    def sendall(self, data: bytes | bytearray | memoryview) -> None:
+        self._lock.acquire()
+        try:
+            self._obj.write(data)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._flush_and_unlock(self._lock)
+
+    def recv_into(self, buf: bytearray | memoryview, nbytes: int = 0) -> int:
+        n = nbytes or len(buf)
+        while True:
+            self._lock.acquire()
+            try:
+                # with a buffer, read returns the count (typeshed says bytes)
+                got = int(cast(Any, self._obj).read(n, buf))
+            except ssl.SSLWantReadError:
+                got = -1
+            except ssl.SSLZeroReturnError:  # the peer's close_notify
+                got = 0
+            except BaseException:
+                self._lock.release()
+                raise
+            self._flush_and_unlock(self._lock)  # a post-handshake answer (KeyUpdate), if any
+            if got >= 0:
+                return got
+            if not self._fill():
+                return 0
+
+    def makefile(self, mode: str = "rb", buffering: int = -1) -> io.BufferedReader:
+        assert mode == "rb"
+        return io.BufferedReader(_TlsReader(self), max(buffering, io.DEFAULT_BUFFER_SIZE))
+
+    def settimeout(self, timeout_s: float | None) -> None:
+        self._sock.settimeout(timeout_s)
+
+    def setsockopt(self, level: int, option: int, value: int) -> None:
+        self._sock.setsockopt(level, option, value)
+
+    def shutdown(self, how: int) -> None:
+        self._sock.shutdown(how)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class _TlsReader(io.RawIOBase):
+    def __init__(self, sock: TlsSocket) -> None:
+        self._tls = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        return self._tls.recv_into(memoryview(buf).cast("B"))
+
+
+def open_socket(addr: str, timeout_s: float, tls: TlsConfig | None) -> socket.socket | TlsSocket:
     """A connected socket to ``host:port``, through a finished TLS handshake when ``tls``;
     ``OSError`` when the connection fails, :class:`TlsError` when the handshake does."""
     host, _, port = addr.rpartition(":")
@@ -97,8 +204,7 @@ def open_socket(addr: str, timeout_s: float, tls: TlsConfig | None) -> socket.so
     if tls is None:
         return sock
     try:
-        ctx = tls.context()
-        return ctx.wrap_socket(sock, server_hostname=host)
+        return TlsSocket(sock, tls.context(), host)
     except TlsError:
         sock.close()
         raise
