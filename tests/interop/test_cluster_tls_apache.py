@@ -7,17 +7,13 @@ another CA is refused naming ``tlsCaFile``."""
 from __future__ import annotations
 
 import ssl
-import sys
-from pathlib import Path
 
 import pytest
 from _apache import ApacheRocketMQ, tls_properties
+from _tls import Certs, make_certs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _tls import Certs, make_certs  # noqa: E402
-
-from rmq_spark.cluster import BrokerUnreachableError, ClusterClient, TlsConfig  # noqa: E402
-from rmq_spark.remoting.command import RemotingCommand  # noqa: E402
+from rmq_spark.cluster import BrokerUnreachableError, ClusterClient, TlsConfig
+from rmq_spark.remoting.command import RemotingCommand
 
 TOPIC = "TlsInterop"
 UPDATE_AND_CREATE_TOPIC = 17
