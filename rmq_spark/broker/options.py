@@ -263,7 +263,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     (
         "tls-client-auth",
         str,
-        "none, optional or require a client certificate (default require with --tls-ca, else "
+        "none, optional or require a client certificate (require when --tls-ca is given, else "
         "none), as Apache's tls.server.need.client.auth",
     ),
     (

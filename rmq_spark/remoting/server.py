@@ -50,7 +50,7 @@ from rmq_spark.remoting.command import (
 )
 from rmq_spark.remoting.faults import ServerBusy, failure_answer
 from rmq_spark.remoting.loop import EventLoopThread, bind
-from rmq_spark.remoting.tls import TLS_HANDSHAKE_TIMEOUT_S, ServerTls
+from rmq_spark.remoting.tls import ServerTls, connect_accepted
 from rmq_spark.remoting.work import ConnectionWork, WorkQueue
 
 __all__ = [
@@ -540,15 +540,10 @@ class RemotingServer:
             made.append(conn)
             return conn
 
-        loop = self.loop_thread.loop
-        try:
-            # TLS: the handshake runs here, in this connection's task (one that never finishes
-            # times out); the Connection is made once it is done
-            ssl_ctx = None
-            if self.tls is not None:
-                ssl_ctx = await self.tls.context_for(loop, csock, self.idle_timeout_s)
-            await loop.connect_accepted_socket(factory, csock, ssl=ssl_ctx,
-                                               ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if ssl_ctx else None)  # fmt: skip
+        try:  # TLS: the handshake runs here, in this connection's task (a stalled one times out)
+            await connect_accepted(
+                self.loop_thread.loop, factory, csock, self.tls, self.idle_timeout_s
+            )
         except BaseException as exc:
             if not made or not made[0].admitted:  # never counted by connection_lost
                 self.release()
@@ -601,6 +596,9 @@ class RemotingServer:
             self.sock.close()
             for conn in list(self.connections):
                 conn.close()
+                if self.tls is not None and conn.transport is not None:
+                    conn.transport.abort()  # no close_notify exchange on the way out
+            await asyncio.sleep(0)  # the transports' closing callbacks run
             tasks = list(self.tasks)
             for t in tasks:
                 t.cancel()

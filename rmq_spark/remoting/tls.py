@@ -23,16 +23,27 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from rmq_spark.errors import ConfigError
 
-__all__ = ["TLS_HANDSHAKE_TIMEOUT_S", "ClientAuth", "ServerTls", "TlsMode"]
+__all__ = [
+    "TLS_HANDSHAKE_TIMEOUT_S",
+    "TLS_SHUTDOWN_TIMEOUT_S",
+    "ClientAuth",
+    "ServerTls",
+    "TlsMode",
+]
 
 TLS_HANDSHAKE_BYTE = 0x16  # a TLS record's content type: handshake (the ClientHello's)
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# a closing connection waits this long for the peer's close_notify (asyncio's default is 30 s, the
+# connection's slot held all that time)
+TLS_SHUTDOWN_TIMEOUT_S = 2.0
 
 
 class TlsMode(Enum):
@@ -124,6 +135,36 @@ class ServerTls:
             return None
         first = await _peek_byte(loop, sock, wait_s)
         return self.context if first == TLS_HANDSHAKE_BYTE else None
+
+
+async def connect_accepted(
+    loop: asyncio.AbstractEventLoop,
+    factory: Callable[[], asyncio.Protocol],
+    sock: socket.socket,
+    tls: ServerTls | None,
+    wait_s: float,
+) -> None:
+    """``loop.connect_accepted_socket`` of an accepted ``sock``: plain, or TLS as ``tls`` says
+    (the protocol is made once the handshake is done; a handshake that fails or stalls past
+    ``TLS_HANDSHAKE_TIMEOUT_S`` raises, for the caller to close ``sock``)."""
+    ctx = None if tls is None else await tls.context_for(loop, sock, wait_s)
+    if ctx is None:
+        await loop.connect_accepted_socket(factory, sock)
+        return
+    # 3.11+: a close waits for the peer's close_notify this long at most
+    shutdown = (
+        {"ssl_shutdown_timeout": TLS_SHUTDOWN_TIMEOUT_S} if sys.version_info >= (3, 11) else {}
+    )
+    await loop.connect_accepted_socket(factory, sock, ssl=ctx,
+                                       ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S, **shutdown)  # fmt: skip
+
+
+def add_grpc_port(server: Any, listen: str, tls: ServerTls | None) -> int:
+    """``server.add_secure_port`` with ``tls`` (in permissive mode too: a gRPC port cannot serve
+    both), else ``add_insecure_port``; the port bound (0: none)."""
+    if tls is None:
+        return int(server.add_insecure_port(listen))
+    return int(server.add_secure_port(listen, tls.grpc_credentials()))
 
 
 async def _peek_byte(loop: asyncio.AbstractEventLoop, sock: socket.socket, wait_s: float) -> int:

@@ -20,7 +20,7 @@ from rocketmq.grpc_protocol import definition_pb2 as D
 from rocketmq.grpc_protocol import service_pb2 as S
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-import rmq_spark.remoting.server as remoting_server
+import rmq_spark.remoting.tls as remoting_tls
 from rmq_spark.broker.options import BrokerOptions, parse_args
 from rmq_spark.broker.server import Broker
 from rmq_spark.broker.testing import metadata
@@ -133,7 +133,7 @@ def _route_ok(addr: str, certs: Certs) -> None:
 
 
 def test_hostile_bytes_on_the_tls_port_never_wedge_it(broker, certs, monkeypatch):
-    monkeypatch.setattr(remoting_server, "TLS_HANDSHAKE_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(remoting_tls, "TLS_HANDSHAKE_TIMEOUT_S", 2.0)
     frame = RemotingCommand(code=105, ext_fields={"topic": TOPIC}).encode()
     hello = _client_hello()
     for addr in (broker.namesrv_endpoint, broker.remoting_endpoint):
