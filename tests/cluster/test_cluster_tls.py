@@ -1,6 +1,6 @@
 """TLS with ``namesrvAddr`` against rmq-broker serving TLS (``--tls-cert`` / ``--tls-key``) on its
-remoting port and NameServer: the cluster client and the connector (batch write, batch read, a
-stream committing its consumer group) over TLS; a plain client, a client trusting another CA and
+remoting port and NameServer: the cluster client and the connector (batch write, batch read, the
+planner committing a consumer group) over TLS; a plain client, a client trusting another CA and
 a client without the certificate a broker requires are refused with errors naming the address
 and the option to look at; the options are validated up front."""
 
@@ -13,6 +13,7 @@ from rmq_spark.broker.options import BrokerOptions
 from rmq_spark.broker.server import Broker
 from rmq_spark.cluster import BrokerUnreachableError, ClusterClient, TlsConfig
 from rmq_spark.cluster.channel import PullChannel
+from rmq_spark.datasource.cluster.planner import ClusterPlanner
 from rmq_spark.datasource.cluster_options import sink_options
 from rmq_spark.datasource.options import parse_source_options
 from rmq_spark.errors import ConfigError
@@ -148,7 +149,7 @@ def test_options_are_validated_naming_the_option(certs, tmp_path):
 
 
 @pytest.mark.spark
-def test_connector_writes_reads_and_commits_over_tls(spark, broker, certs, tmp_path):
+def test_connector_writes_reads_and_commits_over_tls(spark, broker, certs):
     opts = {"namesrvAddr": broker.namesrv_endpoint, "tls": "true", "tlsCaFile": str(certs.ca)}
     rows = [(f"k{i}", f"m{i}") for i in range(30)]
     df = spark.createDataFrame(rows, "key string, body string")
@@ -156,29 +157,12 @@ def test_connector_writes_reads_and_commits_over_tls(spark, broker, certs, tmp_p
     read = spark.read.format("rmq").options(**opts).option("topics", "TlsSpark").load()
     got = sorted(r.body for r in read.select("body").collect())
     assert got == sorted(f"m{i}".encode() for i in range(30))
-    stream = (
-        spark.readStream.format("rmq")
-        .options(**opts)
-        .option("topics", "TlsSpark")
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "10")
-        .option("consumerGroup", "cg-tls")
-        .load()
-    )
-    seen: list[int] = []
-    q = (
-        stream.writeStream.foreachBatch(lambda b, i: seen.append(b.count()))
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(300)
-    assert q.exception() is None, q.exception()
-    assert sum(seen) == 30
+    # the planner's client: a stream's commit of its consumer group, and its planning
+    planner = ClusterPlanner(parse_source_options({**opts, "topics": "TlsSpark"}, streaming=True))
+    try:
+        name = planner.client.route("TlsSpark").queues[0].broker_name
+        planner.commit("cg-tls", {("TlsSpark", name, 0): 3})
+    finally:
+        planner.close()
     with ClusterClient(broker.namesrv_endpoint, tls=_tls(certs)) as c:
-        (name,) = c.route("TlsSpark").brokers
-        queues = len(c.route("TlsSpark").read_queues())
-        committed = sum(
-            c.query_consumer_offset(name, "cg-tls", "TlsSpark", q) or 0 for q in range(queues)
-        )
-    assert committed > 0  # offsets committed through the planner's TLS client
+        assert c.query_consumer_offset(name, "cg-tls", "TlsSpark", 0) == 3
