@@ -26,9 +26,6 @@ from typing import Any, cast
 
 __all__ = ["TlsConfig", "TlsError", "TlsSocket", "open_socket", "plain_refusal_hint"]
 
-# TLS records start with a content type; a handshake (ClientHello) is 22
-TLS_HANDSHAKE_BYTE = 0x16
-
 
 class TlsError(ConnectionError):
     """A TLS handshake failed (or TLS settings could not be loaded); says where and why."""
