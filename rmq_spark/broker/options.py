@@ -59,6 +59,17 @@ flag (config-file key)             meaning                                  defa
                                    (Apache RocketMQ 5.3+'s broker.conf:
                                    {"accessKey":"..","secretKey":".."})
 --cluster-name NAME                cluster name in routes                   DefaultCluster
+--tls-cert FILE                    PEM certificate (chain) the ports show:  (no TLS)
+--tls-key FILE                     and its PEM private key; with both, the
+                                   gRPC, remoting and NameServer ports
+                                   serve TLS
+--tls-mode MODE                    disabled, permissive (remoting and       enforcing
+                                   NameServer: TLS and plain on one port)
+                                   or enforcing (Apache's tls.server.mode)
+--tls-ca FILE                      PEM CAs client certificates must chain   (none)
+                                   to
+--tls-client-auth none|optional|   ask clients for a certificate (Apache's  require with
+  require                          tls.server.need.client.auth)             --tls-ca, else none
 --metrics-listen HOST:PORT         Prometheus metrics at /metrics, under    (none)
                                    RocketMQ's names (broker.metrics)
 --log-level LEVEL                  DEBUG, INFO, WARNING or ERROR            INFO
@@ -81,11 +92,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rmq_spark.cluster.acl import Credentials
 from rmq_spark.errors import ConfigError
+from rmq_spark.remoting.tls import ClientAuth, ServerTls, TlsMode
 from rmq_spark.services.config import BrokerConfig
 from rmq_spark.store.store import StoreConfig
 
@@ -130,6 +143,7 @@ class BrokerOptions:
     namesrv_credentials: Credentials | None = None  # signs REGISTER_BROKER / UNREGISTER_BROKER
     cluster_name: str = "DefaultCluster"
     metrics_listen: str | None = None  # Prometheus /metrics (rmq_spark.broker.metrics)
+    tls: ServerTls | None = None  # TLS on the gRPC, remoting and NameServer ports
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -237,6 +251,21 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
         "never printed)",
     ),
     ("cluster-name", str, "cluster name in routes (default DefaultCluster)"),
+    ("tls-cert", str, "PEM certificate (chain) of the ports; with --tls-key they serve TLS"),
+    ("tls-key", str, "PEM private key of --tls-cert"),
+    (
+        "tls-mode",
+        str,
+        "disabled, permissive (remoting and NameServer serve TLS and plain on one port; gRPC "
+        "TLS) or enforcing (default), as Apache's tls.server.mode",
+    ),
+    ("tls-ca", str, "PEM CA certificates client certificates are checked against"),
+    (
+        "tls-client-auth",
+        str,
+        "none, optional or require a client certificate (require when --tls-ca is given, else "
+        "none), as Apache's tls.server.need.client.auth",
+    ),
     (
         "metrics-listen",
         str,
@@ -473,6 +502,7 @@ def parse_args(argv: list[str] | None = None) -> ParsedArgs:
             )
         opt_kw["log_level"] = level
     _remoting_options(v, opt_kw)
+    opt_kw["tls"] = server_tls(v, at)
     options = BrokerOptions(**opt_kw)
     split_listen(options.listen)
     for flag, addr in (
@@ -552,6 +582,38 @@ def namesrv_credentials(v: dict[str, Any], env: Any) -> Credentials | None:
                           "--namesrv-access-key and --namesrv-secret-key (or "
                           f"{ACCESS_KEY_ENV} and {SECRET_KEY_ENV})")  # fmt: skip
     return Credentials(str(ak), str(sk))
+
+
+def server_tls(v: dict[str, Any], at: Callable[[str], str]) -> ServerTls | None:
+    """The TLS flags: a certificate and its key, the mode, the clients' CA and whether a client
+    must show a certificate; None when no TLS is asked (or ``--tls-mode disabled``)."""
+    names = ("tls-cert", "tls-key", "tls-mode", "tls-ca", "tls-client-auth")
+    given = {n: str(v[n]).strip() for n in names if v.get(n) is not None}
+    try:
+        mode = TlsMode(given.get("tls-mode", "enforcing").lower())
+    except ValueError:
+        raise ConfigError(f"{at('tls-mode')} must be disabled, permissive or enforcing, not {given['tls-mode']!r}") from None  # fmt: skip
+    if mode is TlsMode.DISABLED:
+        return None
+    if not given:
+        return None
+    for n in ("tls-cert", "tls-key"):
+        if not given.get(n):
+            other = [f"{at(k)}" for k in given if k != n]
+            raise ConfigError(
+                f"{', '.join(other)} needs --{n} (TLS needs a certificate and its key)"
+            )
+    for n in ("tls-cert", "tls-key", "tls-ca"):
+        if n in given and not os.path.isfile(given[n]):
+            raise ConfigError(f"{at(n)} {given[n]!r} is not a file")
+    default_auth = "require" if "tls-ca" in given else "none"
+    try:
+        auth = ClientAuth(given.get("tls-client-auth", default_auth).lower())
+    except ValueError:
+        raise ConfigError(f"{at('tls-client-auth')} must be none, optional or require, not {given['tls-client-auth']!r}") from None  # fmt: skip
+    tls = ServerTls(given["tls-cert"], given["tls-key"], given.get("tls-ca"), mode, auth)
+    tls.context  # noqa: B018 -- loads the files now: a bad one fails the start with its flag
+    return tls
 
 
 def split_listen(listen: str, flag: str = "listen") -> tuple[str, int]:

@@ -43,6 +43,7 @@ from rmq_spark.remoting.pull import PullProcessor
 from rmq_spark.remoting.requests import BROKER_REQUESTS, RequestGate
 from rmq_spark.remoting.send import SendProcessor
 from rmq_spark.remoting.server import EventLoopThread, Processor, RemotingServer, bind
+from rmq_spark.remoting.tls import ServerTls
 from rmq_spark.remoting.transaction import (
     CompositeChecker,
     RemotingTransactionChecker,
@@ -101,7 +102,7 @@ class RemotingService:
     def __init__(self, core: Any, sockets: RemotingSockets, *, broker_name: str, cluster: str = DEFAULT_CLUSTER,
                  namesrv_addrs: list[str] | None = None, activity: Any = None,
                  access_control: Any = None, namesrv_accept_brokers: bool = True,
-                 namesrv_credentials: Credentials | None = None) -> None:  # fmt: skip
+                 namesrv_credentials: Credentials | None = None, tls: ServerTls | None = None) -> None:  # fmt: skip
         self.core = core
         self.store = core.store
         self.broker_name = broker_name
@@ -126,7 +127,7 @@ class RemotingService:
             gate.deferred = frozenset(parsed)
             processor.before_blocking = gate.finish
             self.broker_server = RemotingServer(sockets.broker, processor, self.loop_thread,
-                                                activity=activity)  # fmt: skip
+                                                activity=activity, tls=tls)  # fmt: skip
             self.routes = RouteInfoManager(LocalBroker(cluster, broker_name, self.broker_addr, self._local_topics,
                                                        self._route_for_new, self._local_topic))  # fmt: skip
             if sockets.namesrv is not None:
@@ -134,7 +135,7 @@ class RemotingService:
                 ns_processor = namesrv_processor(self.routes, access_control=access_control,
                                                  accept_brokers=namesrv_accept_brokers)  # fmt: skip
                 self.namesrv_server = RemotingServer(sockets.namesrv, ns_processor, self.loop_thread,
-                                                     activity=activity)  # fmt: skip
+                                                     activity=activity, tls=tls)  # fmt: skip
             if core.transactions is not None:
                 remoting = RemotingTransactionChecker(self.clients, self.store.config.store_port)
                 core.transactions.set_checker(CompositeChecker(remoting, core.transactions.checker))

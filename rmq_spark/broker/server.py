@@ -49,6 +49,7 @@ from rmq_spark.broker.handler import Activity
 from rmq_spark.broker.options import BrokerOptions, split_listen
 from rmq_spark.broker.service import MessagingService
 from rmq_spark.errors import RmqError
+from rmq_spark.remoting.tls import add_grpc_port
 from rmq_spark.services.config import BrokerConfig
 from rmq_spark.services.core import BrokerCore
 from rmq_spark.services.traffic import Traffic
@@ -368,7 +369,7 @@ class Broker:
                                                 namesrv_addrs=list(self.options.namesrv_addrs),
                                                 activity=self.activity, access_control=acl,
                                                 namesrv_accept_brokers=self.options.namesrv_accept_brokers,
-                                                namesrv_credentials=self.options.namesrv_credentials)  # fmt: skip
+                                                namesrv_credentials=self.options.namesrv_credentials, tls=self.options.tls)  # fmt: skip
                 self.remoting.admin.on_reset = (
                     self.service.pop.reset
                 )  # its pop state forgets the queue
@@ -427,7 +428,7 @@ class Broker:
             mounted.add_generic_rpc_handlers((_Counted(internal, self.activity),))
         server.add_generic_rpc_handlers((mounted,))
         try:
-            bound = server.add_insecure_port(self.options.listen)
+            bound = add_grpc_port(server, self.options.listen, self.options.tls)
         except RuntimeError as e:
             raise ListenError(f"cannot listen on {self.options.listen}: {e}") from None
         if bound == 0:
@@ -472,6 +473,7 @@ class Broker:
             line += f" namesrv={self.namesrv_endpoint}"
         if self.metrics is not None:
             line += f" metrics={self.metrics.endpoint}"
+        line += f" tls={self.options.tls.mode.value}" if self.options.tls is not None else ""
         return line
 
     @property

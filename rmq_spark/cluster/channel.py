@@ -9,7 +9,8 @@ what a pipelined read of one queue needs, with the least work per pull).
 
 The request header is JSON written from a template (topic, group and broker names are RocketMQ
 names: no character needs escaping), exactly the fields of :meth:`ClusterClient.pull`; with
-``credentials`` each request is signed (:mod:`rmq_spark.cluster.acl`).
+``credentials`` each request is signed (:mod:`rmq_spark.cluster.acl`); with ``tls`` the channel
+speaks TLS (:mod:`rmq_spark.cluster.tls`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from rmq_spark.cluster.acl import Credentials
+from rmq_spark.cluster.tls import TlsConfig, open_socket
 from rmq_spark.cluster.wire import (
     PULL_CODES,
     BrokerUnreachableError,
@@ -52,14 +54,12 @@ class PullChannel:
         expression_type: str = "TAG",
         timeout_s: float = 10.0,
         credentials: Credentials | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.addr, self.broker, self.topic, self.queue_id = addr, broker, topic, queue_id
         self.credentials = credentials
-        host, _, port = addr.rpartition(":")
         try:
-            self._sock = socket.create_connection(
-                (host.strip("[]"), int(port)), timeout=min(timeout_s, 3.0)
-            )
+            self._sock = open_socket(addr, min(timeout_s, 3.0), tls)
         except OSError as e:
             raise BrokerUnreachableError(
                 f"PULL_MESSAGE (11) to {broker} at {addr}: cannot connect: {e}",

@@ -19,6 +19,8 @@
   code and remark; :class:`BrokerUnreachableError` (a subclass) when no answer came at all.
 * ``credentials``: every request is signed as the Java client's ``AclClientRPCHook`` signs it
   (:mod:`rmq_spark.cluster.acl`); the secret never appears in an error.
+* ``tls``: every connection, to NameServers and brokers, speaks TLS (:mod:`rmq_spark.cluster.tls`,
+  Java's ``setUseTLS(true)``).
 * ``on_request``: the hook for requests a broker sends over our connections
   (``CHECK_TRANSACTION_STATE``); it returns the response to write back, or ``None``.
 
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING
 from rmq_spark.cluster.acl import Credentials
 from rmq_spark.cluster.connection import ConnectionPool, ServerRequestHook
 from rmq_spark.cluster.routes import TopicRoute, parse_route
+from rmq_spark.cluster.tls import TlsConfig
 from rmq_spark.cluster.wire import (
     PULL_CODES,
     SEND_STATUS,
@@ -90,6 +93,7 @@ class ClusterClient:
         on_request: ServerRequestHook | None = None,
         client_id: str | None = None,
         credentials: Credentials | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.namesrv_addrs = (
             parse_namesrv_addr(namesrv_addr)
@@ -104,7 +108,9 @@ class ClusterClient:
             min(timeout_s, 3.0),
             on_request,
             credentials.sign if credentials is not None else None,
+            tls,
         )
+        self.tls = tls  # NameServers and brokers alike (Java's setUseTLS): rmq_spark.cluster.tls
         self._ns_index = 0
         self._routes: dict[str, TopicRoute] = {}
         self._addrs: dict[str, str] = {}  # broker name -> master address, from every route seen

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
+from rmq_spark.cluster.tls import TlsConfig, open_socket, plain_refusal_hint
 from rmq_spark.remoting.command import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
@@ -58,14 +59,13 @@ class Connection:
         connect_timeout_s: float = 3.0,
         on_request: ServerRequestHook | None = None,
         signer: RequestSigner | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
-        host, _, port = addr.rpartition(":")
         self.addr = addr
         self.on_request = on_request
         self.signer = signer
-        self._sock = socket.create_connection(
-            (host.strip("[]"), int(port)), timeout=connect_timeout_s
-        )
+        self.tls = tls
+        self._sock = open_socket(addr, connect_timeout_s, tls)  # TLS: the handshake is done
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._write_lock = threading.Lock()
@@ -136,11 +136,17 @@ class Connection:
 
     def _read_loop(self) -> None:
         f = self._sock.makefile("rb", buffering=1 << 20)
+        frames = 0
         try:
             while True:
                 head = f.read(4)
                 if len(head) < 4:
-                    raise ConnectionError(f"{self.addr} closed the connection")
+                    # closed before any answer: how a server enforcing TLS drops a plain client
+                    hint = plain_refusal_hint(self.tls) if frames == 0 else ""
+                    raise ConnectionError(
+                        f"{self.addr} closed the connection"
+                        + (" before answering" + hint if frames == 0 else "")
+                    )
                 length = int.from_bytes(head, "big", signed=True)
                 if length < 4:
                     raise FrameError(f"frame length {length} from {self.addr}")
@@ -148,6 +154,7 @@ class Connection:
                 if len(frame) < length:
                     raise ConnectionError(f"{self.addr} closed the connection mid-frame")
                 cmd = decode_frame(frame)
+                frames += 1
                 if cmd.flag & FLAG_RESPONSE:
                     with self._pending_lock:
                         fut = self._pending.get(cmd.opaque)
@@ -155,6 +162,9 @@ class Connection:
                         fut.set_result(cmd)
                 else:
                     self._serve(cmd)
+        except ConnectionResetError as e:  # a reset before any answer: as a close, above
+            hint = plain_refusal_hint(self.tls) if frames == 0 else ""
+            self._fail(ConnectionError(f"{self.addr} reset the connection{hint}: {e}"))
         except (OSError, FrameError, ConnectionError, ValueError) as e:
             self._fail(
                 e if isinstance(e, ConnectionError) else ConnectionError(f"{self.addr}: {e}")
@@ -213,8 +223,10 @@ class ConnectionPool:
         connect_timeout_s: float = 3.0,
         on_request: ServerRequestHook | None = None,
         signer: RequestSigner | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.size = max(1, size)
+        self.tls = tls
         self.connect_timeout_s = connect_timeout_s
         self.on_request = on_request
         self.signer = signer
@@ -237,7 +249,7 @@ class ConnectionPool:
                 conn = self._conns.get(addr, slots)[i]
                 if conn is not None and conn.alive:
                     return conn
-            conn = Connection(addr, self.connect_timeout_s, self.on_request, self.signer)
+            conn = Connection(addr, self.connect_timeout_s, self.on_request, self.signer, self.tls)
             with self._lock:
                 self._conns.setdefault(addr, slots)[i] = conn
         return conn

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from rmq_spark.datasource.option_values import parse_bool, parse_keys, parse_namespace
+from rmq_spark.datasource.option_values import parse_bool, parse_keys, parse_namespace, parse_tls
 from rmq_spark.datasource.options import (
     BROKER_FLAG_PREFIX,
     Connection,
@@ -72,6 +72,7 @@ def parse_cluster_sink(o: dict[str, str], flags: tuple[tuple[str, str], ...]) ->
         secret_key=secret_key,
         security_token=o.get("securityToken") or None,
         namespace=parse_namespace(o.get("namespace")),
+        tls=parse_tls(o),
         create_store=False,
     )
     return SinkOptions(

@@ -242,6 +242,7 @@ class _Sender:
             opts.namesrv_addr or "",
             timeout_s=opts.send_timeout_s,
             credentials=opts.connection.cluster_credentials(),
+            tls=opts.connection.tls,
         )
         # topics and the producer group as the brokers know them (``namespace%name``)
         self.wrap: Callable[[str], str] = lambda name: wrap(opts.connection.namespace, name)

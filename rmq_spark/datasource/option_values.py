@@ -3,9 +3,14 @@ namespaces, each parsed with an error that names the option (and never holds a s
 
 from __future__ import annotations
 
+import os
 import re
+from typing import TYPE_CHECKING
 
 from rmq_spark.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rmq_spark.cluster.tls import TlsConfig
 
 __all__ = [
     "parse_bool",
@@ -14,7 +19,11 @@ __all__ = [
     "parse_namespace",
     "parse_positive_int",
     "parse_timestamp_ms",
+    "parse_tls",
 ]
+
+TLS_FILE_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile")
+TLS_OPTIONS = ("tls", *TLS_FILE_OPTIONS, "tlsHostnameCheck")
 
 _DURATION = re.compile(
     r"^\s*(\d+)\s*(ms|milliseconds?|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)?\s*$",
@@ -90,3 +99,35 @@ def parse_namespace(value: str | None) -> str | None:
             f"option 'namespace': {ns!r} is not a RocketMQ namespace ([a-zA-Z0-9_-], 1-64 characters)"
         )
     return ns
+
+
+def parse_tls(o: dict[str, str]) -> TlsConfig | None:
+    """``tls`` and its files (with ``namesrvAddr``): None without ``tls=true``.  The files are
+    loaded here, once, so a bad one fails the query up front with the option's name (every
+    executor must see them at the same paths)."""
+    from rmq_spark.cluster.tls import TlsConfig, TlsError
+
+    if not parse_bool("tls", o.get("tls", "false")):
+        given = [n for n in TLS_OPTIONS[1:] if n in o]
+        if given:
+            raise ConfigError(f"option {given[0]!r} needs option 'tls=true'")
+        return None
+    files: dict[str, str | None] = {}
+    for name in TLS_FILE_OPTIONS:
+        path = o.get(name, "").strip() or None
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"option {name!r}: {path!r} is not a file")
+        files[name] = path
+    if files["tlsKeyFile"] is not None and files["tlsCertFile"] is None:
+        raise ConfigError("option 'tlsKeyFile' needs option 'tlsCertFile' (the client certificate)")
+    tls = TlsConfig(
+        ca_file=files["tlsCaFile"],
+        cert_file=files["tlsCertFile"],
+        key_file=files["tlsKeyFile"],
+        hostname_check=parse_bool("tlsHostnameCheck", o.get("tlsHostnameCheck", "false")),
+    )
+    try:
+        tls.context()
+    except TlsError as e:
+        raise ConfigError(str(e)) from None
+    return tls

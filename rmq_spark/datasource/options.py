@@ -16,18 +16,23 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from rmq_spark.datasource.option_values import (  # the values' parsers, also imported from here
+    TLS_OPTIONS,
     parse_bool,
     parse_duration_ms,
     parse_keys,
     parse_namespace,
     parse_positive_int,
     parse_timestamp_ms,
+    parse_tls,
 )
 from rmq_spark.errors import ConfigError, MessageIllegalError
 from rmq_spark.store.validation import check_group, check_topic
+
+if TYPE_CHECKING:
+    from rmq_spark.cluster.tls import TlsConfig
 
 
 class Mode(Enum):
@@ -63,6 +68,7 @@ CONNECTION = (
     "secretKey",
     "securityToken",
     "namespace",
+    *TLS_OPTIONS,
 )
 SOURCE_COMMON = (
     "topics",
@@ -140,6 +146,8 @@ class Connection:
     # namesrvAddr: AclClientRPCHook's token; topics and groups as ``namespace%name`` (Java's)
     security_token: str | None = field(default=None, repr=False)
     namespace: str | None = None
+    # namesrvAddr with tls=true: every NameServer and broker connection speaks TLS
+    tls: TlsConfig | None = None
 
     @property
     def credentials(self) -> ClientCredentials:
@@ -366,6 +374,7 @@ def _parse_connection(o: dict[str, str], flags: tuple[tuple[str, str], ...]) -> 
             secret_key=secret_key,
             security_token=o.get("securityToken") or None,
             namespace=parse_namespace(o.get("namespace")),
+            tls=parse_tls(o),
         )
     if endpoints is None and path is None:
         raise ConfigError(
@@ -389,7 +398,9 @@ def _parse_connection(o: dict[str, str], flags: tuple[tuple[str, str], ...]) -> 
             raise ConfigError(
                 f"option 'embeddedIdleExitS' must be a positive number, not {o['embeddedIdleExitS']!r}"
             )
-    for name in ("securityToken", "namespace"):
+    if o.get("tls") and parse_bool("tls", o["tls"]) is False:
+        o = {k: v for k, v in o.items() if k != "tls"}  # tls=false: nothing asked
+    for name in ("securityToken", "namespace", *TLS_OPTIONS):
         if o.get(name):
             raise ConfigError(
                 f"option {name!r} applies to a RocketMQ cluster (option 'namesrvAddr')"

@@ -13,20 +13,20 @@ broker's remoting port and of its NameServer (a connection costs a buffer, not a
   header field ``SYSTEM_ERROR`` naming it; running out of descriptors ``SERVICE_NOT_AVAILABLE``;
   any other fault of a handler ``SYSTEM_ERROR`` with a generic text (the fault is logged, not sent).
 - The limits of :mod:`rmq_spark.remoting.limits`: connections past the limit are closed as they
-  are accepted; a connection with too much queued blocking work, or whose answers are not read,
-  is not read until it drains; past the total, blocking requests are answered ``SYSTEM_BUSY``.
-- A connection idle for ``idle_timeout_s`` (RocketMQ's ``serverChannelMaxIdleTimeSeconds``, 120 s)
-  is closed.
-- The broker can send requests to a client over its connection (CHECK_TRANSACTION_STATE,
-  NOTIFY_CONSUMER_IDS_CHANGED): :meth:`Connection.send_oneway` from any thread.
-- Stopping cancels the handlers' tasks still running, so no task outlives the loop.
+  are accepted (:mod:`rmq_spark.remoting.accept`); a connection with too much queued blocking
+  work, or whose answers are not read, is not read until it drains; past the total, blocking
+  requests are answered ``SYSTEM_BUSY``; one idle for ``idle_timeout_s`` (RocketMQ's
+  ``serverChannelMaxIdleTimeSeconds``, 120 s) is closed.
+- ``tls``: the port serves TLS (:mod:`rmq_spark.remoting.tls`), the handshake in the accepted
+  connection's own task (a failed or stalled one closes that connection only).
+- :meth:`Connection.send_oneway` sends the client requests from any thread (CHECK_TRANSACTION_STATE,
+  NOTIFY_CONSUMER_IDS_CHANGED).  Stopping cancels the handlers' tasks still running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import errno
 import inspect
 import itertools
 import logging
@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rmq_spark.remoting import limits as lim
+from rmq_spark.remoting.accept import Acceptor
 from rmq_spark.remoting.codes import ResponseCode
 from rmq_spark.remoting.command import (
     FLAG_ONEWAY,
@@ -47,6 +48,8 @@ from rmq_spark.remoting.command import (
 )
 from rmq_spark.remoting.faults import ServerBusy, failure_answer
 from rmq_spark.remoting.loop import EventLoopThread, bind
+from rmq_spark.remoting.processor import Handler, Processor
+from rmq_spark.remoting.tls import ServerTls, connect_accepted
 from rmq_spark.remoting.work import ConnectionWork, WorkQueue
 
 __all__ = [
@@ -61,50 +64,11 @@ __all__ = [
 
 log = logging.getLogger("rmq_spark.remoting")
 
-# a handler answers with a command, None (nothing to answer), or an awaitable of either
-Handler = Callable[["Connection", RemotingCommand], Any]
 IDLE_TIMEOUT_S = 120.0
 # pause reading a connection whose answers are not being read (bytes queued for it)
 WRITE_HIGH_WATER_BYTES = 8 << 20
 # requests of one connection served in one turn of the event loop
 FRAMES_PER_TURN = 4
-# connections accepted in one turn of the event loop, and the pause when accept runs out of
-# descriptors (asyncio's own figures)
-ACCEPTS_PER_TURN = 100
-ACCEPT_RETRY_S = 1.0
-_ACCEPT_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-_ACCEPT_PEER_ERRNOS = (errno.ECONNABORTED, errno.EPROTO, errno.EPERM)
-
-
-def _peer_text(sock: socket.socket) -> str:
-    try:
-        peer = sock.getpeername()
-    except OSError:
-        return "?"
-    return f"{peer[0]}:{peer[1]}"
-
-
-class Processor:
-    """Request code -> handler.  ``blocking`` codes run on the server's thread pool."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[int, Handler] = {}
-        self.blocking: set[int] = set()
-        self.on_close: list[Callable[[Connection], None]] = []
-        # checked before every handler (access control): None lets the request through, an
-        # answer refuses it
-        self.before: Callable[[Connection, RemotingCommand], RemotingCommand | None] | None = None
-        # the same, on the pool before a blocking handler (what grows with the request, kept off
-        # the loop: the request table's gate parses big bodies here)
-        self.before_blocking: Callable[[Connection, RemotingCommand], RemotingCommand | None] | None
-        self.before_blocking = None
-        # told of every answer (the metrics' rpc latency): (request code, response code, ms)
-        self.observe: Callable[[int, int, float], None] | None = None
-
-    def register(self, code: int, handler: Handler, *, blocking: bool = False) -> None:
-        self.handlers[int(code)] = handler
-        if blocking:
-            self.blocking.add(int(code))
 
 
 class Connection(asyncio.Protocol):
@@ -419,7 +383,7 @@ class RemotingServer:
     def __init__(self, sock: socket.socket, processor: Processor, loop_thread: EventLoopThread, *,
                  executor: concurrent.futures.Executor | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S,
                  frame_max_bytes: int | None = None, activity: Any = None,
-                 max_connections: int = lim.MAX_CONNECTIONS) -> None:  # fmt: skip
+                 max_connections: int = lim.MAX_CONNECTIONS, tls: ServerTls | None = None) -> None:  # fmt: skip
         from rmq_spark.remoting.command import FRAME_MAX_BYTES
 
         self.sock = sock
@@ -432,6 +396,7 @@ class RemotingServer:
         self.idle_timeout_s = idle_timeout_s
         self.frame_max_bytes = frame_max_bytes or FRAME_MAX_BYTES
         self.max_connections = max_connections
+        self.tls = tls  # TLS on this port (rmq_spark.remoting.tls: disabled/permissive/enforcing)
         self.conn_inflight_max = lim.CONN_INFLIGHT_MAX
         self.conn_inflight_max_bytes = lim.CONN_INFLIGHT_MAX_BYTES
         self.total_inflight_max = lim.TOTAL_INFLIGHT_MAX
@@ -452,8 +417,7 @@ class RemotingServer:
         # broker's --idle-exit-s)
         self.activity = activity
         self._opaque = itertools.count(1)
-        self._accepting = False
-        self._stopping = False
+        self._acceptor: Acceptor | None = None
         self._reaper: asyncio.TimerHandle | None = None
         loop_thread.call(self._start)
 
@@ -472,7 +436,6 @@ class RemotingServer:
     def release(self) -> None:
         lim.PROCESS_CONNECTIONS.release()
 
-    # --- faults -----------------------------------------------------------------------------------
     def failure_answer(
         self, conn: Connection, cmd: RemotingCommand, exc: BaseException
     ) -> RemotingCommand:
@@ -481,50 +444,18 @@ class RemotingServer:
 
     # --- lifecycle --------------------------------------------------------------------------------
     async def _start(self) -> None:
-        self.sock.setblocking(False)
-        self._accepting = True
-        self.loop_thread.loop.add_reader(self.sock.fileno(), self._accept_ready)
+        self._acceptor = Acceptor(self.sock, self.loop_thread.loop, self.admit, self._admitted,
+                                  self._refused, self.limited_log)  # fmt: skip
+        self._acceptor.start()
         self._schedule_reap()
 
-    def _accept_ready(self) -> None:
-        """Accept what the listening socket holds, a bounded number per turn of the loop.
+    def _refused(self, _peer: str, _why: str) -> None:  # the acceptor logged it
+        self.refused_connections += 1
 
-        Each connection is admitted or refused (closed at once, its descriptor freed) as it is
-        accepted, before the next one is: asyncio's own server accepts a hundred per turn and
-        admits them turns later, so a crowd could take the descriptors kept for the store before
-        the first was refused.  Out of descriptors, accepting pauses for a moment (one warning
-        per interval), as the store's reserve makes room."""
-        loop = self.loop_thread.loop
-        for _ in range(ACCEPTS_PER_TURN):
-            try:
-                csock, _addr = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in _ACCEPT_RESOURCE_ERRNOS:
-                    self.limited_log.log("accept", logging.WARNING,
-                                         "remoting port %s: out of resources accepting (%s): pausing "
-                                         "%.1fs", self.endpoint, exc, ACCEPT_RETRY_S)  # fmt: skip
-                    self._pause_accepting(ACCEPT_RETRY_S)
-                    return
-                if exc.errno in _ACCEPT_PEER_ERRNOS:  # the peer went before it was accepted
-                    continue
-                self.limited_log.log("accept-error", logging.ERROR, "remoting port %s: accept failed",
-                                     self.endpoint, exc_info=exc)  # fmt: skip
-                self._pause_accepting(ACCEPT_RETRY_S)
-                return
-            refusal = self.admit(csock.fileno())
-            if refusal is not None:
-                self.refused_connections += 1
-                peer = _peer_text(csock)
-                csock.close()
-                self.limited_log.log("refused", logging.WARNING,
-                                     "remoting connection from %s refused: %s", peer, refusal)  # fmt: skip
-                continue
-            csock.setblocking(False)
-            task = loop.create_task(self._connect(csock))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+    def _admitted(self, csock: socket.socket) -> None:
+        task = self.loop_thread.loop.create_task(self._connect(csock))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _connect(self, csock: socket.socket) -> None:
         """Make the admitted connection on ``csock`` a transport with its :class:`Connection`."""
@@ -535,8 +466,10 @@ class RemotingServer:
             made.append(conn)
             return conn
 
-        try:
-            await self.loop_thread.loop.connect_accepted_socket(factory, csock)
+        try:  # TLS: the handshake runs here, in this connection's task (a stalled one times out)
+            await connect_accepted(
+                self.loop_thread.loop, factory, csock, self.tls, self.idle_timeout_s
+            )
         except BaseException as exc:
             if not made or not made[0].admitted:  # never counted by connection_lost
                 self.release()
@@ -546,21 +479,6 @@ class RemotingServer:
             self.limited_log.log("connect", logging.WARNING,
                                  "remoting connection on %s failed as it was made: %s",
                                  self.endpoint, exc)  # fmt: skip
-
-    def _pause_accepting(self, seconds: float) -> None:
-        loop = self.loop_thread.loop
-        if not self._accepting:
-            return
-        self._accepting = False
-        loop.remove_reader(self.sock.fileno())
-
-        def resume() -> None:
-            if self._stopping or self._accepting:
-                return
-            self._accepting = True
-            loop.add_reader(self.sock.fileno(), self._accept_ready)
-
-        loop.call_later(seconds, resume)
 
     def _schedule_reap(self) -> None:
         loop = self.loop_thread.loop
@@ -582,13 +500,15 @@ class RemotingServer:
         async def close() -> None:
             if self._reaper is not None:
                 self._reaper.cancel()
-            self._stopping = True
-            if self._accepting:
-                self._accepting = False
-                self.loop_thread.loop.remove_reader(self.sock.fileno())
-            self.sock.close()
+            if self._acceptor is not None:
+                self._acceptor.stop()
+            else:
+                self.sock.close()
             for conn in list(self.connections):
                 conn.close()
+                if self.tls is not None and conn.transport is not None:
+                    conn.transport.abort()  # no close_notify exchange on the way out
+            await asyncio.sleep(0)  # the transports' closing callbacks run
             tasks = list(self.tasks)
             for t in tasks:
                 t.cancel()

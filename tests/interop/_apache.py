@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import time
@@ -40,6 +41,7 @@ __all__ = [
     "free_port",
     "remoting_request",
     "server_classpath",
+    "tls_properties",
 ]
 
 SERVER_VERSION_DEFAULT = "5.5.0"
@@ -78,6 +80,27 @@ def server_classpath(version: str = SERVER_VERSION_DEFAULT, pom_dir: Path = SERV
     return out.read_text().strip()
 
 
+def tls_properties(
+    cert: str | os.PathLike[str], key: str | os.PathLike[str], *, mode: str = "enforcing"
+) -> dict[str, str]:
+    """The system properties (``TlsSystemConfig``) of processes serving TLS with ``cert`` and its
+    PKCS#8 PEM ``key``, and dialling each other with TLS (a broker registering with the
+    NameServer: ``tls.enable``; its client trusts any server, ``tls.client.authServer`` being
+    false).  ``tls.test.mode.enable`` (on by default) would serve a self-signed certificate
+    instead; ``tls.config.file`` points at no file, so /etc/rocketmq/tls.properties is not read."""
+    return {
+        "tls.server.mode": mode,
+        "tls.test.mode.enable": "false",
+        "tls.server.certPath": str(cert),
+        "tls.server.keyPath": str(key),
+        "tls.server.need.client.auth": "none",
+        "tls.server.authClient": "false",
+        "tls.enable": "true",
+        "tls.client.authServer": "false",
+        "tls.config.file": os.devnull + ".absent",
+    }
+
+
 def free_port(*, neighbours: tuple[int, ...] = ()) -> int:
     """A free loopback port p such that p + d is free too for every d in ``neighbours``."""
     for _ in range(200):
@@ -106,9 +129,11 @@ def remoting_request(
     ext_fields: dict[str, str] | None = None,
     timeout_s: float = 3.0,
     body: bytes = b"",
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[dict, bytes]:
     """One remoting RPC with a JSON header: returns the response header and body.  Frame: int32
-    length | int32 (serialize type << 24 | header length) | header | body."""
+    length | int32 (serialize type << 24 | header length) | header | body.  ``ssl_context``:
+    over TLS (a server with ``tls.server.mode=enforcing``)."""
     header = json.dumps(
         {
             "code": code,
@@ -120,10 +145,17 @@ def remoting_request(
         }
     ).encode()
     host, port = addr.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
+    raw = socket.create_connection((host, int(port)), timeout=timeout_s)
+    s = raw
+    try:
+        if ssl_context is not None:
+            s = ssl_context.wrap_socket(raw, server_hostname=host)  # closes raw with itself
         s.sendall(struct.pack(">ii", 4 + len(header) + len(body), len(header)) + header + body)
         length = struct.unpack(">i", _recv_exact(s, 4))[0]
         frame = _recv_exact(s, length)
+    finally:
+        s.close()
+        raw.close()
     header_len = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
     return json.loads(frame[4 : 4 + header_len]), frame[4 + header_len :]
 
@@ -212,7 +244,10 @@ class _JavaProcess:
 class ApacheRocketMQ:
     """A NameServer and ``brokers`` (one broker name each, master only) of cluster ``cluster``.
 
-    ``broker_config`` adds or overrides broker.conf keys for every broker.  The defaults make the
+    ``broker_config`` adds or overrides broker.conf keys for every broker; ``jvm_properties``
+    are ``-Dkey=value`` system properties of every process, the NameServer's too (the TLS
+    settings: :func:`tls_properties`), with ``tls_context`` the harness's own queries of the
+    NameServer go over TLS.  The defaults make the
     transaction check-back quick (first check after 1 s, then every second) and turn on SQL92
     filtering (``enablePropertyFilter``); CommitLog segments are 64 MiB instead of 1 GiB.
     """
@@ -230,6 +265,8 @@ class ApacheRocketMQ:
         broker_config: dict[str, str] | None = None,
         namesrv_addr: str | None = None,
         slaves: tuple[str, ...] = (),
+        jvm_properties: dict[str, str] | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         """``namesrv_addr``: run no NameServer; the brokers register with that one (another
         NameServer, e.g. rmq-broker's).  ``slaves``: brokers of ``brokers`` that also get a
@@ -240,7 +277,8 @@ class ApacheRocketMQ:
         self.version = version
         self.heap = heap
         self.namesrv_heap = namesrv_heap
-        self.jvm_flags = jvm_flags
+        self.jvm_flags = jvm_flags + tuple(f"-D{k}={v}" for k, v in (jvm_properties or {}).items())
+        self.tls_context = tls_context
         self.slave_of = {f"{name}-slave": name for name in slaves}
         unknown = set(slaves) - set(brokers)
         if unknown:
@@ -408,7 +446,9 @@ class ApacheRocketMQ:
         addr = self.broker_addr(name)
         deadline = time.monotonic() + timeout_s
         while True:
-            header, body = remoting_request(self.namesrv_addr, GET_BROKER_CLUSTER_INFO)
+            header, body = remoting_request(
+                self.namesrv_addr, GET_BROKER_CLUSTER_INFO, ssl_context=self.tls_context
+            )
             listed = header.get("code") == 0 and addr.encode() in body
             if listed == registered:
                 return
@@ -433,6 +473,7 @@ class ApacheRocketMQ:
                 self.namesrv_addr,
                 GET_ROUTEINFO_BY_TOPIC,
                 {"topic": topic, "acceptStandardJsonOnly": "true"},
+                ssl_context=self.tls_context,
             )
             if header.get("code") == 0:
                 route = json.loads(body)

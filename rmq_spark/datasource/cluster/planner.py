@@ -57,6 +57,7 @@ class ClusterPlanner:
             self._client = ClusterClient(
                 self.opts.connection.namesrv_addr or "",
                 credentials=self.opts.connection.cluster_credentials(),
+                tls=self.opts.connection.tls,
             )
         return self._client
 

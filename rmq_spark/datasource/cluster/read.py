@@ -25,12 +25,13 @@ from pyspark.sql.datasource import InputPartition
 
 from rmq_spark.cluster import BrokerUnreachableError, ClusterClient, ClusterError, Credentials
 from rmq_spark.cluster.namespace import unwrap
+from rmq_spark.cluster.tls import TlsConfig
 from rmq_spark.datasource.read.partition import DataLossError, filters_for
 from rmq_spark.remoting.codes import ResponseCode
 
 log = logging.getLogger("rmq_spark.datasource.cluster")
 
-_clients: dict[tuple[str, Credentials | None], ClusterClient] = {}  # per executor process
+_clients: dict[tuple[str, Credentials | None, TlsConfig | None], ClusterClient] = {}  # per process
 _no_sql92: set[str] = set()  # brokers (by address) that refused SQL92 filtering
 
 
@@ -46,6 +47,7 @@ class ClusterReadContext:
     unavailable_timeout_ms: int = 300_000
     credentials: Credentials | None = None  # every request signed (accessKey / secretKey)
     namespace: str | None = None  # topics are read as ``namespace%topic``; rows show ``topic``
+    tls: TlsConfig | None = None  # every connection speaks TLS (option tls=true)
 
 
 @dataclass
@@ -76,12 +78,14 @@ def split_cluster_range(
     return out
 
 
-def client_for(namesrv_addr: str, credentials: Credentials | None = None) -> ClusterClient:
-    """This process's client of a cluster, one per NameServer list and credentials."""
-    key = (namesrv_addr, credentials)
+def client_for(
+    namesrv_addr: str, credentials: Credentials | None = None, tls: TlsConfig | None = None
+) -> ClusterClient:
+    """This process's client of a cluster, one per NameServer list, credentials and TLS."""
+    key = (namesrv_addr, credentials, tls)
     c = _clients.get(key)
     if c is None:
-        c = _clients[key] = ClusterClient(namesrv_addr, credentials=credentials)
+        c = _clients[key] = ClusterClient(namesrv_addr, credentials=credentials, tls=tls)
     return c
 
 
@@ -100,7 +104,7 @@ class _Reader:
     def __init__(self, p: ClusterRange) -> None:
         self.p = p
         self.ctx = p.ctx
-        self.client = client_for(p.ctx.namesrv_addr, p.ctx.credentials)
+        self.client = client_for(p.ctx.namesrv_addr, p.ctx.credentials, p.ctx.tls)
         self.where = f"queue {p.topic}/{p.broker}/{p.queue_id}"
         self.sql_on_broker = False
 
@@ -223,6 +227,7 @@ class _Reader:
                     ctx.group,
                     timeout_s=client.timeout_s,
                     credentials=ctx.credentials,
+                    tls=ctx.tls,
                 )
             except ClusterError:
                 stop = min(end, offset + step)

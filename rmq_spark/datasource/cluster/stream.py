@@ -66,6 +66,7 @@ def read_context(opts: SourceOptions) -> ClusterReadContext:
         unavailable_timeout_ms=opts.broker_unavailable_timeout_ms,
         credentials=opts.connection.cluster_credentials(),
         namespace=ns,
+        tls=opts.connection.tls,
     )
 
 
