@@ -1,5 +1,6 @@
 package interop;
 
+import java.util.Base64;
 import java.util.Set;
 
 import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
@@ -12,7 +13,8 @@ import org.apache.rocketmq.common.message.MessageQueue;
  * notes, but still in every client), which asks for the route's queues and pulls each one by
  * offset from its min offset to its max offset -- the application, not a rebalance service, owns
  * the offsets -- and with --commit stores where it stopped on the broker (updateConsumeOffset,
- * then the offset store's persist).  Prints every message and a "queue" event per queue.
+ * then the offset store's persist).  Prints every message (its body also as base64) and a
+ * "queue" event per queue.
  *
  * --namesrv ADDR --group G --topic T [--sub-expr "TagA || TagB"] [--batch N] [--commit]
  */
@@ -35,7 +37,11 @@ final class PullConsumer {
                     PullResult result = consumer.pull(mq, opts.str("sub-expr", "*"), offset, opts.integer("batch", 32));
                     if (result.getMsgFoundList() != null) {
                         for (MessageExt msg : result.getMsgFoundList()) {
-                            Out.message("received", msg).emit();
+                            // the body exactly (Out.message's "body" is text): a check of what a
+                            // store carried over reads its bytes
+                            Out.message("received", msg)
+                                .put("bodyBase64", Base64.getEncoder().encodeToString(msg.getBody()))
+                                .emit();
                         }
                     }
                     if (result.getNextBeginOffset() <= offset) {
