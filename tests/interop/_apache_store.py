@@ -8,6 +8,13 @@ the COMPRESSED sysflag (as the Java client sends it), a delay level (stored firs
 ``SCHEDULE_TOPIC_XXXX``, later copied to the topic) and a RocketMQ 5 timer message
 (``TIMER_DELIVER_MS``: stored first in ``rmq_sys_wheel_timer``).  It returns the expected rows of
 the topic, keyed by the message's ``UNIQ_KEY``.
+
+:class:`EveryKind` sends every kind of message to either broker (rmq-broker or Apache) in rounds,
+in a thread a test can cut with SIGKILL, and keeps what was acknowledged (:class:`Acked`);
+:func:`answering_checks` answers the opening broker's transaction check-backs as the workload's
+producer would; :func:`java_read_all` reads the topics back through a broker with the real Java
+client and :func:`check_every_kind` holds each acknowledged message to being served exactly once,
+with its id, queue offset, body and properties.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from rmq_spark.remoting.command import RemotingCommand  # noqa: E402
 from rmq_spark.store.record import decode_record  # noqa: E402
 
 if TYPE_CHECKING:
+    from _apache import ApacheRocketMQ
     from _java import JavaPrograms
 
 SEND_MESSAGE_V2 = 310
@@ -293,12 +301,14 @@ def check_served_once(
             f"acknowledged {a.uniq} (queue {a.queue_id} offset {a.queue_offset}) not served"
         )
         got = served[a.uniq][0]
-        assert got.queue_id == a.queue_id, a.uniq
+        where = (got.queue_id, got.queue_offset, got.msg_id)
         if a.queue_offset >= 0:
-            assert (got.queue_offset, got.msg_id) == (a.queue_offset, a.msg_id), a.uniq
-        assert got.body == a.body, a.uniq
+            assert where == (a.queue_id, a.queue_offset, a.msg_id), (a, got)
+        else:
+            assert got.queue_id == a.queue_id, (a, got)
+        assert got.body == a.body, (a, got)
         wrong = {k: (v, got.properties.get(k)) for k, v in a.properties.items()}
-        assert {k: w for k, w in wrong.items() if w[0] != w[1]} == {}, a.uniq
+        assert {k: w for k, w in wrong.items() if w[0] != w[1]} == {}, (a, got)
     assert never.isdisjoint(served), sorted(never & set(served))
 
 
@@ -322,29 +332,30 @@ class EveryKind:
     """Rounds of every kind of message to one topic on one broker (``host:port``), through
     :class:`ClusterClient`: per queue a batch of 20 (tags, keys, a property) and a single send
     (keys, a unicode property); a zlib-compressed body; one message of delay level
-    ``delay_level`` (changed between rounds by the test, None for none); three halves of producer group
+    ``delay_level`` (changed between rounds by the test; None: none) and two messages consumer
+    group ``group`` sends back, one to be retried at that level (``%RETRY%group``, through
+    ``SCHEDULE_TOPIC_XXXX``), one dead-lettered (``%DLQ%group``); three halves of producer group
     ``pgroup``, one committed, one rolled back, one left pending.  ``acked`` holds what the broker
-    acknowledged; ``rolled_back`` the halves that must never be delivered, acknowledged or not.
-    ``decide`` is the answer to a check-back of a half: COMMIT unless it was to roll back."""
+    acknowledged in the topic, ``retried`` and ``dead`` in the group's two topics; ``rolled_back``
+    the halves that must never be delivered, acknowledged or not.  ``decide`` is the answer to a
+    check-back of a half: COMMIT unless it was to roll back."""
 
     def __init__(
         self, namesrv: str, b: str, topic: str, queues: int, pgroup: str, *, plain: bool = False
     ) -> None:
         """``plain``: no delay level and no halves (every message stays where it was acked)."""
         self.plain = plain
-        self.namesrv, self.b, self.topic, self.queues, self.pgroup = (
-            namesrv,
-            b,
-            topic,
-            queues,
-            pgroup,
-        )
+        self.namesrv, self.b, self.topic, self.queues = namesrv, b, topic, queues
+        self.pgroup, self.group = pgroup, f"{pgroup}C"
         self.salt = os.urandom(6).hex().upper()
         self.n = 0
         self.rounds = 0
         self.delay_level: int | None = 1  # None: no delayed message in a round
-        self.delays_sent: dict[int, int] = {}  # level -> acknowledged messages
+        # level -> messages acknowledged into its SCHEDULE_TOPIC_XXXX queue (delayed, retried)
+        self.delays_sent: dict[int, int] = {}
         self.acked: list[Acked] = []
+        self.retried: list[Acked] = []
+        self.dead: list[Acked] = []
         self.rolled_back: set[str] = set()
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
@@ -356,6 +367,14 @@ class EveryKind:
 
     def decide(self, uniq: str) -> bool:
         return uniq not in self.rolled_back
+
+    def expected(self) -> dict[str, list[Acked]]:
+        """What each topic must serve, once: the topic, the group's retry and DLQ topics."""
+        return {
+            self.topic: list(self.acked),
+            f"%RETRY%{self.group}": list(self.retried),
+            f"%DLQ%{self.group}": list(self.dead),
+        }
 
     def round(self, client: ClusterClient) -> None:
         b, topic, qn = self.b, self.topic, self.queues
@@ -413,6 +432,19 @@ class EveryKind:
         client.send_message(b, "EveryKindP", topic, q, body, props, queue_nums=qn)
         self.acked.append(Acked(uniq, q, -1, "", body, props))
         self.delays_sent[level] = self.delays_sent.get(level, 0) + 1
+        for delay in (level, -1):  # retried at the level; dead-lettered
+            uniq = self._uniq()
+            props = {"UNIQ_KEY": uniq, "KEYS": f"back-{self.n}", "TAGS": "Back", "WAIT": "true"}
+            body = f"sent back {delay} {self.n}".encode()
+            r = client.send_message(b, "EveryKindP", topic, 0, body, props, queue_nums=qn)
+            self.acked.append(Acked(uniq, r.queue_id, r.queue_offset, r.offset_msg_id, body, props))
+            send_back(client, b, self.group, topic, r, delay)
+            # the copy sent back is stored with WAIT=false (both brokers, as Apache's
+            # SendMessageProcessor), the other properties as the original's
+            copy = {k: v for k, v in props.items() if k != "WAIT"}
+            (self.retried if delay > 0 else self.dead).append(Acked(uniq, 0, -1, "", body, copy))
+            if delay > 0:
+                self.delays_sent[level] += 1
 
     def _halves(self, client: ClusterClient) -> None:
         b, topic, qn = self.b, self.topic, self.queues
@@ -467,11 +499,41 @@ class EveryKind:
         )
         assert not self.errors and self.rounds >= rounds, self.errors
 
+    def wait_delays(self, level: int, count: int, timeout_s: float) -> None:
+        """Until ``count`` messages of delay ``level`` (delayed or retried) were acknowledged."""
+        wait_until(
+            f"{count} messages of delay level {level} ({self.errors})",
+            lambda: self.delays_sent.get(level, 0) >= count or self.errors,
+            timeout_s,
+        )
+        assert not self.errors, self.errors
+
     def stop(self) -> None:
         self._stop.set()
         assert self._thread is not None
         self._thread.join(60)
         assert not self._thread.is_alive()
+
+
+def send_back(
+    client: ClusterClient, b: str, group: str, topic: str, sent: SendResult, delay_level: int
+) -> None:
+    """CONSUMER_SEND_MSG_BACK of a message of ``topic`` by ``group``: retried at ``delay_level``
+    (in ``%RETRY%group``), or with -1 dead-lettered (in ``%DLQ%group``)."""
+    client.invoke(
+        b,
+        RequestCode.CONSUMER_SEND_MSG_BACK,
+        {
+            "offset": str(int(sent.offset_msg_id[-16:], 16)),
+            "group": group,
+            "delayLevel": str(delay_level),
+            "originMsgId": sent.msg_id,
+            "originTopic": topic,
+            "unitMode": "false",
+            "maxReconsumeTimes": "16",
+            "bname": b,
+        },
+    )
 
 
 def end_half(client: ClusterClient, b: str, pgroup: str, half: SendResult, commit: bool) -> None:
@@ -525,10 +587,11 @@ def answering_checks(
 
 
 def java_read(
-    programs: JavaPrograms, home: Path, namesrv: str, topic: str, group: str
-) -> dict[str, list[Served]]:
-    """Every message of ``topic`` the real Java client pulls through the NameServer's broker
-    (``seed001-pull-consumer``: each queue from its min to its max offset), by UNIQ_KEY."""
+    programs: JavaPrograms, home: Path, namesrv: str, topics: list[str], group: str
+) -> dict[str, dict[str, list[Served]]]:
+    """Every message of ``topics`` the real Java client pulls through the NameServer's broker
+    (``seed001-pull-consumer``: each queue from its min to its max offset), by topic and
+    UNIQ_KEY."""
     result = programs.run(
         "seed001-pull-consumer",
         "--namesrv",
@@ -536,21 +599,16 @@ def java_read(
         "--group",
         group,
         "--topic",
-        topic,
+        ",".join(topics),
         home=home,
         timeout_s=120,
     )
-    out: dict[str, list[Served]] = {}
+    out: dict[str, dict[str, list[Served]]] = {t: {} for t in topics}
     for e in result.events("received"):
         props = dict(e["properties"])
-        out.setdefault(props.get("UNIQ_KEY", ""), []).append(
-            Served(
-                e["queueId"],
-                e["queueOffset"],
-                e["offsetMsgId"],
-                base64.b64decode(e["bodyBase64"]),
-                props,
-            )
+        body = base64.b64decode(e["bodyBase64"])
+        out[e["topic"]].setdefault(props.get("UNIQ_KEY", ""), []).append(
+            Served(e["queueId"], e["queueOffset"], e["offsetMsgId"], body, props)
         )
     return out
 
@@ -559,16 +617,37 @@ def java_read_all(
     programs: JavaPrograms,
     home: Path,
     namesrv: str,
-    topic: str,
     group: str,
-    acked: list[Acked],
+    expected: dict[str, list[Acked]],
     timeout_s: float,
-) -> dict[str, list[Served]]:
-    """:func:`java_read` again until every acknowledged message is there (delay levels and
-    check-backs deliver some later), or ``timeout_s``: the last read."""
+) -> dict[str, dict[str, list[Served]]]:
+    """:func:`java_read` of the ``expected`` topics again until each holds its acknowledged
+    messages (delay levels and check-backs deliver some later), or ``timeout_s``: the last read."""
     deadline = time.monotonic() + timeout_s
     while True:
-        served = java_read(programs, home, namesrv, topic, group)
-        if all(a.uniq in served for a in acked) or time.monotonic() > deadline:
+        served = java_read(programs, home, namesrv, list(expected), group)
+        done = all(a.uniq in served[t] for t, acked in expected.items() for a in acked)
+        if done or time.monotonic() > deadline:
             return served
         time.sleep(1.0)
+
+
+def check_every_kind(served: dict[str, dict[str, list[Served]]], w: EveryKind) -> None:
+    """:func:`check_served_once` of each topic of the workload (rolled-back halves never)."""
+    for topic, acked in w.expected().items():
+        check_served_once(served[topic], acked, w.rolled_back)
+
+
+def start_broker(c: ApacheRocketMQ, name: str) -> None:
+    """Start broker ``name``; again on fresh ports when another process took one of its ports
+    meanwhile (the HA port is bound late: "Address already in use"), at most twice."""
+    for attempt in range(3):
+        try:
+            c.start_broker(name)
+            return
+        except (TimeoutError, RuntimeError) as e:
+            if "Address already in use" not in str(e) or attempt == 2:
+                raise
+            if name in c.brokers:
+                c.stop_broker(name, kill=True)
+            c.broker_ports.pop(name, None)

@@ -20,10 +20,11 @@ What each broker stored is read back from the files once both stopped
 (:class:`~rmq_spark.store.reader.StoreReader`).
 
 And rmq-broker killed with SIGKILL in the middle of a loop of every kind of message
-(:class:`EveryKind`: batches, tags, keys, a compressed body, delay levels 1 and 3, committed,
-rolled-back and pending halves): Apache opens its store, checks the halves back and delivers the
-delayed messages, and the Java client reads every message rmq-broker acknowledged through Apache
-once, with the id and queue offset rmq-broker answered, its body and properties.
+(:class:`EveryKind`: batches, tags, keys, a compressed body, delay levels 1 and 4, messages
+retried and dead-lettered, committed, rolled-back and pending halves): Apache opens its store,
+checks the halves back and delivers the delayed messages and retries, and the Java client reads
+every message rmq-broker acknowledged (topic, retry and DLQ topics) through Apache once, with the
+id and queue offset rmq-broker answered, its body and properties.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ from _apache_store import (
     RMQ_QUICK_CHECKS,
     EveryKind,
     answering_checks,
-    check_served_once,
+    check_every_kind,
     cluster_client,
     end_half,
     java_read_all,
+    send_back,
     wait_until,
 )
 from _java import JavaPrograms
@@ -57,7 +59,6 @@ from _java import JavaPrograms
 from rmq_spark.broker.testing import BrokerProcess
 from rmq_spark.cluster import ClusterClient
 from rmq_spark.cluster.wire import TRANSACTION_PREPARED_TYPE
-from rmq_spark.remoting.codes import RequestCode
 from rmq_spark.store.reader import StoreReader
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,23 +153,6 @@ def _half(client: ClusterClient, b: str, uniq: str):  # type: ignore[no-untyped-
     return r
 
 
-def _send_back(client: ClusterClient, b: str, sent, delay_level: int) -> None:  # type: ignore[no-untyped-def]
-    client.invoke(
-        b,
-        RequestCode.CONSUMER_SEND_MSG_BACK,
-        {
-            "offset": str(int(sent.offset_msg_id[-16:], 16)),
-            "group": GROUP,
-            "delayLevel": str(delay_level),
-            "originMsgId": sent.msg_id,
-            "originTopic": TOPIC,
-            "unitMode": "false",
-            "maxReconsumeTimes": "16",
-            "bname": b,
-        },
-    )
-
-
 def write(namesrv: str, b: str) -> Workload:
     """The workload on the writing broker at ``b`` (``host:port``)."""
     salt = os.urandom(5).hex().upper()
@@ -198,8 +182,8 @@ def write(namesrv: str, b: str) -> Workload:
             for u in (w.retried, w.dead)
         )
         w.sent_back_ms = int(time.time() * 1000)
-        _send_back(client, b, retried, RETRY_LEVEL)
-        _send_back(client, b, dead, -1)
+        send_back(client, b, GROUP, TOPIC, retried, RETRY_LEVEL)
+        send_back(client, b, GROUP, TOPIC, dead, -1)
         client.update_consumer_offset(b, GROUP, TOPIC, 0, 3)
         assert client.query_consumer_offset(b, GROUP, TOPIC, 0) == 3
         wait_until(
@@ -276,7 +260,7 @@ def write_killed(store: Path) -> EveryKind:
     """Every kind of message in a loop on rmq-broker, killed with SIGKILL in the middle of it:
     delay level 1 first, until ``delayOffset.json`` counts those delivered (Apache, at least once
     after a crash, delivers again what it does not count, as it does after its own crash); then
-    delay level 3 (10 s), still waiting at the kill."""
+    delay level 4 (30 s), still waiting at the kill."""
     store.mkdir(parents=True)
     flags = ("--commitlog-segment-bytes", str(SEGMENT))
     with BrokerProcess(str(store), *flags, start_timeout_s=WAIT_S) as rmq:
@@ -293,13 +277,13 @@ def write_killed(store: Path) -> EveryKind:
             lambda: _counted_delays(store, 1) >= level_1,
             WAIT_S,
         )
-        w.delay_level = 3
+        w.delay_level = 4
         since = time.monotonic()
-        w.wait_rounds(w.rounds + 2, WAIT_S)
+        w.wait_delays(4, 4, WAIT_S)
         rmq.kill()  # SIGKILL while the loop still sends
-        assert time.monotonic() - since < 8, "too slow: level 3 came due before the kill"
+        assert time.monotonic() - since < 25, "too slow: level 4 came due before the kill"
         w.stop()
-    assert len(w.acked) >= 400 and w.delays_sent[3] >= 2
+    assert len(w.acked) >= 400
     return w
 
 
@@ -340,12 +324,11 @@ def test_rmq_store_killed_mid_workload_opened_by_apache(
     delayed ones delivered by Apache (those rmq-broker delivered not again)."""
     c, _work, _, w = cluster
     b = c.broker_addr("opens-killed")
-    acked = list(w.acked)
     with answering_checks(c.namesrv_addr, b, KILLED_PGROUP, w.decide):
         served = java_read_all(
-            programs, java_home, c.namesrv_addr, KILLED_TOPIC, "DirectionKilledG", acked, WAIT_S
+            programs, java_home, c.namesrv_addr, "DirectionKilledG", w.expected(), WAIT_S
         )
-    check_served_once(served, acked, w.rolled_back)
+    check_every_kind(served, w)
 
 
 def test_apache_store_opened_by_rmq(cluster) -> None:
