@@ -353,6 +353,8 @@ class EveryKind:
         self.delay_level: int | None = 1  # None: no delayed message in a round
         # level -> messages acknowledged into its SCHEDULE_TOPIC_XXXX queue (delayed, retried)
         self.delays_sent: dict[int, int] = {}
+        self.timer_s: float | None = None  # a timer message due this long after its send, if set
+        self.timers_sent = 0
         self.acked: list[Acked] = []
         self.retried: list[Acked] = []
         self.dead: list[Acked] = []
@@ -420,6 +422,8 @@ class EveryKind:
         if not self.plain:
             if self.delay_level is not None:
                 self._delayed(client, self.delay_level)
+            if self.timer_s is not None:
+                self._timer(client, self.timer_s)
             self._halves(client)
         self.rounds += 1
 
@@ -445,6 +449,18 @@ class EveryKind:
             (self.retried if delay > 0 else self.dead).append(Acked(uniq, 0, -1, "", body, copy))
             if delay > 0:
                 self.delays_sent[level] += 1
+
+    def _timer(self, client: ClusterClient, after_s: float) -> None:
+        uniq, q = self._uniq(), self.n % self.queues
+        due_ms = int((time.time() + after_s) * 1000)
+        user = {"UNIQ_KEY": uniq, "TAGS": "Timer", "KEYS": f"timer-{self.n}"}
+        props = {**user, "TIMER_DELIVER_MS": str(due_ms), "WAIT": "true"}
+        body = f"timer {self.n}".encode()
+        client.send_message(
+            self.b, "EveryKindP", self.topic, q, body, props, queue_nums=self.queues
+        )
+        self.acked.append(Acked(uniq, q, -1, "", body, user))
+        self.timers_sent += 1
 
     def _halves(self, client: ClusterClient) -> None:
         b, topic, qn = self.b, self.topic, self.queues

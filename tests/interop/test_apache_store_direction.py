@@ -20,11 +20,11 @@ What each broker stored is read back from the files once both stopped
 (:class:`~rmq_spark.store.reader.StoreReader`).
 
 And rmq-broker killed with SIGKILL in the middle of a loop of every kind of message
-(:class:`EveryKind`: batches, tags, keys, a compressed body, delay levels 1 and 4, messages
-retried and dead-lettered, committed, rolled-back and pending halves): Apache opens its store,
-checks the halves back and delivers the delayed messages and retries, and the Java client reads
-every message rmq-broker acknowledged (topic, retry and DLQ topics) through Apache once, with the
-id and queue offset rmq-broker answered, its body and properties.
+(:class:`EveryKind`: batches, tags, keys, a compressed body, delay levels 1 and 4, timer
+messages, messages retried and dead-lettered, committed, rolled-back and pending halves): Apache
+opens its store, checks the halves back, delivers the delayed and timer messages and the retries,
+and the Java client reads every message rmq-broker acknowledged (topic, retry and DLQ topics)
+through Apache once, with the id and queue offset rmq-broker answered, its body and properties.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def write_killed(store: Path) -> EveryKind:
     """Every kind of message in a loop on rmq-broker, killed with SIGKILL in the middle of it:
     delay level 1 first, until ``delayOffset.json`` counts those delivered (Apache, at least once
     after a crash, delivers again what it does not count, as it does after its own crash); then
-    delay level 4 (30 s), still waiting at the kill."""
+    delay level 4 (30 s) and timer messages due in 30 s, still waiting at the kill."""
     store.mkdir(parents=True)
     flags = ("--commitlog-segment-bytes", str(SEGMENT))
     with BrokerProcess(str(store), *flags, start_timeout_s=WAIT_S) as rmq:
@@ -279,12 +279,15 @@ def write_killed(store: Path) -> EveryKind:
             WAIT_S,
         )
         w.delay_level = 4
+        w.timer_s = 30  # and timer messages, still waiting at the kill
         since = time.monotonic()
         w.wait_delays(4, 4, WAIT_S)
         rmq.kill()  # SIGKILL while the loop still sends
-        assert time.monotonic() - since < 25, "too slow: level 4 came due before the kill"
+        assert time.monotonic() - since < 25, (
+            "too slow: level 4 and timers came due before the kill"
+        )
         w.stop()
-    assert len(w.acked) >= 400
+    assert len(w.acked) >= 400 and w.timers_sent >= 2
     return w
 
 

@@ -6,8 +6,8 @@ ConsumeQueue files of 100 units, so BLANK records end segments and queues span f
 - ``clean``: plain single sends, batches, tags and keys over four queues; stopped with SIGTERM;
   served with the sizes given, and with the default configuration (sizes taken from the files).
 - ``killed``: every kind of message in a loop (:class:`EveryKind`: batches, tags, keys, a
-  compressed body, delay levels 1 and then 3, messages retried and dead-lettered, committed,
-  rolled-back and pending halves), the
+  compressed body, delay levels 1 and then 3, timer messages, messages retried and
+  dead-lettered, committed, rolled-back and pending halves), the
   broker killed with SIGKILL in the middle of it.  A real rmq-broker process opens the crashed
   store: it checks the halves back, delivers the delayed messages (those Apache delivered but had
   not yet counted in ``delayOffset.json`` not again), and the Java client reads the topic through
@@ -26,6 +26,7 @@ issue 29 the store cut Apache's records ("record CRC property missing") and serv
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from pathlib import Path
 
@@ -151,13 +152,17 @@ def test_store_of_an_apache_killed_mid_workload_serves_every_acknowledged_messag
     w.start()
     w.wait_rounds(5, START_S)  # delay level 1: Apache delivers them, counts them every 10 s
     w.delay_level = 3  # 10 s: still waiting in SCHEDULE_TOPIC_XXXX at the kill
+    w.timer_s = 30  # and timer messages, still waiting in Apache's timer wheel
+    since = time.monotonic()
     w.wait_delays(3, 4, START_S)
     cluster.stop_broker("killed", kill=True)  # SIGKILL while the loop still sends
+    assert time.monotonic() - since < 25, "too slow: the timer messages came due before the kill"
     w.stop()
     store = work / "killed" / "store"
     assert (store / "abort").exists()  # a crash, as Apache sees it
     acked = list(w.acked)
     assert len(acked) >= 600 and w.delays_sent[1] >= 10 and w.delays_sent[3] >= 4
+    assert w.timers_sent >= 2
     flags = ("--commitlog-segment-bytes", str(SEGMENT), *RMQ_QUICK_CHECKS)
     with (
         BrokerProcess(str(store), *flags, start_timeout_s=START_S) as rmq,
