@@ -181,7 +181,8 @@ def test_store_of_an_apache_killed_mid_workload_serves_every_acknowledged_messag
     check_served_once(_served(store, TOPIC), acked + more.acked, w.rolled_back)
     w.acked += more.acked
     # the round trip: Apache again on the store, after rmq-broker's recovery, check-backs,
-    # deliveries and appends; the halves rmq-broker ended are not checked again
+    # deliveries and appends; a half rmq-broker committed and Apache checked again would be
+    # committed twice (served twice), a delayed or timer message delivered again likewise
     start_broker(cluster, "killed")
     addr = cluster.broker_addr("killed")
     with answering_checks(cluster.namesrv_addr, addr, "KilledPG", w.decide):
