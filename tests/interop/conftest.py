@@ -25,14 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _java import (
+
+pytest.register_assert_rewrite("_apache_store")  # its checks explain themselves as a test's do
+
+from _java import (  # noqa: E402
     CLIENT_VERSION_DEFAULT,
     JavaPrograms,
     ProgramResult,
     RunningProgram,
     build_programs,
 )
-from _targets import ApacheTarget, RmqBrokerTarget, Target, enabled_targets
+from _targets import ApacheTarget, RmqBrokerTarget, Target, enabled_targets  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -18,16 +18,23 @@ queue), deliver the committed one once and the rolled-back one never; deliver th
 ``%RETRY%GROUP`` once, at its time; keep the DLQ message readable; answer the group's offset.
 What each broker stored is read back from the files once both stopped
 (:class:`~rmq_spark.store.reader.StoreReader`).
+
+And rmq-broker killed with SIGKILL in the middle of a loop of every kind of message
+(:class:`EveryKind`: batches, tags, keys, a compressed body, delay levels 1 and 4, timer
+messages, messages retried and dead-lettered, committed, rolled-back and pending halves): Apache
+opens its store, checks the halves back, delivers the delayed and timer messages and the retries,
+and the Java client reads every message rmq-broker acknowledged (topic, retry and DLQ topics)
+through Apache once, with the id and queue offset rmq-broker answered, its body and properties.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,15 +43,29 @@ from pathlib import Path
 
 import pytest
 from _apache import ApacheRocketMQ
+from _apache_store import (
+    RMQ_QUICK_CHECKS,
+    EveryKind,
+    answering_checks,
+    check_every_kind,
+    cluster_client,
+    end_half,
+    java_read_all,
+    send_back,
+    start_broker,
+    wait_until,
+)
+from _java import JavaPrograms
 
+from rmq_spark.broker.testing import BrokerProcess
 from rmq_spark.cluster import ClusterClient
 from rmq_spark.cluster.wire import TRANSACTION_PREPARED_TYPE
-from rmq_spark.remoting.codes import RequestCode
 from rmq_spark.store.reader import StoreReader
-from rmq_spark.store.record import decode_record
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "DirectionT"
+KILLED_TOPIC = "DirectionKilledT"
+KILLED_PGROUP = "DirectionKilledPG"
 GROUP = "DirectionG"
 PGROUP = "DirectionPG"
 RETRY = f"%RETRY%{GROUP}"
@@ -55,14 +76,6 @@ SEGMENT = 64 * 1024 * 1024  # the harness's mappedFileSizeCommitLog
 # a half nobody answers is checked again and again (Apache puts it back each time): never
 # dropped here
 APACHE_CONFIG = {"transactionCheckMax": "100000"}
-RMQ_CHECKS = (
-    "--transaction-timeout",
-    "1",
-    "--transaction-check-interval",
-    "1",
-    "--transaction-check-max",
-    "100000",
-)
 READY = re.compile(r"rmq-broker listening on \S+ store=\S+ remoting=(\S+) namesrv=(\S+)")
 WAIT_S = float(os.environ.get("RMQ_APACHE_START_TIMEOUT_S", "60")) * 3
 
@@ -126,22 +139,6 @@ class RmqBroker:
         assert code == 0, self.log.read_text(errors="replace")[-3000:]
 
 
-def _wait(what: str, cond, timeout_s: float = WAIT_S) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} after {timeout_s:.0f}s")
-        time.sleep(0.2)
-
-
-def _client(namesrv: str, b: str, **kw) -> ClusterClient:  # type: ignore[no-untyped-def]
-    """A client that calls broker ``b`` (``host:port``) by its address for every topic, system
-    topics included (which no route names)."""
-    client = ClusterClient(namesrv, **kw)
-    client._addrs[b] = b  # no route lookup for an address
-    return client
-
-
 def _half(client: ClusterClient, b: str, uniq: str):  # type: ignore[no-untyped-def]
     r = client.send_message(
         b,
@@ -157,47 +154,22 @@ def _half(client: ClusterClient, b: str, uniq: str):  # type: ignore[no-untyped-
     return r
 
 
-def _end(client: ClusterClient, b: str, half, commit: bool) -> None:  # type: ignore[no-untyped-def]
-    client.end_transaction(
-        b,
-        PGROUP,
-        tran_state_table_offset=half.queue_offset,
-        commit_log_offset=int(half.offset_msg_id[-16:], 16),
-        commit=commit,
-        msg_id=half.msg_id,  # as the Java producer sends it: the UNIQ_KEY
-        transaction_id=half.transaction_id or half.msg_id,
-    )
-
-
-def _send_back(client: ClusterClient, b: str, sent, delay_level: int) -> None:  # type: ignore[no-untyped-def]
-    client.invoke(
-        b,
-        RequestCode.CONSUMER_SEND_MSG_BACK,
-        {
-            "offset": str(int(sent.offset_msg_id[-16:], 16)),
-            "group": GROUP,
-            "delayLevel": str(delay_level),
-            "originMsgId": sent.msg_id,
-            "originTopic": TOPIC,
-            "unitMode": "false",
-            "maxReconsumeTimes": "16",
-            "bname": b,
-        },
-    )
-
-
 def write(namesrv: str, b: str) -> Workload:
     """The workload on the writing broker at ``b`` (``host:port``)."""
     salt = os.urandom(5).hex().upper()
     w = Workload(*(f"{salt}{role}".rjust(32, "0") for role in ("C0", "B0", "P0", "E0", "D0")))
-    with _client(namesrv, b) as client:
+    with cluster_client(namesrv, b) as client:
         client.create_topic(b, TOPIC, 1)
         committed, rolled_back, _pending = (
             _half(client, b, u) for u in (w.committed, w.rolled_back, w.pending)
         )
-        _end(client, b, committed, True)
-        _end(client, b, rolled_back, False)
-        _wait("the committed half in the topic", lambda: client.get_max_offset(b, TOPIC, 0) == 1)
+        end_half(client, b, PGROUP, committed, True)
+        end_half(client, b, PGROUP, rolled_back, False)
+        wait_until(
+            "the committed half in the topic",
+            lambda: client.get_max_offset(b, TOPIC, 0) == 1,
+            WAIT_S,
+        )
         retried, dead = (
             client.send_message(
                 b,
@@ -211,15 +183,18 @@ def write(namesrv: str, b: str) -> Workload:
             for u in (w.retried, w.dead)
         )
         w.sent_back_ms = int(time.time() * 1000)
-        _send_back(client, b, retried, RETRY_LEVEL)
-        _send_back(client, b, dead, -1)
+        send_back(client, b, GROUP, TOPIC, retried, RETRY_LEVEL)
+        send_back(client, b, GROUP, TOPIC, dead, -1)
         client.update_consumer_offset(b, GROUP, TOPIC, 0, 3)
         assert client.query_consumer_offset(b, GROUP, TOPIC, 0) == 3
-        _wait(
+        wait_until(
             "the retry waiting in SCHEDULE_TOPIC_XXXX",
             lambda: client.get_max_offset(b, "SCHEDULE_TOPIC_XXXX", RETRY_LEVEL - 1) >= 1,
+            WAIT_S,
         )
-        _wait("the dead letter in %DLQ%", lambda: client.get_max_offset(b, DLQ, 0) >= 1)
+        wait_until(
+            "the dead letter in %DLQ%", lambda: client.get_max_offset(b, DLQ, 0) >= 1, WAIT_S
+        )
         assert client.get_max_offset(b, TOPIC, 0) == 3  # the committed one and the two plain ones
     came_due = w.sent_back_ms + RETRY_DELAY_MS - 5_000
     assert int(time.time() * 1000) < came_due, "too slow: the retry came due before the stop"
@@ -228,45 +203,22 @@ def write(namesrv: str, b: str) -> Workload:
 
 def open_and_check(namesrv: str, b: str, w: Workload) -> None:
     """On the opening broker at ``b``: a new producer of the group answers COMMIT to every check."""
-    lock = threading.Lock()
-
-    def hook(_conn, cmd):  # type: ignore[no-untyped-def]
-        if cmd.code != RequestCode.CHECK_TRANSACTION_STATE:
-            return None
-        f = cmd.ext_fields
-        try:
-            uniq = decode_record(cmd.body, 0).properties.get("UNIQ_KEY", "")
-        except (ValueError, IndexError, KeyError):
-            uniq = ""
-        with lock:
-            w.checked.append(uniq or f.get("transactionId") or f.get("msgId", ""))
-        client.end_transaction(
-            b,
-            PGROUP,
-            tran_state_table_offset=int(f["tranStateTableOffset"]),
-            commit_log_offset=int(f["commitLogOffset"]),
-            commit=True,
-            msg_id=f["msgId"],
-            transaction_id=f.get("transactionId"),
-            from_check=True,
-        )
-        return None
-
-    with _client(namesrv, b, on_request=hook) as client:
+    with answering_checks(namesrv, b, PGROUP, lambda _uniq: True) as (client, checked):
         # the group's offset carried over
         assert client.query_consumer_offset(b, GROUP, TOPIC, 0) == 3
-        client.heartbeat(b, producer_groups=[PGROUP])
-        _wait(
+        wait_until(
             "the pending half committed by the check-back",
             lambda: client.get_max_offset(b, TOPIC, 0) >= 4,
+            WAIT_S,
         )
-        _wait(
+        wait_until(
             "the retry delivered to %RETRY%",
             lambda: client.get_max_offset(b, RETRY, 0) >= 1,
-            timeout_s=RETRY_DELAY_MS / 1000 + WAIT_S,
+            RETRY_DELAY_MS / 1000 + WAIT_S,
         )
         assert client.get_max_offset(b, DLQ, 0) == 1
         client.heartbeat(b, producer_groups=[PGROUP])
+    w.checked += checked
 
 
 def _stored(store: Path, topic: str) -> list[dict]:
@@ -296,6 +248,49 @@ def check_store(store: Path, w: Workload) -> None:
     assert w.checked and set(w.checked) == {w.pending}, w.checked
 
 
+def _counted_delays(store: Path, level: int) -> int:
+    """How many messages of delay ``level`` ``config/delayOffset.json`` counts as delivered."""
+    try:
+        data = json.loads((store / "config" / "delayOffset.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    return int(data.get("offsetTable", {}).get(str(level), 0))
+
+
+def write_killed(store: Path) -> EveryKind:
+    """Every kind of message in a loop on rmq-broker, killed with SIGKILL in the middle of it:
+    delay level 1 first, until ``delayOffset.json`` counts those delivered (Apache, at least once
+    after a crash, delivers again what it does not count, as it does after its own crash); then
+    delay level 4 (30 s) and timer messages due in 30 s, still waiting at the kill."""
+    store.mkdir(parents=True)
+    flags = ("--commitlog-segment-bytes", str(SEGMENT))
+    with BrokerProcess(str(store), *flags, start_timeout_s=WAIT_S) as rmq:
+        w = EveryKind(
+            str(rmq.namesrv_endpoint), str(rmq.remoting_endpoint), KILLED_TOPIC, 4, KILLED_PGROUP
+        )
+        w.start()
+        w.wait_rounds(3, WAIT_S)
+        w.delay_level = None
+        w.wait_rounds(w.rounds + 1, WAIT_S)  # none in flight
+        level_1 = w.delays_sent[1]
+        wait_until(
+            "delayOffset.json counts the level-1 deliveries",
+            lambda: _counted_delays(store, 1) >= level_1,
+            WAIT_S,
+        )
+        w.delay_level = 4
+        w.timer_s = 30  # and timer messages, still waiting at the kill
+        since = time.monotonic()
+        w.wait_delays(4, 4, WAIT_S)
+        rmq.kill()  # SIGKILL while the loop still sends
+        assert time.monotonic() - since < 25, (
+            "too slow: level 4 and timers came due before the kill"
+        )
+        w.stop()
+    assert len(w.acked) >= 400 and w.timers_sent >= 2
+    return w
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     """Apache brokers ``opens`` (on a store rmq-broker writes before it starts) and ``writes``."""
@@ -322,12 +317,29 @@ def test_rmq_store_opened_by_apache(cluster) -> None:
     check_store(work / "opens" / "store", w)
 
 
+def test_rmq_store_killed_mid_workload_opened_by_apache(
+    cluster, programs: JavaPrograms, java_home: Path
+) -> None:
+    """Every message rmq-broker acknowledged before its SIGKILL read once through Apache by the
+    Java client: the pending halves checked back (the rolled-back ones answered ROLLBACK), the
+    delayed ones delivered by Apache (those rmq-broker delivered not again)."""
+    c, work, _ = cluster
+    w = write_killed(work / "opens-killed" / "store")
+    start_broker(c, "opens-killed")  # Apache on it
+    b = c.broker_addr("opens-killed")
+    with answering_checks(c.namesrv_addr, b, KILLED_PGROUP, w.decide):
+        served = java_read_all(
+            programs, java_home, c.namesrv_addr, "DirectionKilledG", w.expected(), WAIT_S
+        )
+    check_every_kind(served, w)
+
+
 def test_apache_store_opened_by_rmq(cluster) -> None:
     c, work, _ = cluster
     w = write(c.namesrv_addr, c.broker_addr("writes"))
     c.stop_broker("writes")
     store = work / "writes" / "store"
-    rmq = RmqBroker(store, *RMQ_CHECKS)
+    rmq = RmqBroker(store, *RMQ_QUICK_CHECKS)
     try:
         open_and_check(rmq.namesrv, rmq.addr, w)
     finally:

@@ -5,29 +5,50 @@ ConsumeQueue files of 100 units, so BLANK records end segments and queues span f
 
 - ``clean``: plain single sends, batches, tags and keys over four queues; stopped with SIGTERM;
   served with the sizes given, and with the default configuration (sizes taken from the files).
-- ``killed``: the same workload in a loop, the broker killed with SIGKILL in the middle of it.
+- ``killed``: every kind of message in a loop (:class:`EveryKind`: batches, tags, keys, a
+  compressed body, delay levels 1 and then 3, timer messages, messages retried and
+  dead-lettered, committed, rolled-back and pending halves), the
+  broker killed with SIGKILL in the middle of it.  A real rmq-broker process opens the crashed
+  store: it checks the halves back, delivers the delayed messages (those Apache delivered but had
+  not yet counted in ``delayOffset.json`` not again), and the Java client reads the topic through
+  it; rmq-broker appends a round of its own and stops; Apache starts on the store again and the
+  Java client reads every message of both through Apache (the round trip).
 - ``rt``: started on a store rmq-broker's store wrote first; Apache appends an acknowledged
   message, is stopped; rmq-broker's store reopens it.  While it runs, rmq-broker's store refuses
   to open the store Apache holds (Apache's POSIX lock), naming it.
 
-Every message Apache acknowledged must then be served by :class:`MessageStore` exactly once, with
-the id (offsetMsgId) and queue offset Apache answered, the body and the properties sent.  Before
+Every message Apache acknowledged must then be served by :class:`MessageStore` (and for
+``killed`` by the Java client through rmq-broker) exactly once, with the id (offsetMsgId) and
+queue offset Apache answered, the body and the properties sent.  Before
 issue 29 the store cut Apache's records ("record CRC property missing") and served none.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from _apache import ApacheRocketMQ
-from _apache_store import create_topic, send_batch, send_one
+from _apache_store import (
+    RMQ_QUICK_CHECKS,
+    Acked,
+    EveryKind,
+    Served,
+    answering_checks,
+    check_every_kind,
+    check_served_once,
+    cluster_client,
+    create_topic,
+    java_read_all,
+    send_one,
+    start_broker,
+)
+from _java import JavaPrograms
 
+from rmq_spark.broker.testing import BrokerProcess
 from rmq_spark.errors import StoreLockedError
 from rmq_spark.remoting.client import RemotingClient
 from rmq_spark.store.message import Message
@@ -39,60 +60,7 @@ QUEUES = 4
 SEGMENT = 64 * 1024
 CQ_UNITS = 100
 STORE = {"commitlog_segment_bytes": SEGMENT, "cq_segment_units": CQ_UNITS}
-
-
-@dataclass
-class Acked:
-    """A message Apache acknowledged: what it answered and what was sent."""
-
-    uniq: str
-    queue_id: int
-    queue_offset: int
-    msg_id: str  # offsetMsgId
-    body: bytes
-    properties: dict[str, str]
-
-
-def _send_round(c: RemotingClient, topic: str, salt: str, n: int, acked: list[Acked]) -> int:
-    """One round: a batch of 20 per queue (tags, keys, a property), then a single send per queue
-    (keys only, a unicode property) and a zlib-compressed body.  Appends what was acknowledged."""
-    for q in range(QUEUES):
-        msgs = []
-        for _ in range(20):
-            uniq = f"{salt}{n:08X}".rjust(32, "0")[-32:]
-            props = {
-                "TAGS": f"Tag{n % 3}",
-                "KEYS": f"k{n} order-{n % 7}",
-                "i": str(n),
-                "UNIQ_KEY": uniq,
-                "WAIT": "true",
-            }
-            msgs.append((f"batch {n} ".encode() * (1 + n % 9), props))
-            n += 1
-        ext = send_batch(c, topic, q, msgs)
-        ids = ext["msgId"].split(",")
-        first = int(ext["queueOffset"])
-        for i, (body, props) in enumerate(msgs):
-            acked.append(
-                Acked(props["UNIQ_KEY"], int(ext["queueId"]), first + i, ids[i], body, props)
-            )
-    for q in range(QUEUES):
-        uniq = f"{salt}{n:08X}".rjust(32, "0")[-32:]
-        props = {"UNIQ_KEY": uniq, "WAIT": "true", "KEYS": f"single-{n}", "city": "Zürich"}
-        body = f"single {n}".encode()
-        ext = send_one(c, topic, q, body, props)
-        acked.append(
-            Acked(uniq, int(ext["queueId"]), int(ext["queueOffset"]), ext["msgId"], body, props)
-        )
-        n += 1
-    uniq = f"{salt}{n:08X}".rjust(32, "0")[-32:]
-    big = bytes(range(256)) * 40 + b"compressed!"
-    props = {"UNIQ_KEY": uniq, "TAGS": "Big", "WAIT": "true"}
-    ext = send_one(c, topic, 0, zlib.compress(big, 5), props, sys_flag=1)
-    acked.append(
-        Acked(uniq, int(ext["queueId"]), int(ext["queueOffset"]), ext["msgId"], big, props)
-    )
-    return n + 1
+START_S = float(os.environ.get("RMQ_APACHE_START_TIMEOUT_S", "60")) * 3
 
 
 def _rmq_store(path: Path) -> Path:
@@ -130,9 +98,9 @@ def apache(tmp_path_factory: pytest.TempPathFactory):
         cluster.close()
 
 
-def _served(store: Path, topic: str, config: StoreConfig | None = None) -> dict[str, tuple]:
-    """Every message of ``topic`` :class:`MessageStore` serves, by UNIQ_KEY (none twice)."""
-    out: dict[str, tuple] = {}
+def _served(store: Path, topic: str, config: StoreConfig | None = None) -> dict[str, list[Served]]:
+    """Every message of ``topic`` :class:`MessageStore` serves, by UNIQ_KEY."""
+    out: dict[str, list[Served]] = {}
     with MessageStore(str(store), config or StoreConfig(**STORE)) as s:
         for q in range(QUEUES):
             offset = s.min_offset(topic, q)
@@ -140,31 +108,12 @@ def _served(store: Path, topic: str, config: StoreConfig | None = None) -> dict[
                 got = s.get_messages(topic, q, offset, max_msgs=64).messages
                 assert got, (q, offset)
                 for m in got:
-                    assert m.uniq_key not in out, m.uniq_key
                     body = zlib.decompress(m.body) if m.sys_flag & 1 else m.body
-                    out[m.uniq_key] = (
-                        m.queue_id,
-                        m.queue_offset,
-                        m.msg_id,
-                        body,
-                        dict(m.properties),
+                    out.setdefault(m.uniq_key, []).append(
+                        Served(m.queue_id, m.queue_offset, m.msg_id, body, dict(m.properties))
                     )
                 offset = got[-1].queue_offset + 1
     return out
-
-
-def _check(served: dict[str, tuple], acked: list[Acked]) -> None:
-    assert acked
-    for a in acked:
-        assert a.uniq in served, (
-            f"acknowledged {a.uniq} (queue {a.queue_id} offset {a.queue_offset}) not served"
-        )
-        qid, qoff, msg_id, body, props = served[a.uniq]
-        assert (qid, qoff, msg_id) == (a.queue_id, a.queue_offset, a.msg_id), a.uniq
-        assert body == a.body, a.uniq
-        for k, v in a.properties.items():
-            if k != "WAIT":
-                assert props.get(k) == v, (a.uniq, k)
 
 
 def _segments(store: Path) -> list[str]:
@@ -174,18 +123,18 @@ def _segments(store: Path) -> list[str]:
 def test_store_apache_stopped_cleanly_is_served_whole(apache) -> None:
     cluster, work, _ = apache
     addr = cluster.broker_addr("clean")
-    create_topic(addr, TOPIC, QUEUES)
-    acked: list[Acked] = []
-    n = 0
-    with RemotingClient(addr, 10.0) as c:
+    w = EveryKind(cluster.namesrv_addr, addr, TOPIC, QUEUES, "CleanPG", plain=True)
+    with cluster_client(cluster.namesrv_addr, addr) as client:
+        client.create_topic(addr, TOPIC, QUEUES)
         for _ in range(12):
-            n = _send_round(c, TOPIC, os.urandom(6).hex().upper(), n, acked)
+            w.round(client)
+    acked = w.acked
     cluster.stop_broker("clean")
     store = work / "clean" / "store"
     segments = _segments(store)
     assert len(segments) >= 3  # BLANK records end the first ones
     served = _served(store, TOPIC)
-    _check(served, acked)
+    check_served_once(served, acked)
     assert len(served) == len(acked)
     assert _segments(store) == segments
     # Apache's broker.conf set both sizes (64 KiB segments, 100-unit ConsumeQueue files): the
@@ -195,37 +144,52 @@ def test_store_apache_stopped_cleanly_is_served_whole(apache) -> None:
     assert _segments(store) == segments
 
 
-def test_store_of_an_apache_killed_mid_workload_serves_every_acknowledged_message(apache) -> None:
+def test_store_of_an_apache_killed_mid_workload_serves_every_acknowledged_message(
+    apache, programs: JavaPrograms, java_home: Path
+) -> None:
     cluster, work, _ = apache
-    addr = cluster.broker_addr("killed")
-    create_topic(addr, TOPIC, QUEUES)
-    acked: list[Acked] = []
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def workload() -> None:
-        n = 0
-        salt = os.urandom(6).hex().upper()
-        try:
-            with RemotingClient(addr, 10.0) as c:
-                while not stop.is_set():
-                    n = _send_round(c, TOPIC, salt, n, acked)
-        except (OSError, RuntimeError, TimeoutError) as e:  # the broker went away mid-request
-            errors.append(e)
-
-    t = threading.Thread(target=workload)
-    t.start()
-    deadline = time.monotonic() + 120
-    while len(acked) < 600 and t.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(acked) >= 600, errors
+    w = EveryKind(cluster.namesrv_addr, cluster.broker_addr("killed"), TOPIC, QUEUES, "KilledPG")
+    w.start()
+    w.wait_rounds(5, START_S)  # delay level 1: Apache delivers them, counts them every 10 s
+    w.delay_level = 3  # 10 s: still waiting in SCHEDULE_TOPIC_XXXX at the kill
+    w.timer_s = 30  # and timer messages, still waiting in Apache's timer wheel
+    since = time.monotonic()
+    w.wait_delays(3, 4, START_S)
     cluster.stop_broker("killed", kill=True)  # SIGKILL while the loop still sends
-    stop.set()
-    t.join(60)
-    assert not t.is_alive()
+    assert time.monotonic() - since < 25, "too slow: the timer messages came due before the kill"
+    w.stop()
     store = work / "killed" / "store"
     assert (store / "abort").exists()  # a crash, as Apache sees it
-    _check(_served(store, TOPIC), list(acked))
+    acked = list(w.acked)
+    assert len(acked) >= 600 and w.delays_sent[1] >= 10 and w.delays_sent[3] >= 4
+    assert w.timers_sent >= 2
+    flags = ("--commitlog-segment-bytes", str(SEGMENT), *RMQ_QUICK_CHECKS)
+    with (
+        BrokerProcess(str(store), *flags, start_timeout_s=START_S) as rmq,
+        answering_checks(
+            str(rmq.namesrv_endpoint), str(rmq.remoting_endpoint), "KilledPG", w.decide
+        ),
+    ):
+        namesrv = str(rmq.namesrv_endpoint)
+        served = java_read_all(programs, java_home, namesrv, "KilledG", w.expected(), START_S)
+        check_every_kind(served, w)
+        # and rmq-broker's own appends, for the way back
+        more = EveryKind(namesrv, str(rmq.remoting_endpoint), TOPIC, QUEUES, "KilledPG", plain=True)
+        with cluster_client(namesrv, more.b) as client:
+            more.round(client)
+    assert rmq.proc.returncode == 0, rmq.log_tail()
+    check_served_once(_served(store, TOPIC), acked + more.acked, w.rolled_back)
+    w.acked += more.acked
+    # the round trip: Apache again on the store, after rmq-broker's recovery, check-backs,
+    # deliveries and appends; a half rmq-broker committed and Apache checked again would be
+    # committed twice (served twice), a delayed or timer message delivered again likewise
+    start_broker(cluster, "killed")
+    addr = cluster.broker_addr("killed")
+    with answering_checks(cluster.namesrv_addr, addr, "KilledPG", w.decide):
+        served = java_read_all(
+            programs, java_home, cluster.namesrv_addr, "KilledBackG", w.expected(), START_S
+        )
+    check_every_kind(served, w)
 
 
 def test_round_trip_keeps_what_apache_appended_to_our_store(apache) -> None:
@@ -253,7 +217,7 @@ def test_round_trip_keeps_what_apache_appended_to_our_store(apache) -> None:
     assert acked[0].queue_offset == 30  # after rmq-broker's 30 messages of queue 1
     cluster.stop_broker("rt")
     served = _served(store, RT_TOPIC)
-    _check(served, acked)
+    check_served_once(served, acked)
     assert len(served) == 121
     with MessageStore(str(store), StoreConfig(**STORE)) as s:  # and ours append after it
         r = s.put_message(Message(RT_TOPIC, b"rmq again", {"TAGS": "r"}, queue_id=1))

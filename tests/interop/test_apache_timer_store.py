@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from _apache import ApacheRocketMQ, remoting_request
-from _apache_store import create_topic, send_one
+from _apache_store import create_topic, send_one, start_broker
 
 from rmq_spark.remoting.client import RemotingClient
 from rmq_spark.services.config import BrokerConfig
@@ -74,21 +74,6 @@ def read_time(root: Path) -> int:
 
 def timer_message(uniq: str, due_ms: int) -> dict[str, str]:
     return {"UNIQ_KEY": uniq, "TIMER_DELIVER_MS": str(due_ms), "TAGS": "Timer", "WAIT": "true"}
-
-
-def start_broker(c: ApacheRocketMQ, name: str) -> None:
-    """Start broker ``name``; again on fresh ports when another process took one of its ports
-    meanwhile (the HA port is bound late: "Address already in use"), at most twice."""
-    for attempt in range(3):
-        try:
-            c.start_broker(name)
-            return
-        except (TimeoutError, RuntimeError) as e:
-            if "Address already in use" not in str(e) or attempt == 2:
-                raise
-            if name in c.brokers:
-                c.stop_broker(name, kill=True)
-            c.broker_ports.pop(name, None)
 
 
 @pytest.fixture(scope="module")

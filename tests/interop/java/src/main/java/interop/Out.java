@@ -4,6 +4,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.LinkedHashMap;
 import java.util.Map;
 
+import org.apache.rocketmq.common.message.MessageClientExt;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.client.producer.SendResult;
 
@@ -28,6 +29,10 @@ public final class Out {
             .put("keys", msg.getKeys())
             .put("body", new String(msg.getBody(), StandardCharsets.UTF_8))
             .put("msgId", msg.getMsgId())
+            // the store's id of the record (MessageDecoder.createMessageId: its store host and
+            // CommitLog offset), which a pulled MessageClientExt keeps beside the UNIQ_KEY
+            .put("offsetMsgId", msg instanceof MessageClientExt ? ((MessageClientExt) msg).getOffsetMsgId() : null)
+            .put("commitLogOffset", msg.getCommitLogOffset())
             .put("brokerName", msg.getBrokerName())
             .put("queueId", msg.getQueueId())
             .put("queueOffset", msg.getQueueOffset())
