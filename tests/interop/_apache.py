@@ -50,7 +50,7 @@ PROXY_POM_DIR = JAVA_DIR / "proxy"
 PROXY_READY = "rocketmq-proxy startup successfully"
 STOP_TIMEOUT_S = 20.0
 # a loaded machine (other test runs sharing its cores) may need longer: RMQ_APACHE_START_TIMEOUT_S
-START_TIMEOUT_S = float(os.environ.get("RMQ_APACHE_START_TIMEOUT_S", "60"))
+START_TIMEOUT_S = float(os.environ.get("RMQ_APACHE_START_TIMEOUT_S", "120"))
 NAMESRV_READY = "The Name Server boot success"
 BROKER_READY = "boot success"
 # Remoting request codes (remoting/.../protocol/RequestCode.java) the harness itself sends.
