@@ -35,6 +35,28 @@ public final class Opts {
         }
     }
 
+    /**
+     * After a producer started, before its first send of an existing topic: until its client
+     * holds the topic's route.  The client takes its route lock with a fixed 3 s budget
+     * (MQClientInstance.LOCK_TIMEOUT_MILLIS, not a setting); on a loaded machine, with the
+     * client's own periodic route update holding it, a first send then finds no route and falls
+     * back to TBW102's queues, which the existing topic refuses ("queueId[2] is illegal").  A
+     * topic with no route yet (one the send is to create through TBW102) is not waited for.
+     */
+    static void routed(DefaultMQProducer producer, String topic) throws InterruptedException {
+        try {
+            producer.fetchPublishMessageQueues(topic); // asks the NameServer, without the lock
+        } catch (Exception noRouteYet) {
+            return;
+        }
+        long deadline = System.currentTimeMillis() + CLIENT_TIMEOUT_MS;
+        while (!producer.getDefaultMQProducerImpl().getMqClientFactory()
+                .updateTopicRouteInfoFromNameServer(topic)
+            && System.currentTimeMillis() < deadline) {
+            Thread.sleep(100);
+        }
+    }
+
     private final Map<String, String> values = new HashMap<>();
 
     public Opts(String[] args, int from) {

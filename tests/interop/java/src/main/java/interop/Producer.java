@@ -37,6 +37,7 @@ final class Producer {
         producer.setNamesrvAddr(opts.namesrv());
         Opts.loaded(producer);
         producer.start();
+        Opts.routed(producer, topic);
         try {
             List<Message> msgs = new ArrayList<>();
             for (int i = 0; i < count; i++) {

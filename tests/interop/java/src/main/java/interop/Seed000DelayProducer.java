@@ -20,6 +20,7 @@ final class Seed000DelayProducer {
         producer.setNamesrvAddr(opts.namesrv());
         Opts.loaded(producer);
         producer.start();
+        Opts.routed(producer, opts.str("topic"));
         try {
             for (int i = 0; i < count; i++) {
                 Message msg = new Message(

@@ -97,6 +97,7 @@ final class Seed002TransactionProducer {
         producer.setExecutorService(executorService);
         producer.setTransactionListener(transactionListener);
         producer.start();
+        Opts.routed(producer, opts.str("topic"));
         try {
             Map<String, Integer> sent = new ConcurrentHashMap<>();
             for (int i = 0; i < count; i++) {

@@ -23,6 +23,7 @@ final class Seed004Producer {
         Opts.loaded(producer);
         producer.setSendLatencyFaultEnable(true); // 打开发送延迟故障容忍
         producer.start();
+        Opts.routed(producer, opts.str("topic"));
         try {
             int count = opts.integer("count", 8);
             for (int i = 0; i < count; i++) {

@@ -43,6 +43,7 @@ final class StoredProperties {
         producer.setNamesrvAddr(opts.namesrv());
         Opts.loaded(producer);
         producer.start();
+        Opts.routed(producer, topic);
         TransactionMQProducer txProducer = new TransactionMQProducer(group + "_tx");
         txProducer.setNamesrvAddr(opts.namesrv());
         Opts.loaded(txProducer);
@@ -58,6 +59,7 @@ final class StoredProperties {
             }
         });
         txProducer.start();
+        Opts.routed(txProducer, topic);
         DefaultMQPullConsumer consumer = new DefaultMQPullConsumer(group);
         consumer.setNamesrvAddr(opts.namesrv());
         Opts.loaded(consumer);
