@@ -50,16 +50,20 @@ test-loaded: $(STAMP)
 # (the newest patch of each; SPARK_VERSIONS='4.0.5' picks): the tests that every release must pass
 # (write, batch read, streaming read with endpoints, round trips).  Not part of `make test`.
 SPARK_VERSIONS ?= 4.0.5 4.1.4 4.2.1
-SPARK_VERSION_TESTS := tests/datasource/test_datasource_remote.py \
-	tests/datasource/test_spark_releases.py \
+SPARK_VERSION_TESTS := tests/datasource/test_spark_releases.py \
+	tests/datasource/test_datasource_remote.py \
 	tests/datasource/test_datasource_sink.py::test_batch_write_is_all_or_nothing \
 	tests/datasource/test_datasource_sink.py::test_replayed_batch_is_written_once_exactly_once_and_twice_at_least_once \
 	tests/datasource/test_datasource_sink.py::test_avro_round_trip \
 	tests/datasource/test_datasource_batch.py::test_start_and_end_offsets \
 	tests/datasource/test_datasource_batch.py::test_filter_pushdown_gives_the_same_rows_with_fewer_partitions \
+	tests/datasource/test_datasource_stream.py::test_limited_batches_deliver_every_message_once \
 	tests/datasource/test_datasource_stream.py::test_restart_from_checkpoint_replays_identical_batches \
-	tests/datasource/test_datasource_stream.py::test_progress_reports_the_latest_offsets \
-	tests/datasource/test_examples.py
+	'tests/datasource/test_examples.py::test_example_runs_and_prints_what_it_promises[quickstart.py]'
+
+# pyspark 4.0's collect() leaves its result socket to the garbage collector (ResourceWarning,
+# reported by pytest as an unraisable exception of socket.socket, which setup.cfg makes an error)
+OLD_SPARK_SOCKET_LEAK := ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning
 
 .venv-spark-%/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv .venv-spark-$*
@@ -71,7 +75,7 @@ test-spark-versions: $(foreach v,$(SPARK_VERSIONS),.venv-spark-$(v)/.installed)
 	@failed=; for v in $(SPARK_VERSIONS); do \
 	  py=$$PWD/.venv-spark-$$v/bin/python; echo "=== pyspark $$v"; \
 	  PYSPARK_PYTHON=$$py PYSPARK_DRIVER_PYTHON=$$py $$py -m pytest -q -ra -p no:cacheprovider \
-	    $(SPARK_VERSION_TESTS) $(PYTEST_ARGS) || failed="$$failed $$v"; \
+	    -W '$(OLD_SPARK_SOCKET_LEAK)' $(SPARK_VERSION_TESTS) $(PYTEST_ARGS) || failed="$$failed $$v"; \
 	done; if [ -n "$$failed" ]; then echo "failed on pyspark:$$failed"; exit 1; fi
 
 BENCHES := store_bench filter_bench delay_bench txn_bench broker_bench connections_bench remoting_bench remoting_hostile_bench arrow_stream_bench spark_bench cluster_bench cluster_write_bench

@@ -25,7 +25,13 @@ def register(spark: Any) -> None:
     thread too (:func:`activate_session_on_write`)."""
     from rmq_spark.datasource.source import RmqDataSource
 
-    spark.dataSource.register(RmqDataSource)
+    try:
+        spark.dataSource.register(RmqDataSource)
+    except Exception as e:
+        # pyspark 4.0 refuses to register a name its discovery found (pyspark_rmq): the same class
+        condition = getattr(e, "getCondition", None)
+        if condition is None or condition() != "DATA_SOURCE_ALREADY_EXISTS":
+            raise
     activate_session_on_write()
 
 
