@@ -73,7 +73,7 @@ spark = (SparkSession.builder.remote("local[2]")
          .getOrCreate())
 assert type(spark).__module__.startswith("pyspark.sql.connect"), type(spark)
 df = spark.createDataFrame([(f"m{i}", "t" if i % 2 else None) for i in range(20)], "body string, tags string")
-df.write.format("rmq").option("path", store).option("topic", "Connect").save()
+df.write.format("rmq").mode("append").option("path", store).option("topic", "Connect").save()
 rows = (spark.read.format("rmq").option("path", store).option("topics", "Connect")
         .load().selectExpr("cast(body as string) as body", "tags").collect())
 assert sorted(r.body for r in rows) == sorted(f"m{i}" for i in range(20)), rows
