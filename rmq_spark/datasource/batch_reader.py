@@ -8,7 +8,8 @@ use the ConsumeQueue tag codes; every pushed predicate is then applied exactly t
 Spark need not re-check it.  Other predicates are left to Spark.
 
 Spark refuses a reader that implements ``pushFilters`` while pushdown is off, so the reader
-class is chosen by whether Spark is planning through its pushdown worker.
+class is chosen by whether Spark is planning through its pushdown worker (pyspark 4.0 has none:
+its reads plan every subscribed queue's range and Spark applies every predicate).
 """
 
 from __future__ import annotations
@@ -17,29 +18,31 @@ import datetime as dt
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import (
-    DataSourceReader,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    InputPartition,
-    IsNotNull,
-    LessThan,
-    LessThanOrEqual,
-)
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from rmq_spark.datasource import offsets as O
 from rmq_spark.datasource.options import SourceOptions, StartKind
 from rmq_spark.datasource.planning import Planner
 from rmq_spark.datasource.read.partition import DataLossError, QueueRange, RowBounds, split_range
+from rmq_spark.datasource.releases import FILTER_PUSHDOWN, arrow_schema
 from rmq_spark.datasource.scan import read_range
 from rmq_spark.datasource.tasks import task_started
 from rmq_spark.errors import ConfigError
+
+if TYPE_CHECKING or FILTER_PUSHDOWN:  # pyspark 4.0 has no filter classes, and never pushes
+    from pyspark.sql.datasource import (
+        EqualTo,
+        Filter,
+        GreaterThan,
+        GreaterThanOrEqual,
+        In,
+        IsNotNull,
+        LessThan,
+        LessThanOrEqual,
+    )
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 NEVER_NULL = (
@@ -335,9 +338,7 @@ class RmqBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         task_started()
         if self._arrow_schema is None:
-            from pyspark.sql.pandas.types import to_arrow_schema
-
-            self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+            self._arrow_schema = arrow_schema(self.schema)
         if not isinstance(partition, QueueRange):
             return iter(())  # Spark's stand-in partition when there is nothing to read
         return read_range(partition, self._arrow_schema)

@@ -47,12 +47,12 @@ import numpy as np
 from pyspark.sql import types as T
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
 
 from rmq_spark.access.rules import SendLimits
 from rmq_spark.datasource.options import SinkOptions
+from rmq_spark.datasource.releases import StreamArrowWriterBase
 from rmq_spark.datasource.tasks import task_started
 from rmq_spark.datasource.writer import PartitionRows, SinkLayout, _now_ms, to_rows
 from rmq_spark.errors import ConfigError, StoreError
@@ -493,7 +493,7 @@ class _ClusterWriter:
         return done
 
 
-class ClusterStreamWriter(_ClusterWriter, DataSourceStreamArrowWriter):
+class ClusterStreamWriter(_ClusterWriter, StreamArrowWriterBase):
     def write(self, iterator: Iterator[Any]) -> ClusterCommit:
         task_started()
         from pyspark import TaskContext

@@ -12,6 +12,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from rmq_spark.datasource.options import check_read_names, parse_source_options, reads_cluster
+from rmq_spark.datasource.releases import ADMISSION_CONTROL, FILTER_PUSHDOWN
 from rmq_spark.datasource.schema import source_schema
 from rmq_spark.errors import ConfigError
 
@@ -119,20 +120,27 @@ class RmqDataSource(DataSource):
             from rmq_spark.datasource.cluster.batch import ClusterBatchReader
 
             return ClusterBatchReader(opts, schema)
-        cls = RmqPushdownBatchReader if pushdown_enabled() else RmqBatchReader
+        cls = RmqPushdownBatchReader if FILTER_PUSHDOWN and pushdown_enabled() else RmqBatchReader
         return cls(opts, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from rmq_spark.datasource.stream_reader import RmqStreamReader
+        from rmq_spark.datasource.stream_reader import RmqStreamReader, SourceAdmittedStreamReader
 
         opts = parse_source_options(self.options, streaming=True)
         cluster = opts.connection.namesrv_addr is not None
         _check_schema(schema, source_schema(opts.avro_schema, cluster))
         if cluster:
-            from rmq_spark.datasource.cluster.stream import ClusterStreamReader
+            from rmq_spark.datasource.cluster.stream import (
+                ClusterStreamReader,
+                SourceAdmittedClusterStreamReader,
+            )
 
-            return ClusterStreamReader(opts, schema)
-        return RmqStreamReader(opts, schema)
+            if ADMISSION_CONTROL:
+                return ClusterStreamReader(opts, schema)
+            return SourceAdmittedClusterStreamReader(opts, schema)
+        if ADMISSION_CONTROL:
+            return RmqStreamReader(opts, schema)
+        return SourceAdmittedStreamReader(opts, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from rmq_spark.datasource.writer import RmqBatchWriter

@@ -16,6 +16,8 @@ unpickled instance and sees only its :class:`~rmq_spark.datasource.read.partitio
 * ``commit(end)`` commits ``end`` to ``consumerGroup`` when set.  Spark calls it while planning
   the *next* batch, so the group's offsets lag one batch (and the last batch of a run is not
   committed until the query runs again).
+* pyspark 4.0/4.1 have no admission control: :class:`SourceAdmittedStreamReader` applies the
+  limits itself (:class:`~rmq_spark.datasource.releases.SourceAdmission`).
 """
 
 from __future__ import annotations
@@ -25,19 +27,21 @@ from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    ReadMinRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import StructType
 
 from rmq_spark.datasource import offsets as O
 from rmq_spark.datasource.options import SourceOptions
 from rmq_spark.datasource.planning import Planner
 from rmq_spark.datasource.read.partition import DataLossError, QueueRange, split_range
+from rmq_spark.datasource.releases import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SourceAdmission,
+    SupportsTriggerAvailableNow,
+    arrow_schema,
+)
 from rmq_spark.datasource.scan import read_range
 from rmq_spark.datasource.tasks import task_started
 
@@ -173,9 +177,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         task_started()
         if self._arrow_schema is None:
-            from pyspark.sql.pandas.types import to_arrow_schema
-
-            self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+            self._arrow_schema = arrow_schema(self.schema)
         if not isinstance(partition, QueueRange):
             return iter(())  # Spark's stand-in partition when there is nothing to read
         return read_range(partition, self._arrow_schema)
@@ -188,3 +190,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self.planner.close()
+
+
+class SourceAdmittedStreamReader(SourceAdmission, RmqStreamReader):
+    """The stream on releases without admission control (pyspark 4.0, 4.1)."""

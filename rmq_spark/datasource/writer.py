@@ -36,7 +36,6 @@ from typing import Any
 from pyspark.sql import types as T
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
 
@@ -44,6 +43,7 @@ from rmq_spark.access.rules import SendLimits, check_rows
 from rmq_spark.broker.connector.protocol import SendHeader
 from rmq_spark.datasource.embedded import BrokerLink
 from rmq_spark.datasource.options import SinkOptions
+from rmq_spark.datasource.releases import StreamArrowWriterBase
 from rmq_spark.datasource.tasks import task_started
 from rmq_spark.errors import ConfigError, StoreError
 
@@ -352,7 +352,7 @@ class _SinkWriter:
             self.link.close()
 
 
-class RmqStreamWriter(_SinkWriter, DataSourceStreamArrowWriter):
+class RmqStreamWriter(_SinkWriter, StreamArrowWriterBase):
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
         task_started()
         from pyspark import TaskContext

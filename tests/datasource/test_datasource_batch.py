@@ -1,5 +1,5 @@
 """Batch reads of format rmq: start and end positions, subscriptions, and filter pushdown (same
-rows with and without it; fewer partitions with it)."""
+rows with and without it; fewer partitions with it, on releases that push filters: 4.1+)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 import pytest
 
 from rmq_spark.datasource.embedded import stop_broker
+from rmq_spark.datasource.releases import FILTER_PUSHDOWN
 from rmq_spark.datasource.testing import client, produce
 
 pytestmark = pytest.mark.spark
@@ -104,7 +105,8 @@ def test_filter_pushdown_gives_the_same_rows_with_fewer_partitions(spark, data):
         for where, parts in queries:
             df = read(spark, path, topicPattern="B.*").where(where)
             assert bodies(df) == expected[where], where
-            assert df.rdd.getNumPartitions() == parts, where
+            if FILTER_PUSHDOWN:  # pyspark 4.0 plans every queue's range: Spark applies `where`
+                assert df.rdd.getNumPartitions() == parts, where
         assert expected["queueId = 1 and queueOffset >= 3 and queueOffset < 7"] == [
             "1-3",
             "1-4",

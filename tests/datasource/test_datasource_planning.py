@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 from test_datasource_internal import Broker
 
 from rmq_spark.datasource import offsets as O
 from rmq_spark.datasource.options import parse_source_options
 from rmq_spark.datasource.read.partition import DataLossError, QueueRange
+from rmq_spark.datasource.releases import ReadAllAvailable, ReadMaxRows, ReadMinRows
 from rmq_spark.datasource.schema import SOURCE_FIELDS
 from rmq_spark.datasource.stream_reader import RmqStreamReader
 from rmq_spark.datasource.testing import produce

@@ -17,6 +17,7 @@ from rmq_spark.datasource.cluster.read import ClusterRange, read_rows, split_clu
 from rmq_spark.datasource.cluster.stream import read_context
 from rmq_spark.datasource.options import SourceOptions, StartKind
 from rmq_spark.datasource.read.partition import DataLossError
+from rmq_spark.datasource.releases import arrow_schema
 from rmq_spark.datasource.tasks import task_started
 from rmq_spark.errors import ConfigError
 
@@ -111,9 +112,7 @@ class ClusterBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         task_started()
         if self._arrow_schema is None:
-            from pyspark.sql.pandas.types import to_arrow_schema
-
-            self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+            self._arrow_schema = arrow_schema(self.schema)
         if not isinstance(partition, ClusterRange):
             return iter(())
         return read_rows(partition, self._arrow_schema)

@@ -19,10 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadLimit,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import StructType
 
 from rmq_spark.cluster import ClusterError
@@ -43,6 +39,12 @@ from rmq_spark.datasource.cluster.read import (
 )
 from rmq_spark.datasource.options import SourceOptions
 from rmq_spark.datasource.read.partition import DataLossError
+from rmq_spark.datasource.releases import (
+    ReadLimit,
+    SourceAdmission,
+    SupportsTriggerAvailableNow,
+    arrow_schema,
+)
 from rmq_spark.datasource.stream_reader import WAIT, admitted_rows, default_read_limit
 from rmq_spark.datasource.tasks import task_started
 
@@ -207,9 +209,7 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         task_started()
         if self._arrow_schema is None:
-            from pyspark.sql.pandas.types import to_arrow_schema
-
-            self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+            self._arrow_schema = arrow_schema(self.schema)
         if not isinstance(partition, ClusterRange):
             return iter(())
         return read_rows(partition, self._arrow_schema)
@@ -221,3 +221,7 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self.planner.close()
+
+
+class SourceAdmittedClusterStreamReader(SourceAdmission, ClusterStreamReader):
+    """The cluster stream on releases without admission control (pyspark 4.0, 4.1)."""
