@@ -118,10 +118,12 @@ def test_available_now_with_a_limit_is_refused_when_the_source_sees_it(broker):
 
 
 @pytest.mark.spark
-@pytest.mark.skipif(ADMISSION_CONTROL, reason="this release runs AvailableNow with limits")
-def test_available_now_with_a_limit_is_refused_by_name_when_the_query_starts(
+def test_available_now_with_a_limit_runs_in_limited_batches_or_is_refused_by_name(
     spark, store_dir, tmp_path
 ):
+    """A release with admission control (4.2+) runs AvailableNow with ``maxOffsetsPerTrigger``
+    as batches of at most the limit up to the end; one without (4.0, 4.1) cannot, and the query
+    is refused by name when it starts."""
     rmq_spark.register(spark)
     produce(store_dir, "A", [f"m{i}" for i in range(30)])
     try:
@@ -133,10 +135,17 @@ def test_available_now_with_a_limit_is_refused_by_name_when_the_query_starts(
                 r = r.option(k, v)
             return r.load()
 
-        with pytest.raises(ConfigError, match=r"Trigger\.AvailableNow"):
-            (stream(maxOffsetsPerTrigger="10").writeStream.format("noop")
-             .option("checkpointLocation", str(tmp_path / "ck1")).trigger(availableNow=True)
-             .start())  # fmt: skip
+        limited = (stream(maxOffsetsPerTrigger="10").writeStream
+                   .option("checkpointLocation", str(tmp_path / "ck1")).trigger(availableNow=True))  # fmt: skip
+        if ADMISSION_CONTROL:
+            batches: dict[int, int] = {}
+            q = limited.foreachBatch(lambda b, i: batches.__setitem__(i, b.count())).start()
+            q.awaitTermination(300)
+            assert q.exception() is None, q.exception()
+            assert sum(batches.values()) == 30 and max(batches.values()) <= 10, batches
+        else:
+            with pytest.raises(ConfigError, match=r"Trigger\.AvailableNow"):
+                limited.format("noop").start()
         # without a limit Spark runs it as one batch of everything there is
         got: list = []
         q = (stream().writeStream.option("checkpointLocation", str(tmp_path / "ck2"))
