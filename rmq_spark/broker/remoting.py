@@ -259,8 +259,7 @@ class RemotingService:
 
     def _housekeeping(self) -> None:
         try:
-            for group in self.clients.expire():
-                self.clients.notify_ids_changed(group)
+            self.clients.notify_many(self.clients.expire())
         finally:
             self._schedule_housekeeping()
 

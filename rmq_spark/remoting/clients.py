@@ -62,6 +62,17 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _log_left(left: list[tuple[str, str]], why: str) -> None:
+    """One line per group left, for the first :data:`JOINED_LOGGED`, then one for the rest (a
+    client of 1,000 groups whose connection closes: one line, not 1,000 on the event loop)."""
+    for name, cid in left[:JOINED_LOGGED]:
+        log.info("consumer group %s: client %s left (%s)", name, cid, why)
+    if len(left) > JOINED_LOGGED:
+        more = left[JOINED_LOGGED:]
+        log.info("%d more consumer groups (%s ...): their clients left (%s)",
+                 len(more), ", ".join(n for n, _ in more[:3]), why)  # fmt: skip
+
+
 class ClientManager:
     def __init__(self, now_ms: Callable[[], int] = _now_ms) -> None:
         self.now_ms = now_ms
@@ -148,7 +159,8 @@ class ClientManager:
 
     def connection_closed(self, conn: Connection) -> list[str]:
         """Forget everything registered over ``conn``; the consumer groups that changed."""
-        changed = []
+        changed: list[str] = []
+        left: list[tuple[str, str]] = []
         with self._lock:
             for clients in self.producers.values():
                 for cid in [c for c, (cn, _) in clients.items() if cn is conn]:
@@ -157,15 +169,17 @@ class ClientManager:
                 gone = [c for c, v in group.clients.items() if v[0] is conn]
                 for cid in gone:
                     del group.clients[cid]
-                    log.info("consumer group %s: client %s left (connection closed)", name, cid)
+                    left.append((name, cid))
                 if gone:
                     changed.append(name)
+        _log_left(left, "connection closed")
         return changed
 
     def expire(self) -> list[str]:
         """Drop clients silent for CLIENT_EXPIRE_MS; the consumer groups that changed."""
         deadline = self.now_ms() - CLIENT_EXPIRE_MS
-        changed = []
+        changed: list[str] = []
+        left: list[tuple[str, str]] = []
         with self._lock:
             for clients in self.producers.values():
                 for cid in [c for c, (_, t) in clients.items() if t < deadline]:
@@ -174,14 +188,10 @@ class ClientManager:
                 gone = [c for c, v in group.clients.items() if v[1] < deadline]
                 for cid in gone:
                     del group.clients[cid]
-                    log.info(
-                        "consumer group %s: client %s left (silent for %d s)",
-                        name,
-                        cid,
-                        CLIENT_EXPIRE_MS // 1000,
-                    )
+                    left.append((name, cid))
                 if gone:
                     changed.append(name)
+        _log_left(left, f"silent for {CLIENT_EXPIRE_MS // 1000} s")
         return changed
 
     # --- queries --------------------------------------------------------------------------------

@@ -120,8 +120,7 @@ class ConsumerProcessor:
         return req.response(ResponseCode.SUCCESS)
 
     def connection_closed(self, conn: Connection) -> None:
-        for group in self.clients.connection_closed(conn):
-            self.clients.notify_ids_changed(group)
+        self.clients.notify_many(self.clients.connection_closed(conn))
 
     def consumer_list(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         group = fields_of(req.ext_fields).str("consumerGroup")

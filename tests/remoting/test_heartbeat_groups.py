@@ -135,6 +135,37 @@ def test_a_heartbeat_of_many_groups_is_a_few_log_lines_and_one_notice_write(capl
     assert {n.code for n in notices} == {RequestCode.NOTIFY_CONSUMER_IDS_CHANGED}
 
 
+def test_a_client_of_many_groups_leaving_is_a_few_log_lines_and_one_notice_write(caplog):
+    """Its connection closing (or the client falling silent) logged one line a group, 1,000 on
+    the event loop: the one ~100 ms stall of the other clients beside a HEART_BEAT burst."""
+    now = [1_000_000]
+    clients = ClientManager(now_ms=lambda: now[0])
+    leaving, staying = _Conn(), _Conn()
+    groups = [f"g{i}" for i in range(1000)]
+    clients.heartbeat(
+        leaving, {"clientID": "c1", "consumerDataSet": [{"groupName": g} for g in groups]}
+    )  # type: ignore[arg-type]
+    clients.heartbeat(
+        staying, {"clientID": "c2", "consumerDataSet": [{"groupName": g} for g in groups]}
+    )  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="rmq_spark.remoting.clients"):
+        changed = clients.connection_closed(leaving)  # type: ignore[arg-type]
+    lines = [r.getMessage() for r in caplog.records]
+    assert changed == groups and len(lines) == clients_module.JOINED_LOGGED + 1, lines[:8]
+    assert (
+        lines[-1]
+        == "995 more consumer groups (g5, g6, g7 ...): their clients left (connection closed)"
+    )
+    assert clients.consumer_ids("g999") == ["c2"]
+    clients.notify_many(changed)  # what the broker's close hook does: one write to who stays
+    assert len(staying.batches) == 1 and len(staying.batches[0]) == 1000
+    caplog.clear()
+    now[0] += 10**9  # everyone silent for long
+    with caplog.at_level(logging.INFO, logger="rmq_spark.remoting.clients"):
+        assert clients.expire() == groups
+    assert len(caplog.records) == clients_module.JOINED_LOGGED + 1
+
+
 def test_the_broker_process_keeps_what_its_start_allocated_out_of_full_collections(
     tmp_path, monkeypatch, capsys
 ):
