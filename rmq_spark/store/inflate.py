@@ -155,7 +155,7 @@ def _lz4(data: bytes, limit: int, what: str) -> bytes:
 
 def _zstd(data: bytes, limit: int, what: str) -> bytes:
     try:
-        import zstandard  # type: ignore[import-not-found,unused-ignore]  # installed with pyspark[connect]
+        import zstandard  # type: ignore[import-not-found,unused-ignore]  # an optional package
     except ImportError:
         raise CodecUnavailableError(
             f"{what} is zstd-compressed (sysflag compression type 2): install the 'zstandard' package"
